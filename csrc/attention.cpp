@@ -1,0 +1,78 @@
+// The attention op: picks decode + combine or prefill from shapes alone, so a
+// captured CUDA graph takes the same path on every step, and calls them through
+// the dispatcher (the same code serves CPU and CUDA).
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#ifdef TILEINFER_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include "checks.h"
+#include "ops.h"
+
+namespace tileinfer {
+
+// Decode packs group_size * max_q_len query rows of one KV head into a tile;
+// beyond 16 queries per sequence, or for a group size that is not a power of
+// two, the prefill kernel is the better (and the supported) path.
+bool use_decode_path(int64_t max_q_len, int64_t group_size) {
+  const bool pow2 = group_size > 0 && (group_size & (group_size - 1)) == 0;
+  return max_q_len >= 1 && max_q_len <= 16 && pow2 && group_size <= 16;
+}
+
+// Splits per (sequence, KV head): enough blocks for about two per SM even for a
+// single sequence. Never depends on context length (a captured graph replays the
+// same grid as sequences grow); empty splits write a neutral partial. Steps of
+// 9-16 queries use at most 8 splits: the combine's fixed cost then stays below
+// the prefill kernel's from ~200 positions on (seed note, measured there).
+int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len) {
+  int64_t sms = 8;
+#ifdef TILEINFER_WITH_CUDA
+  if (device.is_cuda()) sms = at::cuda::getDeviceProperties(device.index())->multiProcessorCount;
+#endif
+  const int64_t max_splits = max_q_len > 8 ? 8 : 32;
+  const int64_t work = std::max<int64_t>(1, num_seqs * num_kv_heads);
+  const int64_t want = (2 * sms + work - 1) / work;
+  return std::min(max_splits, std::max<int64_t>(1, want));
+}
+
+void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+               const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q,
+               int64_t max_q_len, double scale, bool causal, const std::optional<at::Tensor>& k_scale,
+               const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth) {
+  const PagedShape s = check_paged_attention("attention", q, k_cache, v_cache, block_tables, seq_lens,
+                                             cu_seqlens_q, max_q_len, k_scale, v_scale, k_smooth);
+  check_token_tensor("attention", "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
+  const int64_t group = q.size(1) / s.num_kv_heads;
+
+  if (use_decode_path(max_q_len, group)) {
+    static auto decode_op = c10::Dispatcher::singleton()
+                                .findSchemaOrThrow("tileinfer_attn::decode", "")
+                                .typed<decltype(cpu::decode)>();
+    static auto combine_op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("tileinfer_attn::combine", "")
+                                 .typed<decltype(cpu::combine)>();
+    const int64_t splits = decode_num_splits(q.device(), s.num_seqs, s.num_kv_heads, max_q_len);
+    const auto f32 = q.options().dtype(at::kFloat);
+    at::Tensor partial_out = at::empty({splits, q.size(0), q.size(1), s.head_dim}, f32);
+    at::Tensor partial_lse = at::empty({splits, q.size(0), q.size(1)}, f32);
+    decode_op.call(partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+                   max_q_len, scale, causal, k_scale, v_scale, k_smooth);
+    combine_op.call(out, std::nullopt, partial_out, partial_lse);
+  } else {
+    static auto prefill_op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("tileinfer_attn::prefill", "")
+                                 .typed<decltype(cpu::prefill)>();
+    prefill_op.call(out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
+                    scale, causal, k_scale, v_scale, k_smooth);
+  }
+}
+
+}  // namespace tileinfer
+
+TORCH_LIBRARY_IMPL(tileinfer_attn, CPU, m) { m.impl("attention", &tileinfer::attention); }
+#ifdef TILEINFER_WITH_CUDA
+TORCH_LIBRARY_IMPL(tileinfer_attn, CUDA, m) { m.impl("attention", &tileinfer::attention); }
+#endif

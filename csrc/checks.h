@@ -1,0 +1,55 @@
+// Argument checks shared by the CPU and CUDA implementations, so that both
+// devices reject bad input with the same message (SPEC section 5). Each check
+// names the op, the argument and what was expected.
+#pragma once
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+
+namespace tileinfer {
+
+// Shapes read off a paged cache and its metadata.
+struct PagedShape {
+  int64_t num_pages = 0;
+  int64_t num_kv_heads = 0;
+  int64_t page_size = 0;
+  int64_t head_dim = 0;
+  int64_t num_seqs = 0;
+  int64_t max_pages = 0;
+  bool int8 = false;  // the pools hold int8 with per-vector scales
+};
+
+// A token tensor [num_tokens, heads, head_dim] with a contiguous last dim.
+// Pass -1 for a size that is not fixed yet.
+void check_token_tensor(const char* op, const char* name, const at::Tensor& t,
+                        int64_t num_tokens, int64_t heads, int64_t head_dim,
+                        at::ScalarType dtype, const at::Device& device);
+
+// Pools, block table, lengths, query offsets and the int8 extras.
+PagedShape check_paged_cache(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                             const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                             const at::Tensor& cu_seqlens_q,
+                             const std::optional<at::Tensor>& k_scale,
+                             const std::optional<at::Tensor>& v_scale,
+                             const std::optional<at::Tensor>& k_smooth);
+
+// check_paged_cache plus q (dtype, device, head counts that divide, head dim).
+PagedShape check_paged_attention(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
+                                 const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                 const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q,
+                                 int64_t max_q_len,
+                                 const std::optional<at::Tensor>& k_scale,
+                                 const std::optional<at::Tensor>& v_scale,
+                                 const std::optional<at::Tensor>& k_smooth);
+
+// Value checks that are free only when the metadata is on the host (CPU ops):
+// seq_lens within [0, what the block table holds], cu_seqlens_q non-decreasing
+// from 0 and within num_tokens, every query count within max_q_len (pass -1 to
+// skip that one) and within its sequence's length. Device metadata is never synced for this: the
+// kernels clamp instead, and tileinfer_attn.validate_metadata reports.
+void check_metadata_values_on_host(const char* op, const PagedShape& s,
+                                   const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q,
+                                   int64_t num_tokens, int64_t max_q_len);
+
+}  // namespace tileinfer

@@ -1,0 +1,59 @@
+// Small device helpers shared by every kernel. No torch headers here: kernels
+// stay plain CUDA so they can be read (and reused) without PyTorch.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace tileinfer {
+
+template <typename T>
+__host__ __device__ constexpr T ceil_div(T a, T b) {
+  return (a + b - 1) / b;
+}
+
+// log2(e): scores are scaled by scale * log2(e) once, so the softmax can use exp2.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Element conversions. Every kernel goes through these so that rounding is the
+// same everywhere (round-to-nearest-even, as PyTorch's casts).
+template <typename T> __device__ __forceinline__ float to_float(T x);
+template <> __device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <> __device__ __forceinline__ float to_float<int8_t>(int8_t x) { return static_cast<float>(x); }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Warp-wide reductions over all 32 lanes (or over groups of `Width` lanes).
+template <int Width = 32>
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = Width / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o, Width);
+  return x;
+}
+template <int Width = 32>
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = Width / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o, Width));
+  return x;
+}
+
+// 16-byte vector of elements: the unit of every global load/store in the kernels.
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+
+}  // namespace tileinfer

@@ -1,0 +1,64 @@
+// Device-side view of the paged cache and the step's metadata, bounds-safe for
+// ANY contents of block_tables / seq_lens / cu_seqlens_q (SPEC section 5):
+// lengths are clamped to what the block table can hold, page ids outside the
+// pool read as "no page" (the kernels skip those positions), query ranges are
+// clamped to the token count. The validation helper in Python reports such
+// entries; the kernels only have to stay inside the buffers.
+#pragma once
+
+#include "common.cuh"
+#include "params.h"
+
+namespace tileinfer {
+
+// Positions a sequence holds, clamped to [0, max_pages * page_size].
+__device__ __forceinline__ int seq_len_of(const PagedKVParams& p, int seq) {
+  int len = p.seq_lens[seq];
+  int cap = p.max_pages * p.page_size;
+  return len < 0 ? 0 : (len > cap ? cap : len);
+}
+
+// Page id of the j-th page of a sequence, or -1 when the entry is outside the pool.
+__device__ __forceinline__ int page_of(const PagedKVParams& p, int seq, int j) {
+  int page = p.block_tables[static_cast<int64_t>(seq) * p.max_pages + j];
+  return (page >= 0 && page < p.num_pages) ? page : -1;
+}
+
+// Element offset of (page, kv_head, slot, 0) in a pool.
+__device__ __forceinline__ int64_t kv_offset(const PagedKVParams& p, int page, int kv_head, int slot) {
+  return ((static_cast<int64_t>(page) * p.num_kv_heads + kv_head) * p.page_size + slot) *
+         static_cast<int64_t>(p.head_dim);
+}
+
+// Offset of (page, kv_head, slot) in a per-vector scale array (int8 cache).
+__device__ __forceinline__ int64_t scale_offset(const PagedKVParams& p, int page, int kv_head, int slot) {
+  return (static_cast<int64_t>(page) * p.num_kv_heads + kv_head) * p.page_size + slot;
+}
+
+// This step's queries of a sequence: tokens [begin, begin + count), clamped to
+// [0, num_tokens). Query t sits at position seq_len - count + t.
+struct QueryRange {
+  int begin;
+  int count;
+};
+__device__ __forceinline__ QueryRange query_range(const PagedKVParams& p, int seq, int num_tokens) {
+  int b = p.cu_seqlens_q[seq];
+  int e = p.cu_seqlens_q[seq + 1];
+  b = b < 0 ? 0 : (b > num_tokens ? num_tokens : b);
+  e = e < b ? b : (e > num_tokens ? num_tokens : e);
+  return {b, e - b};
+}
+
+// The sequence a token belongs to (binary search over cu_seqlens_q), or -1 if
+// none does (padding tokens past cu_seqlens_q[num_seqs], or a malformed table).
+__device__ __forceinline__ int seq_of_token(const PagedKVParams& p, int token) {
+  int lo = 0, hi = p.num_seqs;  // find the last s with cu[s] <= token
+  while (hi - lo > 1) {
+    int mid = (lo + hi) >> 1;
+    if (p.cu_seqlens_q[mid] <= token) lo = mid; else hi = mid;
+  }
+  if (p.num_seqs <= 0) return -1;
+  return (p.cu_seqlens_q[lo] <= token && token < p.cu_seqlens_q[lo + 1]) ? lo : -1;
+}
+
+}  // namespace tileinfer

@@ -1,0 +1,56 @@
+// Plain-old-data parameter structs, one per kernel family, filled by the host
+// launchers in csrc/ops/ and passed by value to the kernels. No torch headers.
+#pragma once
+
+#include <cstdint>
+
+namespace tileinfer {
+
+// The paged KV cache and the step's sequence metadata (SPEC section 1).
+// Everything that depends on context length lives on the device and is read by
+// the kernels; only shape-like values are host integers.
+struct PagedKVParams {
+  const void* k_cache;          // [num_pages, num_kv_heads, page_size, head_dim]
+  const void* v_cache;          // [num_pages, num_kv_heads, page_size, head_dim]
+  const float* k_scale;         // [num_pages, num_kv_heads, page_size], int8 cache only, else null
+  const float* v_scale;         // [num_pages, num_kv_heads, page_size], int8 cache only, else null
+  const float* k_smooth;        // [num_kv_heads, head_dim], int8 cache only, may be null
+  const int32_t* block_tables;  // [num_seqs, max_pages] page ids, in order
+  const int32_t* seq_lens;      // [num_seqs] positions cached after this step's keys
+  const int32_t* cu_seqlens_q;  // [num_seqs + 1] prefix sums of this step's query counts
+  int num_seqs;
+  int max_pages;                // block_tables.size(1)
+  int num_pages;                // pool size, for bounds checks of page ids
+  int num_kv_heads;
+  int page_size;
+  int head_dim;
+};
+
+// Prefill, decode (split partials) and combine.
+//
+// Partial results (decode splits, and prefill's optional lse) use one format:
+// an output normalized by its own softmax sum plus the natural-log
+// log-sum-exp of its scaled scores. A split that saw no position writes
+// out = 0, lse = -inf (the neutral element of the merge). Merging partials i:
+//   M = max_i lse_i;  w_i = exp(lse_i - M);  out = sum_i w_i out_i / sum_i w_i.
+// This carries the same information as (accumulator, max, sum) and lets
+// combine merge prefill results over disjoint page ranges (cascade) too.
+struct AttentionParams {
+  PagedKVParams kv;
+  const void* q;                // [num_tokens, num_q_heads, head_dim], last dim contiguous
+  int64_t q_stride_token, q_stride_head;
+  void* out;                    // [num_tokens, num_q_heads, head_dim] (prefill, combine)
+  int64_t o_stride_token, o_stride_head;
+  float* lse;                   // [num_tokens, num_q_heads] natural log, or null
+  float* partial_out;           // [num_splits, num_tokens, num_q_heads, head_dim] (decode)
+  float* partial_lse;           // [num_splits, num_tokens, num_q_heads] (decode)
+  int num_tokens;
+  int num_q_heads;
+  int group_size;               // num_q_heads / num_kv_heads
+  int max_q_len;                // host upper bound of any sequence's query count
+  int num_splits;
+  float scale;                  // softmax scale; kernels fold log2(e) in
+  bool causal;
+};
+
+}  // namespace tileinfer

@@ -1,0 +1,63 @@
+// C++ signatures of every op implementation, shared by the CPU (csrc/cpu/) and
+// CUDA (csrc/ops/) registrations and by the dispatcher in attention.cpp. The
+// schemas and the meaning of each argument are in torch_bindings.cpp.
+#pragma once
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+
+#define TILEINFER_DECLARE_OPS                                                              \
+  void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,  \
+               const at::Tensor& k_cache, const at::Tensor& v_cache,                        \
+               const at::Tensor& block_tables, const at::Tensor& seq_lens,                  \
+               const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal, \
+               const std::optional<at::Tensor>& k_scale,                                    \
+               const std::optional<at::Tensor>& v_scale,                                    \
+               const std::optional<at::Tensor>& k_smooth);                                  \
+  void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q,        \
+              const at::Tensor& k_cache, const at::Tensor& v_cache,                         \
+              const at::Tensor& block_tables, const at::Tensor& seq_lens,                   \
+              const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal, \
+              const std::optional<at::Tensor>& k_scale,                                     \
+              const std::optional<at::Tensor>& v_scale,                                     \
+              const std::optional<at::Tensor>& k_smooth);                                   \
+  void combine(at::Tensor& out, const std::optional<at::Tensor>& lse,                       \
+               const at::Tensor& partial_out, const at::Tensor& partial_lse);               \
+  void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps); \
+  void rope(at::Tensor& out, const at::Tensor& x, const at::Tensor& positions,              \
+            const at::Tensor& cos_sin_cache, int64_t rotary_dim);                           \
+  void cache_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k,           \
+                   const at::Tensor& v, const at::Tensor& block_tables,                     \
+                   const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q,              \
+                   const std::optional<at::Tensor>& k_scale,                                \
+                   const std::optional<at::Tensor>& v_scale,                                \
+                   const std::optional<at::Tensor>& k_smooth);                              \
+  void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cache,        \
+                        const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,      \
+                        const at::Tensor& block_tables, const at::Tensor& seq_lens,         \
+                        const at::Tensor& cu_seqlens_q, const at::Tensor& cos_sin_cache,    \
+                        int64_t rotary_dim, const std::optional<at::Tensor>& q_norm_weight, \
+                        const std::optional<at::Tensor>& k_norm_weight, double eps,         \
+                        const std::optional<at::Tensor>& k_scale,                           \
+                        const std::optional<at::Tensor>& v_scale,                           \
+                        const std::optional<at::Tensor>& k_smooth);
+
+namespace tileinfer {
+// The CPU and CUDA implementations have the same signatures: one list, two namespaces.
+namespace cpu { TILEINFER_DECLARE_OPS }
+namespace cuda { TILEINFER_DECLARE_OPS }
+
+// attention: decode + combine or prefill, chosen from shapes only (same choice
+// on every step of a captured graph). Registered for CPU and CUDA.
+void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+               const at::Tensor& v_cache, const at::Tensor& block_tables,
+               const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len,
+               double scale, bool causal, const std::optional<at::Tensor>& k_scale,
+               const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth);
+
+// The dispatcher's rule, exposed for tests and benchmarks.
+bool use_decode_path(int64_t max_q_len, int64_t group_size);
+int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads,
+                          int64_t max_q_len);
+}  // namespace tileinfer

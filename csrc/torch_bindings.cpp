@@ -1,0 +1,89 @@
+// The whole op API of tileinfer_attn: every schema, in one place.
+//
+// Conventions (SPEC sections 1-3):
+// - Out-style: ops write into tensors they are given and return nothing; every
+//   tensor written is declared mutated with (x!).
+// - Token tensors (q, k, v, out): [num_tokens, num_heads, head_dim], last dim
+//   contiguous; token and head strides are free (views of a packed qkv work).
+// - Pools: [num_pages, num_kv_heads, page_size, head_dim], contiguous.
+// - block_tables [num_seqs, max_pages] int32, seq_lens [num_seqs] int32 (positions
+//   cached after this step's keys), cu_seqlens_q [num_seqs + 1] int32. Query t of
+//   sequence s sits at position seq_lens[s] - n_s + t. All three live on the
+//   device and are read by the kernels: a captured CUDA graph stays valid as
+//   sequences grow.
+// - int8 cache (SPEC section 6): k_scale / v_scale [num_pages, num_kv_heads,
+//   page_size] fp32, one scale per cached vector; k_smooth [num_kv_heads,
+//   head_dim] fp32 per-channel key smoothing factors (optional).
+// - lse outputs are natural-log log-sum-exp of the scaled scores, fp32; rows
+//   that see no position get lse = -inf and out = 0.
+//
+// Implementations: csrc/cpu/ (CPU), csrc/ops/ (CUDA), csrc/attention.cpp (the
+// decode-vs-prefill dispatcher, both devices). Fakes: tileinfer_attn/_fake.py.
+#include <torch/library.h>
+
+TORCH_LIBRARY(tileinfer_attn, m) {
+  m.set_python_module("tileinfer_attn._fake");
+
+  // FlashAttention-2-style attention of a varlen batch over the paged cache.
+  // out [num_tokens, num_q_heads, head_dim]; lse [num_tokens, num_q_heads] fp32 or None.
+  // max_q_len: host upper bound of any sequence's query count (sizes the grid).
+  m.def(
+      "prefill(Tensor(a!) out, Tensor(b!)? lse, Tensor q, Tensor k_cache, Tensor v_cache, "
+      "Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, int max_q_len, float scale, "
+      "bool causal, Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_smooth=None) -> ()");
+
+  // Split-KV decode for steps of 1-16 queries per sequence, GQA-packed.
+  // partial_out [num_splits, num_tokens, num_q_heads, head_dim] fp32,
+  // partial_lse [num_splits, num_tokens, num_q_heads] fp32; num_splits = partial_out.size(0).
+  m.def(
+      "decode(Tensor(a!) partial_out, Tensor(b!) partial_lse, Tensor q, Tensor k_cache, "
+      "Tensor v_cache, Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, int max_q_len, "
+      "float scale, bool causal, Tensor? k_scale=None, Tensor? v_scale=None, "
+      "Tensor? k_smooth=None) -> ()");
+
+  // Merges partial results (decode splits, or prefill outputs with lse over
+  // disjoint page ranges). out [num_tokens, num_q_heads, head_dim] (bf16/fp16/fp32);
+  // lse [num_tokens, num_q_heads] fp32 or None; partials as in decode.
+  m.def(
+      "combine(Tensor(a!) out, Tensor(b!)? lse, Tensor partial_out, Tensor partial_lse) -> ()");
+
+  // Attention for a step: decode + combine for 1-16 queries per sequence and a
+  // power-of-two group size, prefill otherwise. Same arguments as prefill.
+  m.def(
+      "attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+      "Tensor seq_lens, Tensor cu_seqlens_q, int max_q_len, float scale, bool causal, "
+      "Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_smooth=None) -> ()");
+
+  // Per-head RMSNorm over the last dim, as Qwen3's q_norm / k_norm:
+  // out = weight * round(x * rsqrt(mean(x^2) + eps)), computed in fp32.
+  // x, out [num_tokens, num_heads, head_dim]; weight [head_dim].
+  m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
+
+  // Rotary embedding, neox rotate-half style, on the first rotary_dim channels
+  // (the rest are copied). x, out [num_tokens, num_heads, head_dim];
+  // positions [num_tokens] int32/int64; cos_sin_cache [max_position, rotary_dim]
+  // fp32, cos in [:rotary_dim/2], sin in [rotary_dim/2:].
+  m.def(
+      "rope(Tensor(a!) out, Tensor x, Tensor positions, Tensor cos_sin_cache, int rotary_dim) -> ()");
+
+  // Writes this step's keys and values into their pages: token t of sequence s
+  // goes to position seq_lens[s] - n_s + t of that sequence. k, v
+  // [num_tokens, num_kv_heads, head_dim]. With an int8 cache, quantizes (keys
+  // divided by k_smooth first) and writes k_scale / v_scale.
+  m.def(
+      "cache_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
+      "Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, Tensor(c!)? k_scale=None, "
+      "Tensor(d!)? v_scale=None, Tensor? k_smooth=None) -> ()");
+
+  // Fused: optional q/k RMSNorm, RoPE at each token's position (from the
+  // sequence metadata), queries written to q_out, keys and values into the
+  // cache. Bit-identical to rms_norm + rope + cache_write.
+  // q, q_out [num_tokens, num_q_heads, head_dim]; k, v [num_tokens, num_kv_heads, head_dim];
+  // q_norm_weight / k_norm_weight [head_dim] or None.
+  m.def(
+      "attention_inputs(Tensor(a!) q_out, Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor q, "
+      "Tensor k, Tensor v, Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, "
+      "Tensor cos_sin_cache, int rotary_dim, Tensor? q_norm_weight, Tensor? k_norm_weight, "
+      "float eps, Tensor(d!)? k_scale=None, Tensor(e!)? v_scale=None, "
+      "Tensor? k_smooth=None) -> ()");
+}

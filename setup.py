@@ -1,0 +1,94 @@
+"""Build of tileinfer_attn's extension (tileinfer_attn._C).
+
+A CUDA extension where nvcc and a CUDA build of torch are present, a CPU-only
+one otherwise. Environment:
+  TILEINFER_BUILD=cuda|cpu   force one (default: auto)
+  TORCH_CUDA_ARCH_LIST       e.g. "9.0a"; default -gencode=arch=compute_90a,code=sm_90a
+  MAX_JOBS                   parallel compile jobs (torch's ninja build honours it)
+  TILEINFER_OPS=a,b          development builds: compile only csrc/ops/{a,b}.cu
+                             (the CPU ops and every schema are always built)
+  TILEINFER_PTXAS_VERBOSE=1  print registers / spills of every kernel
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+
+import torch
+from torch.utils import cpp_extension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def want_cuda() -> bool:
+    mode = os.environ.get("TILEINFER_BUILD", "auto").lower()
+    if mode not in ("auto", "cuda", "cpu"):
+        raise RuntimeError(f"TILEINFER_BUILD must be auto, cuda or cpu, got {mode!r}")
+    have = cpp_extension.CUDA_HOME is not None and torch.version.cuda is not None
+    if mode == "cuda" and not have:
+        raise RuntimeError(
+            "TILEINFER_BUILD=cuda but no CUDA toolchain (CUDA_HOME) or torch is a CPU build "
+            f"(torch {torch.__version__}, CUDA_HOME={cpp_extension.CUDA_HOME})"
+        )
+    return have if mode == "auto" else mode == "cuda"
+
+
+def rel(paths):
+    return sorted(os.path.relpath(p, ROOT) for p in paths)
+
+
+def extension():
+    cuda = want_cuda()
+    sources = rel(
+        [f"{ROOT}/csrc/torch_bindings.cpp", f"{ROOT}/csrc/checks.cpp", f"{ROOT}/csrc/attention.cpp"]
+        + glob.glob(f"{ROOT}/csrc/cpu/*.cpp")
+    )
+    cxx = ["-O3", "-std=c++17"]
+    nvcc = [
+        "-O3",
+        "-std=c++17",
+        "--expt-relaxed-constexpr",
+        "-lineinfo",
+        # torch adds these to keep half operators out of headers; our kernels use
+        # the cuda_bf16/cuda_fp16 intrinsics directly, so undo them.
+        "-U__CUDA_NO_HALF_OPERATORS__",
+        "-U__CUDA_NO_HALF_CONVERSIONS__",
+        "-U__CUDA_NO_BFLOAT16_OPERATORS__",
+        "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+        "-U__CUDA_NO_HALF2_OPERATORS__",
+    ]
+    if cuda:
+        cu = glob.glob(f"{ROOT}/csrc/ops/*.cu")
+        only = os.environ.get("TILEINFER_OPS")
+        if only:
+            names = {n.strip() for n in only.split(",") if n.strip()}
+            cu = [p for p in cu if os.path.splitext(os.path.basename(p))[0] in names]
+        sources += rel(cu)
+        cxx.append("-DTILEINFER_WITH_CUDA")
+        nvcc.append("-DTILEINFER_WITH_CUDA")
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+            # Hopper's own target (wgmma / setmaxnreg need the "a" variant). Set
+            # TORCH_CUDA_ARCH_LIST to build for other cards instead.
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
+        if os.environ.get("TILEINFER_PTXAS_VERBOSE"):
+            nvcc.append("-Xptxas=-v")
+        ext = cpp_extension.CUDAExtension
+    else:
+        ext = cpp_extension.CppExtension
+    return ext(
+        name="tileinfer_attn._C",
+        sources=sources,
+        include_dirs=[f"{ROOT}/csrc", f"{ROOT}/csrc/include"],
+        extra_compile_args={"cxx": cxx, "nvcc": nvcc} if cuda else {"cxx": cxx},
+    )
+
+
+setup(
+    name="tileinfer_attn",
+    version="0.1.0",
+    description="Paged-KV-cache attention kernels for LLM serving, as PyTorch custom ops",
+    packages=find_packages(include=["tileinfer_attn", "tileinfer_attn.*"]),
+    ext_modules=[extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    python_requires=">=3.10",
+)

@@ -1,0 +1,220 @@
+"""Eager PyTorch references for every op: the oracle users compare against.
+
+``paged_attention(..., exact=False)`` computes attention as PyTorch eager does
+(HF's eager attention): scores and probabilities rounded to the element type.
+``exact=True`` computes in float64 on the same inputs: the yardstick of our own
+tests (SPEC section 4).
+
+Semantics shared with the kernels (SPEC sections 1 and 5): query t of sequence s
+sits at position seq_lens[s] - n_s + t; causal queries see positions <= their
+own; a row that sees no position gives 0 (and lse = -inf); block-table entries
+outside the pool are skipped (their positions contribute nothing).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "token_positions",
+    "gather_kv",
+    "paged_attention",
+    "rms_norm",
+    "rope",
+    "cache_write",
+    "merge_partials",
+]
+
+
+def token_positions(seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Position of every token of the step ([num_tokens] int64); -1 for tokens of no sequence."""
+    tok = torch.arange(num_tokens, device=cu_seqlens_q.device)
+    cu = cu_seqlens_q.long()
+    seq = torch.searchsorted(cu[1:], tok, right=True)
+    valid = seq < seq_lens.numel()
+    seq_c = seq.clamp(max=max(seq_lens.numel() - 1, 0))
+    n = cu[seq_c + 1] - cu[seq_c]
+    pos = seq_lens.long()[seq_c] - n + (tok - cu[seq_c])
+    return torch.where(valid, pos, torch.full_like(pos, -1))
+
+
+def _dequant(cache: torch.Tensor, scale: Optional[torch.Tensor]) -> torch.Tensor:
+    if cache.dtype != torch.int8:
+        return cache
+    return cache.float() * scale.unsqueeze(-1)
+
+
+def gather_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq: int,
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+    k_smooth: Optional[torch.Tensor] = None,
+):
+    """Keys and values of one sequence, [L, num_kv_heads, head_dim], plus a [L] bool
+    mask that is False on positions whose page id is outside the pool.
+
+    An int8 cache is dequantized to float32 (keys multiplied back by k_smooth)."""
+    num_pages, _, page_size, _ = k_cache.shape
+    cap = block_tables.shape[1] * page_size
+    length = max(0, min(int(seq_lens[seq]), cap))
+    n_pages = (length + page_size - 1) // page_size
+    ids = block_tables[seq, :n_pages].long()
+    ok = (ids >= 0) & (ids < num_pages)
+    safe = torch.where(ok, ids, torch.zeros_like(ids))
+    k = _dequant(k_cache, k_scale)[safe]  # [n_pages, kvh, page, d]
+    v = _dequant(v_cache, v_scale)[safe]
+    if k_cache.dtype == torch.int8 and k_smooth is not None:
+        k = k * k_smooth[None, :, None, :]
+    k = k.transpose(1, 2).reshape(n_pages * page_size, k.shape[1], k.shape[3])[:length]
+    v = v.transpose(1, 2).reshape(n_pages * page_size, v.shape[1], v.shape[3])[:length]
+    valid = ok.repeat_interleave(page_size)[:length]
+    return k, v, valid
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+    k_smooth: Optional[torch.Tensor] = None,
+    exact: bool = False,
+    return_lse: bool = False,
+):
+    """Attention of a varlen batch over the paged cache, by gathering pages.
+
+    exact=False: eager rounding (scores and probabilities in q's dtype, softmax
+    in float32 as HF's eager attention). exact=True: float64 throughout, output
+    float64. Returns out [num_tokens, num_q_heads, head_dim] (and lse
+    [num_tokens, num_q_heads], natural log, with return_lse). Tokens of no
+    sequence are left 0."""
+    num_tokens, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    group = hq // hkv
+    work = torch.float64 if exact else (q.dtype if k_cache.dtype != torch.int8 else q.dtype)
+    out = torch.zeros(num_tokens, hq, d, dtype=torch.float64 if exact else q.dtype, device=q.device)
+    lse = torch.full((num_tokens, hq), float("-inf"), dtype=torch.float64 if exact else torch.float32,
+                     device=q.device)
+    cu = cu_seqlens_q.tolist()
+    for s in range(block_tables.shape[0]):
+        b, e = cu[s], cu[s + 1]
+        if e <= b:
+            continue
+        k, v, valid = gather_kv(k_cache, v_cache, block_tables, seq_lens, s, k_scale, v_scale, k_smooth)
+        length = k.shape[0]
+        n = e - b
+        qs = q[b:e].to(work).transpose(0, 1)  # [hq, n, d]
+        ks = k.to(work).repeat_interleave(group, dim=1).transpose(0, 1)  # [hq, L, d]
+        vs = v.to(work).repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = torch.matmul(qs, ks.transpose(1, 2)) * scale  # [hq, n, L]
+        qpos = length - n + torch.arange(n, device=q.device)
+        kpos = torch.arange(length, device=q.device)
+        mask = valid[None, :].expand(n, length)
+        if causal:
+            mask = mask & (kpos[None, :] <= qpos[:, None])
+        if exact:
+            scores = scores.masked_fill(~mask, float("-inf"))
+            m = scores.amax(-1, keepdim=True)
+            seen = torch.isfinite(m)
+            m = torch.where(seen, m, torch.zeros_like(m))
+            p = torch.exp(scores - m)
+            den = p.sum(-1, keepdim=True)
+            o = torch.matmul(p, vs) / torch.where(seen, den, torch.ones_like(den))
+            row_lse = torch.where(seen, m + torch.log(den), torch.full_like(m, float("-inf")))
+        else:
+            scores32 = scores.float().masked_fill(~mask, float("-inf"))
+            seen = mask.any(-1, keepdim=True)
+            p = torch.softmax(scores32, dim=-1)
+            p = torch.where(seen, p, torch.zeros_like(p)).to(work)
+            o = torch.matmul(p, vs)
+            row_lse = torch.logsumexp(scores32, dim=-1, keepdim=True)
+        out[b:e] = o.transpose(0, 1).to(out.dtype)
+        lse[b:e] = row_lse.squeeze(-1).transpose(0, 1).to(lse.dtype)
+    return (out, lse) if return_lse else out
+
+
+def merge_partials(partial_out: torch.Tensor, partial_lse: torch.Tensor):
+    """Merges partial results ([S, T, H, D] normalized outputs, [S, T, H] natural-log
+    lse) into (out [T, H, D], lse [T, H]), in float64: the oracle of combine."""
+    po = partial_out.double()
+    pl = partial_lse.double()
+    m = pl.amax(0)
+    seen = torch.isfinite(m)
+    m0 = torch.where(seen, m, torch.zeros_like(m))
+    w = torch.exp(pl - m0)  # exp(-inf) = 0 for neutral partials
+    den = w.sum(0)
+    out = (w.unsqueeze(-1) * po).sum(0) / torch.where(seen, den, torch.ones_like(den)).unsqueeze(-1)
+    lse = torch.where(seen, m0 + torch.log(den), torch.full_like(m0, float("-inf")))
+    return out, lse
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3's RMSNorm over the last dim: float32 math, rounded to x's dtype, times weight."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    """Neox (rotate-half) rotary embedding on the first rotary_dim channels, float32
+    math rounded once to x's dtype. cos_sin_cache [max_position, rotary_dim]: cos then sin."""
+    half = rotary_dim // 2
+    cs = cos_sin_cache[positions.long()].float()  # [T, rotary_dim]
+    cos = cs[:, None, :half]
+    sin = cs[:, None, half:]
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:rotary_dim]
+    out = xf.clone()
+    out[..., :half] = x1 * cos - x2 * sin
+    out[..., half:rotary_dim] = x2 * cos + x1 * sin
+    return out.to(x.dtype)
+
+
+def cache_write(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+    k_smooth: Optional[torch.Tensor] = None,
+) -> None:
+    """Writes token t of sequence s at position seq_lens[s] - n_s + t, in place.
+    Positions on pages outside the pool are skipped. int8: symmetric per-vector
+    quantization, scale = amax / 127 (keys divided by k_smooth first)."""
+    num_pages, _, page_size, _ = k_cache.shape
+    pos = token_positions(seq_lens, cu_seqlens_q, k.shape[0])
+    seq = torch.searchsorted(cu_seqlens_q.long()[1:], torch.arange(k.shape[0], device=k.device), right=True)
+    for t in range(k.shape[0]):
+        s, p = int(seq[t]), int(pos[t])
+        if s >= block_tables.shape[0] or p < 0 or p >= block_tables.shape[1] * page_size:
+            continue
+        page = int(block_tables[s, p // page_size])
+        if page < 0 or page >= num_pages:
+            continue
+        slot = p % page_size
+        if k_cache.dtype == torch.int8:
+            kt = k[t].float()
+            if k_smooth is not None:
+                kt = kt / k_smooth
+            for src, dst, sc in ((kt, k_cache, k_scale), (v[t].float(), v_cache, v_scale)):
+                amax = src.abs().amax(-1)
+                scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+                dst[page, :, slot] = torch.round(src / scale[:, None]).clamp(-127, 127).to(torch.int8)
+                sc[page, :, slot] = scale
+        else:
+            k_cache[page, :, slot] = k[t].to(k_cache.dtype)
+            v_cache[page, :, slot] = v[t].to(v_cache.dtype)

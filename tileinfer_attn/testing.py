@@ -1,0 +1,130 @@
+"""Helpers for tests and benchmarks: random paged problems, poisoning, error measures.
+
+One problem builder serves every test and benchmark, so that all of them walk
+the same kind of block tables: pages of a sequence scattered over the pool, and
+unused table entries pointing at other sequences' pages (reading past a
+sequence's length gives a visibly wrong answer, never a lucky one).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["PagedProblem", "make_problem", "poison_", "ulp_error", "rel_error", "ulp"]
+
+
+@dataclass
+class PagedProblem:
+    q: torch.Tensor             # [num_tokens, num_q_heads, head_dim]
+    k_cache: torch.Tensor       # [num_pages, num_kv_heads, page_size, head_dim]
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # [num_seqs, max_pages] int32
+    seq_lens: torch.Tensor      # [num_seqs] int32
+    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
+    max_q_len: int
+    scale: float
+    k_scale: Optional[torch.Tensor] = None
+    v_scale: Optional[torch.Tensor] = None
+    k_smooth: Optional[torch.Tensor] = None
+
+    def args(self):
+        """Positional arguments of prefill/attention after `out` (and `lse`), before scale."""
+        return (self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens, self.cu_seqlens_q,
+                self.max_q_len)
+
+    def int8_kwargs(self):
+        return dict(k_scale=self.k_scale, v_scale=self.v_scale, k_smooth=self.k_smooth)
+
+
+def make_problem(
+    seq_lens: Sequence[int],
+    q_lens: Sequence[int],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    spare_pages: int = 3,
+    extra_table_cols: int = 1,
+    int8: bool = False,
+) -> PagedProblem:
+    """A random varlen batch: sequence i holds seq_lens[i] positions (this step's
+    q_lens[i] queries are its last ones), pages shuffled over the pool.
+
+    int8=True: the pools are int8 with random per-vector scales and smoothing
+    factors; q has `dtype`."""
+    assert len(seq_lens) == len(q_lens)
+    assert all(0 <= n <= L for n, L in zip(q_lens, seq_lens)), "each q_len must be <= its seq_len"
+    g = torch.Generator().manual_seed(seed)
+    pages_per_seq = [math.ceil(L / page_size) for L in seq_lens]
+    max_pages = max(max(pages_per_seq, default=0), 1) + extra_table_cols
+    num_pages = sum(pages_per_seq) + spare_pages
+    perm = torch.randperm(num_pages, generator=g)
+    tables = torch.empty(len(seq_lens), max_pages, dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(pages_per_seq):
+        tables[i, :n] = perm[used:used + n].int()
+        used += n
+        # Entries past the sequence's pages point at random pages of the pool.
+        tables[i, n:] = torch.randint(0, num_pages, (max_pages - n,), generator=g, dtype=torch.int32)
+    shape = (num_pages, num_kv_heads, page_size, head_dim)
+    k_scale = v_scale = k_smooth = None
+    if int8:
+        k_cache = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+        v_cache = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+        k_scale = torch.rand(shape[:3], generator=g) * 0.02 + 0.005
+        v_scale = torch.rand(shape[:3], generator=g) * 0.02 + 0.005
+        k_smooth = torch.rand(num_kv_heads, head_dim, generator=g) * 2 + 0.25
+    else:
+        k_cache = torch.randn(shape, generator=g).to(dtype)
+        v_cache = torch.randn(shape, generator=g).to(dtype)
+    num_tokens = sum(q_lens)
+    q = torch.randn(num_tokens, num_q_heads, head_dim, generator=g).to(dtype)
+    cu = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(list(q_lens), dtype=torch.int64).cumsum(0).int()
+    dev = torch.device(device)
+    mv = lambda t: None if t is None else t.to(dev)  # noqa: E731
+    return PagedProblem(
+        q=mv(q), k_cache=mv(k_cache), v_cache=mv(v_cache), block_tables=mv(tables),
+        seq_lens=mv(torch.tensor(list(seq_lens), dtype=torch.int32)), cu_seqlens_q=mv(cu),
+        max_q_len=max(q_lens, default=0), scale=head_dim ** -0.5,
+        k_scale=mv(k_scale), v_scale=mv(v_scale), k_smooth=mv(k_smooth),
+    )
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fills an output with NaN (floats) or a sentinel (ints), so unwritten elements show."""
+    if t.is_floating_point():
+        return t.fill_(float("nan"))
+    return t.fill_(-77)
+
+
+def ulp(dtype: torch.dtype) -> float:
+    """Spacing of `dtype` at 1.0."""
+    return torch.finfo(dtype).eps
+
+
+def ulp_error(out: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype) -> float:
+    """Largest error in units of `dtype`'s ulp at each row's magnitude (rows: last dim).
+    NaN anywhere gives inf."""
+    o = out.double()
+    e = exact.double()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    mag = e.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+    unit = torch.exp2(torch.floor(torch.log2(mag))) * ulp(dtype)
+    return float(((o - e).abs() / unit).max()) if o.numel() else 0.0
+
+
+def rel_error(out: torch.Tensor, exact: torch.Tensor) -> float:
+    """||out - exact|| / ||exact|| (inf on NaN)."""
+    o = out.double()
+    e = exact.double()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    return float((o - e).norm() / e.norm().clamp_min(1e-30))
