@@ -7,6 +7,7 @@ one otherwise. Environment:
   MAX_JOBS                   parallel compile jobs (torch's ninja build honours it)
   TILEINFER_OPS=a,b          development builds: compile only csrc/ops/{a,b}.cu
                              (the CPU ops and every schema are always built)
+  TILEINFER_SKIP_CPU=1       development builds on the GPU machine: leave csrc/cpu out
   TILEINFER_PTXAS_VERBOSE=1  print registers / spills of every kernel
 """
 import glob
@@ -14,8 +15,13 @@ import os
 
 from setuptools import find_packages, setup
 
-import torch
-from torch.utils import cpp_extension
+# torch guesses CUDA_HOME from the nvcc on PATH; where that is a wrapper script
+# (as on our CI machines), point it at the toolkit itself.
+if "CUDA_HOME" not in os.environ and os.path.exists("/usr/local/cuda/bin/nvcc"):
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
+import torch  # noqa: E402
+from torch.utils import cpp_extension  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -41,12 +47,12 @@ def extension():
     cuda = want_cuda()
     sources = rel(
         [f"{ROOT}/csrc/torch_bindings.cpp", f"{ROOT}/csrc/checks.cpp", f"{ROOT}/csrc/attention.cpp"]
-        + glob.glob(f"{ROOT}/csrc/cpu/*.cpp")
+        + ([] if os.environ.get("TILEINFER_SKIP_CPU") else glob.glob(f"{ROOT}/csrc/cpu/*.cpp"))
     )
-    cxx = ["-O3", "-std=c++17"]
+    # The C++ standard is left to torch's build helper (torch >= 2.10 needs C++20).
+    cxx = ["-O3"]
     nvcc = [
         "-O3",
-        "-std=c++17",
         "--expt-relaxed-constexpr",
         "-lineinfo",
         # torch adds these to keep half operators out of headers; our kernels use

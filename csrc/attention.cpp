@@ -6,7 +6,10 @@
 #include <torch/library.h>
 
 #ifdef TILEINFER_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
+// Not ATen/cuda/CUDAContext.h: it pulls in cuBLAS/cuSPARSE headers that a
+// plain CUDA toolkit install may lack.
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include "checks.h"
@@ -30,7 +33,11 @@ bool use_decode_path(int64_t max_q_len, int64_t group_size) {
 int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len) {
   int64_t sms = 8;
 #ifdef TILEINFER_WITH_CUDA
-  if (device.is_cuda()) sms = at::cuda::getDeviceProperties(device.index())->multiProcessorCount;
+  if (device.is_cuda()) {
+    int count = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device.index()));
+    sms = count;
+  }
 #endif
   const int64_t max_splits = max_q_len > 8 ? 8 : 32;
   const int64_t work = std::max<int64_t>(1, num_seqs * num_kv_heads);

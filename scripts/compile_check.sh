@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Compiles CUDA/C++ sources of the extension one by one with the flags of
+# setup.py, into a scratch folder: a quick check on a machine without a GPU
+# that the code compiles, plus the register / spill report of every kernel.
+#   scripts/compile_check.sh csrc/ops/prefill.cu [more files...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=$(mktemp -d)
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+inc=$(python3 -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I'+p for p in include_paths()))" 2>/dev/null)
+pyinc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+common="-I$CUDA_HOME/include -Icsrc -Icsrc/include $inc -I$pyinc -DTILEINFER_WITH_CUDA -DTORCH_EXTENSION_NAME=_C -D_GLIBCXX_USE_CXX11_ABI=1 -std=c++20 -O3"
+for f in "$@"; do
+  case "$f" in
+    *.cu) nvcc $common -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo \
+            -Xptxas=-v -Xcompiler -fPIC -c "$f" -o "$out/$(basename "$f").o" 2>&1 \
+            | grep -v -E "^ptxas info\s+: (Compiling|Function properties)" || exit 1 ;;
+    *) g++ $common -fPIC -c "$f" -o "$out/$(basename "$f").o" || exit 1 ;;
+  esac
+  echo "compiled $f"
+done
+rm -rf "$out"

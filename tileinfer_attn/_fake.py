@@ -1,0 +1,1 @@
+"""Fake implementations of the ops (being written)."""

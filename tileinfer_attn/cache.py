@@ -1,0 +1,5 @@
+"""PagedKVCache (being written)."""
+
+
+class PagedKVCache:  # placeholder until the foundation lands
+    pass

@@ -1,0 +1,2 @@
+"""Python wrappers of the ops (being written)."""
+__all__ = []
