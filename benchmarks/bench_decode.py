@@ -1,0 +1,174 @@
+"""Decode benchmark (issue 4): one query per sequence over the paged cache, our
+attention op (split-KV decode + combine) against its peers, and speculative
+verify steps of n = 2..16 queries: the decode path against the prefill op on
+the same inputs (where is the crossover?).
+
+Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, bf16,
+page 64); batch x context (1,1k) (1,4k) (1,32k) (8,32k) (32,4k) (128,2k); a
+Llama-3-8B-like batch (same head counts, 16 x 8k); head dims 64 and 256.
+Decode must read k and v of every position once: GB/s of those bytes against
+the copy bandwidth measured in this run. Small launches are timed as CUDA-graph
+replays (how serving engines run decode), each of ours and of the peers that
+can be captured; the `mode` column says which.
+
+Peers: torch SDPA with the cuDNN and the flash backend on a contiguous cache,
+gather-pages-then-SDPA(flash), the eager reference (small sizes only),
+FlashInfer's paged decode if it imports.
+
+    python3 benchmarks/bench_decode.py [--quick] [--only 32k] [--no-verify] [--out-dir DIR]
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import attention_peers as ap  # noqa: E402
+import common  # noqa: E402
+
+NAME = "bench_decode"
+QWEN3 = dict(hq=32, hkv=8, d=128)
+LLAMA3_8B = dict(hq=32, hkv=8, d=128)  # same head counts as Qwen3-4B; a longer, wider batch
+
+# (label, batch, context, heads)
+CASES = [
+    ("1x1k", 1, 1024, QWEN3),
+    ("1x4k", 1, 4096, QWEN3),
+    ("1x32k", 1, 32768, QWEN3),
+    ("8x32k", 8, 32768, QWEN3),
+    ("32x4k", 32, 4096, QWEN3),
+    ("128x2k", 128, 2048, QWEN3),
+    ("llama3-8b 16x8k", 16, 8192, LLAMA3_8B),
+    ("d64 32x4k", 32, 4096, dict(hq=32, hkv=8, d=64)),
+    ("d256 32x4k", 32, 4096, dict(hq=32, hkv=8, d=256)),
+]
+QUICK = {"1x1k", "1x32k", "8x32k", "32x4k", "128x2k", "d64 32x4k", "d256 32x4k"}
+EAGER_MAX_POSITIONS = 4096  # batch x context; the eager reference loops in Python
+
+VERIFY_N = [2, 4, 8, 16]
+VERIFY_L = [256, 512, 1024, 2048, 4096, 8192]
+VERIFY_QUICK_N = [4, 16]
+VERIFY_QUICK_L = [256, 512, 2048, 8192]
+
+OURS = "tileinfer decode (attention op)"
+# Outputs are compared with the first of these that ran (a sanity check).
+BASE = ["sdpa flash (contiguous)", "sdpa cudnn (contiguous)", "eager reference"]
+VERIFY_DECODE = "decode path (attention op)"
+VERIFY_PREFILL = "prefill op"
+
+
+def sets_of(batch, ctx, n, cfg, cap=64):
+    lens, q_lens = [ctx] * batch, [n] * batch
+    one = ap.make_sets(lens, q_lens, cfg["hq"], cfg["hkv"], cfg["d"], n_sets=1)[0]
+    k = common.sets_for(ap.set_bytes(one), cap=cap)
+    return ap.make_sets(lens, q_lens, cfg["hq"], cfg["hkv"], cfg["d"], n_sets=k) if k > 1 else [one]
+
+
+def run_case(label, batch, ctx, cfg, args, ceil, errors, status):
+    sets = sets_of(batch, ctx, 1, cfg)
+    nbytes = ap.kv_bytes(sets[0])
+    kw = dict(rep_ms=60 if args.quick else 200, warmup_ms=20)
+    impls = []
+    for be in ("cudnn", "flash"):
+        impls.append((f"sdpa {be} (contiguous)", lambda p, be=be: ap.sdpa_contiguous(p, be), True))
+    impls.append(("gather+sdpa flash", lambda p: ap.gather_then_sdpa(p, "flash"), True))
+    if batch * ctx <= EAGER_MAX_POSITIONS:
+        impls.append(("eager reference", lambda p: ap.eager_reference(p), False))
+    if status["flashinfer"][0] and (not args.quick or cfg["d"] == 128):
+        impls.append(("flashinfer paged decode", lambda p: ap.flashinfer_decode(p), True))
+    # Ours last: a kernel that breaks the CUDA context then costs no peer of this case.
+    if status["decode"][0]:
+        impls.append((OURS, lambda p: ap.ours_attention(p), True))
+
+    def metrics(t):
+        gbps = nbytes / t.seconds / 1e9
+        return dict(kv_bytes=nbytes, gbps=gbps,
+                    pct_copy=100 * gbps / ceil["copy_gbps"] if ceil.get("copy_gbps") else None)
+    rows = ap.time_impls(label, impls, sets, errors, ours=OURS, base=BASE, metrics=metrics,
+                         extra=dict(batch=batch, ctx=ctx, n=1, **cfg), **kw)
+    del sets
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run_verify(n, ctx, args, ceil, errors, status):
+    """Decode path vs prefill op on the same n-query step of one sequence."""
+    sets = sets_of(1, ctx, n, QWEN3)
+    flops = ap.attention_flops(sets[0], causal=True)
+    nbytes = ap.kv_bytes(sets[0])
+    kw = dict(rep_ms=40 if args.quick else 150, warmup_ms=10)
+    impls = []
+    if status["decode"][0]:
+        impls.append((VERIFY_DECODE, lambda p: ap.ours_attention(p), True))
+    if status["prefill"][0]:
+        impls.append((VERIFY_PREFILL, lambda p: ap.ours_prefill(p), True))
+
+    def metrics(t):
+        return dict(kv_bytes=nbytes, gbps=nbytes / t.seconds / 1e9, tflops=flops / t.seconds / 1e12)
+    rows = ap.time_impls(f"verify n={n} L={ctx}", impls, sets, errors, ours=VERIFY_DECODE, base=[VERIFY_PREFILL],
+                         metrics=metrics, extra=dict(batch=1, ctx=ctx, n=n, **QWEN3), **kw)
+    del sets
+    return rows
+
+
+def main():
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--no-verify", action="store_true", help="skip the verify-step grid")
+    args = p.parse_args()
+    env = common.print_header(NAME)
+    ceil = common.measure_ceilings(quick=args.quick, skip=args.no_ceilings)
+    fi, fi_why = ap.load_flashinfer()
+    dec, dec_why = common.has_cuda_kernel("decode")
+    comb, comb_why = common.has_cuda_kernel("combine")
+    status = {"decode": (dec and comb, dec_why or comb_why), "prefill": common.has_cuda_kernel("prefill"),
+              "flashinfer": (fi is not None, fi_why or "")}
+    for k, (ok, why) in status.items():
+        print(f"   {k}: {'yes' if ok else 'skipped: ' + why}")
+    errors, rows, verify = [], [], []
+    for label, batch, ctx, cfg in CASES:
+        if args.quick and label not in QUICK or args.only and args.only not in label:
+            continue
+        print(f"-- {label}: {batch} x {ctx} positions, {cfg['hq']}/{cfg['hkv']} heads, d {cfg['d']}")
+        rows += common.attempt(label, lambda a=(label, batch, ctx, cfg): run_case(*a, args, ceil, errors, status),
+                               errors) or []
+    cols = [("case", "case", ""), ("impl", "impl", ""), ("us", "us", ".1f"), ("GB/s", "gbps", ".0f"),
+            ("%copy", "pct_copy", ".0f"), ("t/t_ours", "t_over_ours", ".2f"), ("rel diff", "rel_diff", ".1e"),
+            ("mode", "mode", ""), ("sets", "sets", ""), ("note", "note", "")]
+    common.print_table(rows, cols, title=f"\n{NAME} (GB/s of k+v read once; t/t_ours > 1: ours faster)")
+
+    if not args.no_verify and (status["decode"][0] or status["prefill"][0]):
+        grid_n = VERIFY_QUICK_N if args.quick else VERIFY_N
+        grid_l = VERIFY_QUICK_L if args.quick else VERIFY_L
+        print(f"-- verify steps: n in {grid_n}, context in {grid_l}, one sequence")
+        for n in grid_n:
+            for ctx in grid_l:
+                if args.only and args.only not in f"verify n={n} L={ctx}":
+                    continue
+                verify += common.attempt(f"verify n={n} L={ctx}",
+                                         lambda a=(n, ctx): run_verify(*a, args, ceil, errors, status), errors) or []
+        common.print_table(verify, [("case", "case", ""), ("impl", "impl", ""), ("us", "us", ".1f"),
+                                    ("t/t_decode", "t_over_ours", ".2f"), ("GB/s", "gbps", ".0f"),
+                                    ("rel diff", "rel_diff", ".1e"), ("mode", "mode", "")],
+                           title="\nverify steps (t/t_decode > 1: the decode path is faster)")
+    elif not args.no_verify:
+        print("   [skip] verify steps: neither decode nor prefill has a CUDA kernel in this build")
+
+    payload = dict(name=NAME, env=env, ceilings=ceil, args=vars(args), status=status, rows=rows, verify=verify,
+                   errors=errors)
+    common.write_json(NAME, payload, args.out_dir)
+    if not args.no_plot:
+        cases = list(dict.fromkeys(r["case"] for r in rows))
+        impls = list(dict.fromkeys(r["impl"] for r in rows))
+        series = {i: [next((r["gbps"] for r in rows if r["case"] == c and r["impl"] == i), None) for c in cases]
+                  for i in impls}
+        common.plot_bars(common.results_path(NAME, "png", args.out_dir), "Decode (1 query / sequence), paged KV, bf16",
+                         cases, series, "GB/s of k+v read", log=True,
+                         hlines={"copy bandwidth (this run)": ceil.get("copy_gbps")},
+                         subtitle=f"{env['card']}, {env['date']}, torch {env['torch']}")
+
+
+if __name__ == "__main__":
+    main()

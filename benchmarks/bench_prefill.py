@@ -1,0 +1,114 @@
+"""Prefill benchmark (issue 3): causal attention of fresh prompts over the paged
+cache, our prefill op against its peers in the same run.
+
+Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, bf16,
+page 64) at prompt lengths 512 / 2k / 8k / 16k for one sequence, batches of
+4 x 2k and 8 x 512, and head dims 64 and 256. FLOPs: 2 * 2 * L * L / 2 * d * Hq
+per prompt (SPEC section 7); TFLOP/s against the bf16 GEMM rate measured in
+this run.
+
+Peers: torch SDPA with the cuDNN and the flash backend on a contiguous cache,
+gather-pages-then-SDPA(flash), the eager reference (small sizes only: it is
+slow), FlashInfer's paged prefill if it imports.
+
+    python3 benchmarks/bench_prefill.py [--quick] [--only 8k] [--out-dir DIR]
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import attention_peers as ap  # noqa: E402
+import common  # noqa: E402
+
+NAME = "bench_prefill"
+QWEN3 = dict(hq=32, hkv=8, d=128)
+
+# (label, prompt lengths, head config). The eager reference runs where the
+# total prompt length is at most EAGER_MAX_TOKENS.
+CASES = [
+    ("1x512", [512], QWEN3),
+    ("1x2k", [2048], QWEN3),
+    ("1x8k", [8192], QWEN3),
+    ("1x16k", [16384], QWEN3),
+    ("4x2k", [2048] * 4, QWEN3),
+    ("8x512", [512] * 8, QWEN3),
+    ("1x8k d64", [8192], dict(hq=32, hkv=8, d=64)),
+    ("1x8k d256", [8192], dict(hq=32, hkv=8, d=256)),
+]
+QUICK = {"1x512", "1x2k", "1x8k", "1x16k", "4x2k", "1x8k d64", "1x8k d256"}
+EAGER_MAX_TOKENS = 2048
+OURS = "tileinfer prefill"
+# Outputs are compared with the first of these that ran (a sanity check).
+BASE = ["sdpa flash (contiguous)", "sdpa cudnn (contiguous)", "eager reference"]
+
+
+def run_case(label, lens, cfg, args, ceil, errors, status):
+    d = cfg["d"]
+    one = ap.make_sets(lens, lens, cfg["hq"], cfg["hkv"], d, n_sets=1)[0]
+    n_sets = common.sets_for(ap.set_bytes(one), cap=16)
+    sets = ap.make_sets(lens, lens, cfg["hq"], cfg["hkv"], d, n_sets=n_sets) if n_sets > 1 else [one]
+    flops = ap.attention_flops(one, causal=True)
+    kw = dict(rep_ms=60 if args.quick else 200, warmup_ms=20)
+    impls = []
+    for be in ("cudnn", "flash"):
+        impls.append((f"sdpa {be} (contiguous)", lambda p, be=be: ap.sdpa_contiguous(p, be), True))
+    impls.append(("gather+sdpa flash", lambda p: ap.gather_then_sdpa(p, "flash"), True))
+    if sum(lens) <= EAGER_MAX_TOKENS:
+        impls.append(("eager reference", lambda p: ap.eager_reference(p), False))
+    if status["flashinfer"][0] and (not args.quick or d == 128):
+        impls.append(("flashinfer paged (auto backend)", lambda p: ap.flashinfer_prefill(p), True))
+    # Ours last: a kernel that breaks the CUDA context then costs no peer of this case.
+    if status["prefill"][0]:
+        impls.append((OURS, lambda p: ap.ours_prefill(p), True))
+
+    def metrics(t):
+        tflops = flops / t.seconds / 1e12
+        return dict(tflops=tflops, pct_gemm=100 * tflops / ceil["gemm_tflops"] if ceil.get("gemm_tflops") else None)
+    rows = ap.time_impls(label, impls, sets, errors, ours=OURS, base=BASE, metrics=metrics,
+                         extra=dict(lens=lens, **cfg), **kw)
+    del sets, one
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    args = common.parser(__doc__.splitlines()[0]).parse_args()
+    env = common.print_header(NAME)
+    ceil = common.measure_ceilings(quick=args.quick, skip=args.no_ceilings)
+    status = {"prefill": common.has_cuda_kernel("prefill"), "flashinfer": ap.load_flashinfer()}
+    status["flashinfer"] = (status["flashinfer"][0] is not None, status["flashinfer"][1] or "")
+    for k, (ok, why) in status.items():
+        print(f"   {k}: {'yes' if ok else 'skipped: ' + why}")
+    errors, rows = [], []
+    for label, lens, cfg in CASES:
+        if args.quick and label not in QUICK or args.only and args.only not in label:
+            continue
+        print(f"-- {label}: {len(lens)} x {lens[0]} tokens, {cfg['hq']}/{cfg['hkv']} heads, d {cfg['d']}")
+        rows += common.attempt(label, lambda a=(label, lens, cfg): run_case(*a, args, ceil, errors, status),
+                               errors) or []
+
+    common.print_table(rows, [("case", "case", ""), ("impl", "impl", ""), ("us", "us", ".1f"),
+                              ("TFLOP/s", "tflops", ".0f"), ("%gemm", "pct_gemm", ".0f"),
+                              ("t/t_ours", "t_over_ours", ".2f"), ("rel diff", "rel_diff", ".1e"),
+                              ("mode", "mode", ""), ("sets", "sets", ""), ("note", "note", "")],
+                       title=f"\n{NAME} (t/t_ours > 1: ours faster; rel diff vs sdpa flash, else the next peer)")
+    payload = dict(name=NAME, env=env, ceilings=ceil, args=vars(args), status=status, rows=rows, errors=errors)
+    common.write_json(NAME, payload, args.out_dir)
+    if not args.no_plot:
+        cases = list(dict.fromkeys(r["case"] for r in rows))
+        impls = list(dict.fromkeys(r["impl"] for r in rows))
+        series = {i: [next((r["tflops"] for r in rows if r["case"] == c and r["impl"] == i), None) for c in cases]
+                  for i in impls}
+        common.plot_bars(common.results_path(NAME, "png", args.out_dir), "Causal prefill, paged KV (page 64, bf16)",
+                         cases, series, "TFLOP/s (causal FLOPs)",
+                         hlines={"bf16 GEMM (this run)": ceil.get("gemm_tflops")},
+                         subtitle=f"{env['card']}, {env['date']}, torch {env['torch']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,506 @@
+"""Shared helpers of the benchmarks: timing, ceilings, environment header, results.
+
+Every benchmark script follows the same pattern (METHOD: "two numbers first",
+"time properly"):
+
+    args = common.parser("what it measures").parse_args()
+    env = common.print_header("bench_xyz")          # card, date, torch, clocks
+    ceil = common.measure_ceilings(quick=args.quick) # copy GB/s, bf16 GEMM TFLOP/s, this run
+    t = common.bench(fn, input_sets)                 # median of many CUDA-event timed reps
+    common.write_json("bench_xyz", {...}, args.out_dir)
+    common.plot_bars(common.results_path("bench_xyz", "png", args.out_dir), ...)
+
+Results JSON (what benchmarks/summary.py, printed last by gpu_check.sh, reads):
+{"name", "env", "ceilings": {"copy_gbps", "gemm_tflops", ...}, "rows": [{"case",
+"impl", "us", and "gbps" / "pct_copy" or "tflops" / "pct_gemm", ...}], "errors"}.
+
+Timing rules encoded here:
+- CUDA events around each call, a warm-up first (module load, JIT, cuDNN plans,
+  workspace allocation stay out of the numbers), the median of many repeats.
+- Inputs that fit in the 60 MB L2 would be timed from the cache: pass several
+  input sets (`sets_for` says how many) and `bench` rotates among them, or pass
+  flush_l2=True to scrub the L2 between repeats (outside the timed region).
+- graph=True captures a CUDA graph of several calls and times its replays: how
+  a serving engine runs small decode launches, without per-launch CPU gaps.
+- Without a GPU everything falls back to host timers, so the scripts can be
+  smoke-tested on a CPU machine with tiny sizes (numbers are meaningless there).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+
+__all__ = [
+    "ROOT", "RESULTS_DIR", "Timing", "parser", "today", "environment", "print_header", "bench",
+    "sets_for", "l2_bytes", "measure_ceilings", "copy_bandwidth", "gemm_rate", "results_path",
+    "write_json", "plot_bars", "print_table", "attempt", "load_tileinfer", "load_reference",
+    "has_cuda_kernel", "fmt",
+]
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """The flags every benchmark takes."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true",
+                   help="trimmed grid and shorter timing (scripts/gpu_check.sh uses it)")
+    p.add_argument("--out-dir", type=Path, default=RESULTS_DIR,
+                   help=f"where <name>_<date>.json/.png go (default {RESULTS_DIR})")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--only", default="", help="run only cases whose label contains this")
+    p.add_argument("--no-ceilings", action="store_true",
+                   help="skip the copy / GEMM ceilings (ratios to them are then left out)")
+    return p
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()
+
+
+# ----------------------------------------------------------------------------- environment
+
+def _nvidia_smi(query: str) -> Optional[str]:
+    try:
+        r = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=10)
+        return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+    except Exception:  # no nvidia-smi (CPU machine) or it hung: the header just lacks it
+        return None
+
+
+def l2_bytes() -> int:
+    """L2 size of the current GPU (60 MB on an H200); 0 without a GPU."""
+    if not torch.cuda.is_available():
+        return 0
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size)
+
+
+def environment() -> dict:
+    """What a reader needs to trust or compare the numbers: card, date, versions, clocks."""
+    env = {
+        "date": today(),
+        "time": datetime.datetime.now().strftime("%H:%M:%S"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "argv": " ".join(sys.argv),
+    }
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        env.update(card=p.name, sm_count=p.multi_processor_count, l2_mb=p.L2_cache_size / 1e6,
+                   memory_gib=round(p.total_memory / 2**30, 1), capability=f"{p.major}.{p.minor}")
+        # Clocks are read, never set (METHOD: measure the card as you find it).
+        env["nvidia_smi"] = _nvidia_smi("driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.limit")
+    else:
+        env.update(card="cpu (no CUDA device)", sm_count=0, l2_mb=0.0)
+    return env
+
+
+def print_header(name: str) -> dict:
+    env = environment()
+    print(f"== {name}  {env['date']} {env['time']}  card: {env['card']}"
+          + (f" ({env['sm_count']} SMs, L2 {env['l2_mb']:.0f} MB)" if env.get("sm_count") else ""))
+    print(f"   torch {env['torch']}  cuda {env['cuda']}  cudnn {env['cudnn']}  python {env['python']}")
+    if env.get("nvidia_smi"):
+        print(f"   nvidia-smi (driver, sm clk, mem clk, max sm clk, power limit): {env['nvidia_smi']}")
+    sys.stdout.flush()
+    return env
+
+
+# ----------------------------------------------------------------------------- timing
+
+@dataclass
+class Timing:
+    """Per-call times of one measured function, in microseconds."""
+    median_us: float
+    p10_us: float
+    p90_us: float
+    min_us: float
+    reps: int
+    mode: str  # "events", "events+flush", "graph", "host" (no GPU)
+    sets: int  # input sets rotated
+
+    @property
+    def seconds(self) -> float:
+        return self.median_us * 1e-6
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def sets_for(bytes_per_set: int, factor: float = 3.0, cap: int = 64) -> int:
+    """How many input sets to rotate so that consecutive calls do not find their
+    inputs in L2: enough that the sets together exceed `factor` x L2."""
+    l2 = l2_bytes()
+    if l2 == 0 or bytes_per_set <= 0:
+        return 1
+    return int(max(1, min(cap, math.ceil(factor * l2 / bytes_per_set))))
+
+
+_flush_buf: Optional[torch.Tensor] = None
+
+
+def _flush_l2() -> None:
+    global _flush_buf
+    if _flush_buf is None:
+        # Writing 4x the L2 leaves none of the previous call's lines in it.
+        _flush_buf = torch.empty(max(4 * l2_bytes(), 1 << 20), dtype=torch.uint8, device="cuda")
+    _flush_buf.zero_()
+
+
+def _stats(times_us: Sequence[float], mode: str, sets: int) -> Timing:
+    s = sorted(times_us)
+    q = lambda f: s[min(len(s) - 1, max(0, int(round(f * (len(s) - 1)))))]  # noqa: E731
+    return Timing(median_us=statistics.median(s), p10_us=q(0.1), p90_us=q(0.9), min_us=s[0],
+                  reps=len(s), mode=mode, sets=sets)
+
+
+def _cycle(fn: Callable, sets: Sequence[tuple]):
+    i = 0
+
+    def call():
+        nonlocal i
+        fn(*sets[i % len(sets)])
+        i += 1
+    return call
+
+
+def bench(
+    fn: Callable,
+    input_sets: Optional[Sequence[tuple]] = None,
+    *,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 200.0,
+    min_reps: int = 10,
+    max_reps: int = 1000,
+    flush_l2: bool = False,
+    graph: bool = False,
+    graph_min_us: float = 500.0,
+    max_graph_calls: int = 128,
+) -> Timing:
+    """Median time of one call fn(*input_sets[i]) over many repeats, rotating
+    through the input sets (default: one empty set, fn()).
+
+    events (default): a CUDA event pair around every call; back-to-back
+      launches, so a call shorter than its launch cost measures the launch rate.
+    flush_l2: scrub the L2 before each call (outside the events).
+    graph: capture ceil(graph_min_us / t) calls (a multiple of the number of
+      sets, at most max_graph_calls) into one CUDA graph and time replays; the
+      per-call time is replay time / calls. fn must be capturable (no host
+      syncs, no allocation that differs between calls)."""
+    sets = list(input_sets) if input_sets else [()]
+    if not torch.cuda.is_available():
+        return _bench_host(fn, sets, warmup_ms, rep_ms, min_reps, max_reps)
+    if graph and flush_l2:
+        raise ValueError("bench: graph replay cannot flush L2 between calls; rotate input sets instead")
+    call = _cycle(fn, sets)
+
+    # Warm-up, and a first estimate of one call's time to size the repeats.
+    call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    n_est = max(len(sets), 3)
+    start.record()
+    for _ in range(n_est):
+        call()
+    end.record()
+    end.synchronize()
+    est_ms = max(start.elapsed_time(end) / n_est, 1e-4)
+    for _ in range(int(min(max_reps, warmup_ms / est_ms))):
+        call()
+    torch.cuda.synchronize()
+
+    if graph:
+        return _bench_graph(fn, sets, est_ms, rep_ms, min_reps, max_reps, graph_min_us, max_graph_calls)
+
+    reps = int(max(min_reps, min(max_reps, rep_ms / est_ms)))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in events:
+        if flush_l2:
+            _flush_l2()
+        s.record()
+        call()
+        e.record()
+    torch.cuda.synchronize()
+    return _stats([s.elapsed_time(e) * 1e3 for s, e in events], "events+flush" if flush_l2 else "events",
+                  len(sets))
+
+
+def _bench_graph(fn, sets, est_ms, rep_ms, min_reps, max_reps, graph_min_us, max_graph_calls) -> Timing:
+    n = len(sets)
+    calls = max(1, math.ceil(graph_min_us / (est_ms * 1e3)))
+    calls = min(max(calls, n), max(max_graph_calls, n))
+    calls = n * math.ceil(calls / n)
+    # torch.cuda.graph captures on a side stream; warm that stream up first
+    # (libraries allocate workspaces and pick plans on their first call).
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(n):
+            fn(*sets[i])
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fn(*sets[i % n])
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    replay_ms = est_ms * calls
+    reps = int(max(min_reps, min(max_reps, rep_ms / replay_ms)))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in events:
+        s.record()
+        g.replay()
+        e.record()
+    torch.cuda.synchronize()
+    t = _stats([s.elapsed_time(e) * 1e3 / calls for s, e in events], "graph", n)
+    del g
+    return t
+
+
+def _bench_host(fn, sets, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
+    call = _cycle(fn, sets)
+    call()
+    t0 = time.perf_counter()
+    call()
+    est_ms = max((time.perf_counter() - t0) * 1e3, 1e-3)
+    reps = int(max(min_reps, min(max_reps, rep_ms / est_ms)))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return _stats(times, "host", len(sets))
+
+
+def attempt(label: str, thunk: Callable, errors: Optional[list] = None):
+    """Runs thunk(); on an exception prints one line naming `label` and returns
+    None, so one failing peer or case never stops a benchmark run."""
+    try:
+        return thunk()
+    except Exception as e:  # noqa: BLE001 -- any failure of a peer is reported, not fatal
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        print(f"   [skip] {label}: {msg}")
+        if os.environ.get("TILEINFER_BENCH_TRACEBACK"):
+            traceback.print_exc()
+        if errors is not None:
+            errors.append({"label": label, "error": msg})
+        if torch.cuda.is_available():
+            try:
+                torch.cuda.synchronize()
+            except Exception as e2:  # noqa: BLE001 -- a sticky error (illegal address): say so once
+                print(f"   [skip] CUDA context unusable after {label}: {type(e2).__name__}: {e2}"[:300])
+        return None
+
+
+# ----------------------------------------------------------------------------- ceilings
+
+def copy_bandwidth(nbytes: int = 2 << 30, quick: bool = False) -> dict:
+    """Device-to-device copy of a few-GB buffer, counting bytes read + written."""
+    if not torch.cuda.is_available():
+        return {"copy_gbps": None}
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 256)
+    dst = torch.empty_like(src)
+    t = bench(lambda: dst.copy_(src), warmup_ms=20, rep_ms=50 if quick else 200, min_reps=10)
+    src = dst = None  # noqa: F841 -- frees the buffers before the next measurement
+    torch.cuda.empty_cache()
+    return {"copy_gbps": 2 * nbytes / t.seconds / 1e9, "copy_bytes": 2 * nbytes, "copy_us": t.median_us,
+            "copy_spread_us": [t.p10_us, t.p90_us]}
+
+
+def gemm_rate(n: int = 8192, quick: bool = False) -> dict:
+    """bf16 n x n x n matrix product on random data (zeros run faster: METHOD)."""
+    if not torch.cuda.is_available():
+        return {"gemm_tflops": None}
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    t = bench(lambda: torch.mm(a, b, out=c), warmup_ms=50, rep_ms=50 if quick else 200, min_reps=10)
+    a = b = c = None  # noqa: F841
+    torch.cuda.empty_cache()
+    return {"gemm_tflops": 2 * n**3 / t.seconds / 1e12, "gemm_n": n, "gemm_us": t.median_us,
+            "gemm_spread_us": [t.p10_us, t.p90_us]}
+
+
+def measure_ceilings(quick: bool = False, skip: bool = False) -> dict:
+    """Both ceilings, measured in this run, printed on one line."""
+    if skip or not torch.cuda.is_available():
+        return {"copy_gbps": None, "gemm_tflops": None}
+    c = {**copy_bandwidth(quick=quick), **gemm_rate(quick=quick)}
+    print(f"   ceilings this run: copy {c['copy_gbps']:.0f} GB/s (read+write, {c['copy_bytes'] / 1e9:.1f} GB), "
+          f"bf16 GEMM {c['gemm_tflops']:.0f} TFLOP/s ({c['gemm_n']}^3, random data)")
+    sys.stdout.flush()
+    return c
+
+
+# ----------------------------------------------------------------------------- our ops
+
+_tileinfer_status: Optional[tuple] = None
+
+
+def load_tileinfer():
+    """(module, None) when the extension imports, else (None, reason). Benchmarks
+    still time peers and ceilings when our build is missing or broken."""
+    global _tileinfer_status
+    if _tileinfer_status is None:
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        try:
+            _tileinfer_status = (importlib.import_module("tileinfer_attn"), None)
+        except Exception as e:  # noqa: BLE001 -- a missing .so is a reason to skip, not to stop
+            _tileinfer_status = (None, f"import tileinfer_attn failed: {type(e).__name__}: {e}"[:300])
+    return _tileinfer_status
+
+
+def has_cuda_kernel(op: str) -> tuple[bool, str]:
+    """Whether torch.ops.tileinfer_attn.<op> has a CUDA kernel in this build, and why not."""
+    mod, why = load_tileinfer()
+    if mod is None:
+        return False, why
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    if not hasattr(torch.ops.tileinfer_attn, op):
+        return False, f"tileinfer_attn::{op} is not registered"
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"tileinfer_attn::{op}", "CUDA"):
+        return False, f"tileinfer_attn::{op} has no CUDA kernel in this build"
+    return True, ""
+
+
+def load_reference():
+    """tileinfer_attn.reference, loaded from its file when the package itself
+    cannot import (no built extension): the eager peer needs no kernels."""
+    mod, _ = load_tileinfer()
+    if mod is not None:
+        return importlib.import_module("tileinfer_attn.reference")
+    spec = importlib.util.spec_from_file_location("_tileinfer_reference", ROOT / "tileinfer_attn" / "reference.py")
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    return ref
+
+
+# ----------------------------------------------------------------------------- results
+
+def results_path(name: str, ext: str, out_dir: Optional[Path] = None) -> Path:
+    """benchmarks/results/<name>_<YYYY-MM-DD>.<ext> (or under out_dir)."""
+    d = Path(out_dir) if out_dir else RESULTS_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"{name}_{today()}.{ext}"
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, Timing):
+        return x.as_dict()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    if isinstance(x, (torch.dtype, Path)):
+        return str(x)
+    return repr(x)
+
+
+def write_json(name: str, payload: dict, out_dir: Optional[Path] = None) -> Path:
+    path = results_path(name, "json", out_dir)
+    with open(path, "w") as f:
+        json.dump(_jsonable(payload), f, indent=1)
+    print(f"   wrote {path}")
+    return path
+
+
+def plot_bars(
+    path: Path,
+    title: str,
+    groups: Sequence[str],
+    series: dict,
+    ylabel: str,
+    hlines: Optional[dict] = None,
+    log: bool = False,
+    subtitle: str = "",
+) -> Optional[Path]:
+    """Grouped bar chart: one group per case, one bar per series (impl -> values,
+    None where not measured), optional horizontal lines (label -> value), e.g. a
+    ceiling measured in the same run."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # noqa: BLE001
+        print(f"   [skip] plot {path.name}: matplotlib unavailable ({e})")
+        return None
+    names = [k for k, v in series.items() if any(x is not None for x in v)]
+    if not groups or not names:
+        return None
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.9 * len(groups) * max(1, len(names)) * 0.35 + 3), 5.0))
+    for i, name in enumerate(names):
+        xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))]
+        ys = [float("nan") if v is None else v for v in series[name]]
+        ax.bar(xs, ys, width, label=name)
+    for j, (label, value) in enumerate((hlines or {}).items()):
+        if value:
+            ax.axhline(value, color=f"C{(len(names) + j) % 10}", linestyle="--", linewidth=1, label=label)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"   wrote {path}")
+    return path
+
+
+def fmt(x, spec: str = ".1f", none: str = "-") -> str:
+    return none if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def print_table(rows: Iterable[dict], columns: Sequence[tuple], title: str = "") -> None:
+    """Plain-text table; columns are (header, key, format spec)."""
+    rows = list(rows)
+    cells = [[h for h, _, _ in columns]]
+    for r in rows:
+        cells.append([fmt(r.get(k), spec) if spec else str(r.get(k, "-")) for _, k, spec in columns])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    if title:
+        print(title)
+    for n, row in enumerate(cells):
+        # Text columns (no format spec) left-aligned, numbers right-aligned.
+        print("  " + "  ".join(c.ljust(w) if not n or not columns[i][2] else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if n == 0:
+            print("  " + "  ".join("-" * w for w in widths))
+    sys.stdout.flush()

@@ -1,0 +1,109 @@
+"""The short table scripts/gpu_check.sh prints last: key figures of the
+benchmark JSON files (common.write_json's format: {"ceilings": {...}, "rows":
+[{"case", "impl", "us", "gbps"/"tflops", ...}]}) and the test counts.
+
+    python3 benchmarks/summary.py --results DIR [--tests-log FILE] [--build-log FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+OURS_DECODE = "tileinfer decode (attention op)"
+OURS_PREFILL = "tileinfer prefill"
+
+
+def latest(results: Path, name: str):
+    files = sorted(results.glob(f"{name}_*.json"))
+    if not files:
+        return None
+    with open(files[-1]) as f:
+        return json.load(f)
+
+
+def row(data, case, impl):
+    for r in (data or {}).get("rows", []) + (data or {}).get("verify", []):
+        if r.get("case") == case and r.get("impl") == impl:
+            return r
+    return None
+
+
+def f(x, spec=".0f"):
+    return "-" if x is None else format(x, spec)
+
+
+def ratio(a, b):
+    """a / b for two rows' times (how many times faster b is than a)."""
+    return f"{a['us'] / b['us']:.2f}x" if a and b else "-"
+
+
+def test_counts(path: Path) -> str:
+    if not path or not path.exists():
+        return "tests: not run"
+    text = path.read_text(errors="replace")
+    lines = [ln for ln in text.splitlines() if re.search(r"\d+ (passed|failed|error|skipped)", ln)]
+    last = lines[-1].strip("= ") if lines else "no pytest summary line (crashed or timed out?)"
+    return f"tests: {last}"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--results", type=Path, required=True)
+    p.add_argument("--tests-log", type=Path)
+    p.add_argument("--build-status", default="")
+    a = p.parse_args()
+    dec, pre, inp = (latest(a.results, n) for n in ("bench_decode", "bench_prefill", "bench_inputs"))
+    out = ["", "================ gpu_check summary ================"]
+    env = (dec or pre or inp or {}).get("env", {})
+    out.append(f"card {env.get('card', '?')}  date {env.get('date', '?')}  torch {env.get('torch', '?')}"
+               + (f"  build: {a.build_status}" if a.build_status else ""))
+    for name, data in (("decode", dec), ("prefill", pre), ("inputs", inp)):
+        ceil = (data or {}).get("ceilings") or {}
+        if ceil.get("copy_gbps"):
+            out.append(f"ceilings ({name} run): copy {f(ceil.get('copy_gbps'))} GB/s, "
+                       f"bf16 GEMM {f(ceil.get('gemm_tflops'))} TFLOP/s")
+    out.append(test_counts(a.tests_log))
+
+    if dec:
+        out.append("decode (ours vs cuDNN SDPA on contiguous KV; ratio = t_peer / t_ours, >1: ours faster):")
+        for case in ("1x32k", "32x4k", "128x2k", "8x32k", "1x1k"):
+            o, c = row(dec, case, OURS_DECODE), row(dec, case, "sdpa cudnn (contiguous)")
+            fl = row(dec, case, "flashinfer paged decode")
+            if not (o or c):
+                continue
+            out.append(f"  {case:7s} ours {f(o and o['us'], '.1f'):>7s} us {f(o and o['gbps']):>5s} GB/s "
+                       f"{f(o and o.get('pct_copy')):>3s}% copy | cudnn {f(c and c['us'], '.1f'):>7s} us "
+                       f"{f(c and c['gbps']):>5s} GB/s | vs cudnn {ratio(c, o)}"
+                       + (f" | flashinfer {f(fl['us'], '.1f')} us, vs ours {ratio(fl, o)}" if fl else ""))
+        for case in ("verify n=16 L=2048", "verify n=16 L=256", "verify n=16 L=8192"):
+            d, pf = row(dec, case, "decode path (attention op)"), row(dec, case, "prefill op")
+            if d or pf:
+                out.append(f"  {case}: decode path {f(d and d['us'], '.1f')} us, prefill op "
+                           f"{f(pf and pf['us'], '.1f')} us, prefill/decode {ratio(pf, d)}")
+    if pre:
+        out.append("prefill TFLOP/s (causal), ours | flash | cudnn; ratio = t_peer / t_ours:")
+        for case in ("1x512", "1x2k", "1x8k", "1x16k", "4x2k"):
+            o = row(pre, case, OURS_PREFILL)
+            fl, cu = row(pre, case, "sdpa flash (contiguous)"), row(pre, case, "sdpa cudnn (contiguous)")
+            if not (o or fl or cu):
+                continue
+            out.append(f"  {case:6s} ours {f(o and o['tflops']):>4s} | flash {f(fl and fl['tflops']):>4s} "
+                       f"({ratio(fl, o)}) | cudnn {f(cu and cu['tflops']):>4s} ({ratio(cu, o)})")
+    if inp:
+        rows = [r for r in inp.get("rows", []) if r.get("gbps") is not None]
+        out.append("inputs (GB/s):" + ("" if rows else " no rows with gbps"))
+        for r in rows[:8]:
+            out.append(f"  {r.get('case', '?')} {r.get('impl', '?')}: {f(r.get('us'), '.1f')} us, "
+                       f"{f(r.get('gbps'))} GB/s" + (f" ({f(r.get('pct_copy'))}% copy)" if r.get("pct_copy") else ""))
+    for name, data in (("decode", dec), ("prefill", pre), ("inputs", inp)):
+        if data is None:
+            out.append(f"{name}: no results")
+        elif data.get("errors"):
+            out.append(f"{name}: {len(data['errors'])} skipped/failed measurements (see log)")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# THE one call on the H200: build everything, run all tests (GPU and CPU), the
+# sanitizer script if present, the benchmarks, and print a short summary LAST.
+#
+#   bash scripts/gpu_check.sh                  # ~8 minutes: full build, tests, --quick benchmarks
+#
+# Options (environment):
+#   SKIP_BUILD=1     use the extension already built in place
+#   SKIP_TESTS=1     no pytest            SKIP_SANITIZE=1  no scripts/sanitize.sh
+#   SKIP_BENCH=1     no benchmarks        BENCH_ONLY=decode,prefill,inputs  (subset)
+#   FULL=1           full benchmark grids instead of --quick (several minutes more)
+#   BENCH_ARGS="..." extra flags for every benchmark, e.g. "--only 32k --no-plot"
+#   TILEINFER_NO_FLASHINFER=1   ignore a carried FlashInfer
+#   TEST_TIMEOUT / SANITIZE_TIMEOUT / BENCH_TIMEOUT / FI_TIMEOUT   seconds per step
+#                    (240 / 120 / 150 / 240: FlashInfer's background JIT, from the start)
+#
+# FlashInfer as a peer: carry its wheels in .whl/ (benchmarks/NOTES.md says
+# which and how; run with carry [".whl"]); they are installed into /tmp/site and
+# FlashInfer's kernels are JIT-compiled in the background while we build.
+#
+# Files under $OUT (flat, at most 8): gpu_check.log (build + tests + sanitize +
+# benchmark logs, one file), bench_{prefill,decode,inputs}_<date>.{json,png},
+# summary.txt. Without $OUT they go to benchmarks/results/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+OUTDIR=${OUT:-benchmarks/results}
+mkdir -p "$OUTDIR"
+WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
+mkdir -p "$WORK/results"
+T0=$(date +%s)
+step() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; }
+want_bench() { [ -z "${BENCH_ONLY:-}" ] || [[ ",${BENCH_ONLY}," == *",$1,"* ]]; }
+
+step "start: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null)"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.is_available())"
+
+# --- FlashInfer (optional peer) ------------------------------------------------
+FI_PID=""
+if [ -z "${TILEINFER_NO_FLASHINFER:-}" ] && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
+  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl >"$WORK/flashinfer.log" 2>&1; then
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
+    heads="128"; [ -n "${FULL:-}" ] && heads="64 128 256"
+    # timeout kills the whole process group (nvcc and ninja too) when it runs over.
+    timeout "${FI_TIMEOUT:-240}" python3 benchmarks/attention_peers.py --warm-flashinfer $heads \
+      >>"$WORK/flashinfer.log" 2>&1 &
+    FI_PID=$!
+    step "flashinfer installed from .whl; JIT warm-up in the background (pid $FI_PID, ${FI_TIMEOUT:-240}s max)"
+  else
+    step "flashinfer wheels present but pip install failed (see log)"
+  fi
+else
+  step "flashinfer: not carried (.whl/flashinfer_python-*.whl absent) or disabled"
+fi
+
+# --- build ------------------------------------------------------------------------
+BUILD_STATUS="skipped"
+if [ -z "${SKIP_BUILD:-}" ]; then
+  step "build (MAX_JOBS=16, ptxas verbose)"
+  if MAX_JOBS=16 TILEINFER_PTXAS_VERBOSE=1 OUT="$WORK" bash scripts/gpu_build.sh; then
+    BUILD_STATUS="ok"
+  else
+    BUILD_STATUS="FAILED"
+  fi
+  step "build: $BUILD_STATUS"
+fi
+
+# --- tests ------------------------------------------------------------------------
+if [ -z "${SKIP_TESTS:-}" ]; then
+  step "tests (timeout ${TEST_TIMEOUT:-240}s)"
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider tests >"$WORK/tests.log" 2>&1
+  rc=$?
+  grep -E "^(FAILED|ERROR)" "$WORK/tests.log" | head -20
+  tail -1 "$WORK/tests.log"
+  [ $rc -eq 124 ] && echo "TESTS TIMED OUT after ${TEST_TIMEOUT:-240}s"
+  step "tests: exit $rc"
+fi
+
+# --- sanitizer --------------------------------------------------------------------
+if [ -z "${SKIP_SANITIZE:-}" ] && [ -f scripts/sanitize.sh ]; then
+  step "scripts/sanitize.sh (timeout ${SANITIZE_TIMEOUT:-120}s)"
+  timeout "${SANITIZE_TIMEOUT:-120}" bash scripts/sanitize.sh >"$WORK/sanitize.log" 2>&1
+  rc=$?
+  tail -5 "$WORK/sanitize.log"
+  step "sanitize: exit $rc"
+fi
+
+# --- benchmarks -------------------------------------------------------------------
+if [ -z "${SKIP_BENCH:-}" ]; then
+  if [ -n "$FI_PID" ]; then
+    step "waiting for the flashinfer warm-up"
+    wait "$FI_PID"
+    rc=$?
+    [ $rc -eq 124 ] && echo "flashinfer warm-up timed out after ${FI_TIMEOUT:-240}s"
+    grep -E "^flashinfer " "$WORK/flashinfer.log"
+    # Only the kernels that compiled are used (a failed JIT would be retried per case).
+    ok=$(grep -E "^flashinfer (decode|prefill) d[0-9]+: ok" "$WORK/flashinfer.log" | awk '{print $2}' | sort -u | paste -sd,)
+    if [ -n "$ok" ]; then export TILEINFER_FLASHINFER_OPS=$ok; else export TILEINFER_NO_FLASHINFER=1; fi
+    step "flashinfer: using ${ok:-nothing}"
+  fi
+  flags="--quick"; [ -n "${FULL:-}" ] && flags=""
+  for b in prefill decode inputs; do
+    f=benchmarks/bench_$b.py
+    want_bench "$b" || continue
+    [ -f "$f" ] || { step "$f absent"; continue; }
+    step "bench_$b $flags (timeout ${BENCH_TIMEOUT:-150}s)"
+    timeout "${BENCH_TIMEOUT:-150}" python3 "$f" $flags ${BENCH_ARGS:-} --out-dir "$WORK/results" \
+      >"$WORK/bench_$b.log" 2>&1
+    rc=$?
+    [ $rc -eq 124 ] && echo "bench_$b TIMED OUT after ${BENCH_TIMEOUT:-150}s (no JSON written)"
+    # What was skipped and why, then the tables (they start after an empty line).
+    grep -E "^\s+\[skip\]" "$WORK/bench_$b.log" | head -12
+    sed -n '/^$/,$p' "$WORK/bench_$b.log" | grep -v -E "^   wrote|^\s+\[skip\]" | head -80
+    step "bench_$b: exit $rc"
+  done
+fi
+
+# --- collect: one log, the JSON/PNG, the summary --------------------------------
+{
+  for part in flashinfer build tests sanitize bench_prefill bench_decode bench_inputs; do
+    [ -f "$WORK/$part.log" ] || continue
+    echo "=================================== $part.log"
+    cat "$WORK/$part.log"
+  done
+} >"$OUTDIR/gpu_check.log"
+cp "$WORK"/results/*.json "$WORK"/results/*.png "$OUTDIR"/ 2>/dev/null
+python3 benchmarks/summary.py --results "$WORK/results" \
+  $( [ -f "$WORK/tests.log" ] && echo --tests-log "$WORK/tests.log" ) \
+  --build-status "$BUILD_STATUS" | tee "$OUTDIR/summary.txt"
+step "done"

@@ -1,0 +1,106 @@
+"""The attention module a vLLM-style decoder layer calls: ``attn(q, k, v, kv_cache, metadata)``.
+
+It writes this step's keys and values into the paged cache and attends the
+queries to every cached position of their sequence. With q/k norms or RoPE
+(Qwen3), the fused ``attention_inputs`` op does norm + rotary + cache write in
+two launches; otherwise ``cache_write``. ``backend="reference"`` runs the same
+step through tileinfer_attn.reference (eager PyTorch) for comparisons.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from . import reference
+from .metadata import AttentionMetadata
+
+__all__ = ["PagedAttention", "rope_cos_sin_cache"]
+
+
+def rope_cos_sin_cache(rotary_dim: int, max_position: int, theta: float = 1e6, device=None) -> torch.Tensor:
+    """[max_position, rotary_dim] float32: cos of every (position, frequency) pair, then sin."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    freqs = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float().to(device)
+
+
+class PagedAttention(nn.Module):
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: Optional[float] = None,
+        qk_norm: bool = False,
+        eps: float = 1e-6,
+        cos_sin_cache: Optional[torch.Tensor] = None,
+        rotary_dim: Optional[int] = None,
+        backend: str = "tileinfer",
+    ):
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        if backend not in ("tileinfer", "reference"):
+            raise ValueError(f"backend must be 'tileinfer' or 'reference', got {backend!r}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.eps = eps
+        self.backend = backend
+        # Qwen3's q_norm / k_norm weights (per head dim), when the model has them.
+        self.q_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm else None
+        if cos_sin_cache is not None:
+            self.register_buffer("cos_sin_cache", cos_sin_cache, persistent=False)
+        else:
+            self.cos_sin_cache = None
+        self.rotary_dim = rotary_dim if rotary_dim is not None else head_dim
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads * head_dim] or [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads * head_dim] (views of a packed qkv are fine)
+        v: torch.Tensor,
+        kv_cache: Sequence[torch.Tensor],  # (k_cache, v_cache) or int8: (+ k_scale, v_scale, k_smooth)
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
+        t = q.shape[0]
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        k_scale, v_scale, k_smooth = (tuple(kv_cache[2:]) + (None, None, None))[:3]
+        m = metadata
+        if self.backend == "reference":
+            return self._reference(q, k, v, k_cache, v_cache, k_scale, v_scale, k_smooth, m).view(t, -1)
+        ops = torch.ops.tileinfer_attn
+        if self.cos_sin_cache is not None or self.q_norm is not None:
+            if self.cos_sin_cache is None:
+                raise ValueError("PagedAttention with qk_norm needs cos_sin_cache (norm and RoPE are fused)")
+            q_in = q
+            q = torch.empty_like(q_in, memory_format=torch.contiguous_format)
+            ops.attention_inputs(q, k_cache, v_cache, q_in, k, v, m.block_tables, m.seq_lens, m.cu_seqlens_q,
+                                 self.cos_sin_cache, self.rotary_dim, self.q_norm, self.k_norm, self.eps,
+                                 k_scale, v_scale, k_smooth)
+        else:
+            ops.cache_write(k_cache, v_cache, k, v, m.block_tables, m.seq_lens, m.cu_seqlens_q,
+                            k_scale, v_scale, k_smooth)
+        out = torch.empty(t, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
+        ops.attention(out, q, k_cache, v_cache, m.block_tables, m.seq_lens, m.cu_seqlens_q, m.max_q_len,
+                      self.scale, m.causal, k_scale, v_scale, k_smooth)
+        return out.view(t, -1)
+
+    def _reference(self, q, k, v, k_cache, v_cache, k_scale, v_scale, k_smooth, m):
+        """The same step in eager PyTorch (tileinfer_attn.reference)."""
+        if self.q_norm is not None:
+            q = reference.rms_norm(q, self.q_norm.to(q.dtype), self.eps)
+            k = reference.rms_norm(k, self.k_norm.to(k.dtype), self.eps)
+        if self.cos_sin_cache is not None:
+            pos = m.positions(q.shape[0]).clamp_min(0)
+            q = reference.rope(q, pos, self.cos_sin_cache, self.rotary_dim)
+            k = reference.rope(k, pos, self.cos_sin_cache, self.rotary_dim)
+        reference.cache_write(k_cache, v_cache, k, v, m.block_tables, m.seq_lens, m.cu_seqlens_q,
+                              k_scale, v_scale, k_smooth)
+        return reference.paged_attention(q, k_cache, v_cache, m.block_tables, m.seq_lens, m.cu_seqlens_q,
+                                         self.scale, m.causal, k_scale, v_scale, k_smooth)

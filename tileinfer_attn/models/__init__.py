@@ -1,0 +1,1 @@
+"""Small reference models that run on tileinfer_attn ops."""
