@@ -19,7 +19,7 @@
 # FlashInfer's kernels are JIT-compiled in the background while we build.
 #
 # Files under $OUT (flat, at most 8): gpu_check.log (build + tests + sanitize +
-# benchmark logs, one file), bench_{prefill,decode,inputs}_<date>.{json,png},
+# benchmark logs, one file), results.tgz (bench_*_<date>.{json,png}),
 # summary.txt. Without $OUT they go to benchmarks/results/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -101,7 +101,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     step "flashinfer: using ${ok:-nothing}"
   fi
   flags="--quick"; [ -n "${FULL:-}" ] && flags=""
-  for b in prefill decode inputs; do
+  for b in prefill decode inputs model; do
     f=benchmarks/bench_$b.py
     want_bench "$b" || continue
     [ -f "$f" ] || { step "$f absent"; continue; }
@@ -119,13 +119,18 @@ fi
 
 # --- collect: one log, the JSON/PNG, the summary --------------------------------
 {
-  for part in flashinfer build tests sanitize bench_prefill bench_decode bench_inputs; do
+  for part in flashinfer build tests sanitize bench_prefill bench_decode bench_inputs bench_model; do
     [ -f "$WORK/$part.log" ] || continue
     echo "=================================== $part.log"
     cat "$WORK/$part.log"
   done
 } >"$OUTDIR/gpu_check.log"
-cp "$WORK"/results/*.json "$WORK"/results/*.png "$OUTDIR"/ 2>/dev/null
+if [ -n "${OUT:-}" ]; then
+  # $OUT returns at most 8 files: the JSON/PNG results travel as one archive.
+  tar czf "$OUTDIR/results.tgz" -C "$WORK/results" .
+else
+  cp "$WORK"/results/*.json "$WORK"/results/*.png "$OUTDIR"/ 2>/dev/null
+fi
 python3 benchmarks/summary.py --results "$WORK/results" \
   $( [ -f "$WORK/tests.log" ] && echo --tests-log "$WORK/tests.log" ) \
   --build-status "$BUILD_STATUS" | tee "$OUTDIR/summary.txt"

@@ -57,6 +57,15 @@ class PagedAttention(nn.Module):
             self.cos_sin_cache = None
         self.rotary_dim = rotary_dim if rotary_dim is not None else head_dim
 
+    def _apply(self, fn, recurse=True):
+        # model.to(dtype) must move the cos/sin cache but keep it float32 (the ops
+        # read it in fp32; rounding it to bf16 would cost RoPE its accuracy).
+        cs = self._buffers.pop("cos_sin_cache", None)
+        super()._apply(fn, recurse)
+        if cs is not None:
+            self._buffers["cos_sin_cache"] = cs.to(fn(cs[:1]).device)
+        return self
+
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads * head_dim] or [num_tokens, num_heads, head_dim]

@@ -1,0 +1,463 @@
+// Attention inputs: per-head RMSNorm, rotary embedding and the paged cache
+// write (plain or int8-quantizing), as device functions over one head's row.
+//
+// The separate ops (rms_norm, rope, cache_write) and the fused attention_inputs
+// are the same two kernels below with different stages switched on, so every
+// value is computed by the same code in both paths: a stage takes and leaves
+// values already rounded to the element type (held in fp32 registers, where
+// that is exact), just as the separate ops leave them in memory. That is what
+// makes the fused op bit-identical to the separate ones (SPEC section 2).
+//
+// Layout: a row (one head of one token, head_dim elements) is held by a group
+// of kLanes threads, each with kVecs 16-byte vectors; lane l holds vectors
+// l, l + kLanes, ... so that a group's loads are contiguous and coalesced. A
+// group carries kRowsPerGroup consecutive rows, one after the other in its
+// registers. Groups never leave early: a row that is skipped (bad metadata, tail of the
+// grid) still takes part in the warp shuffles and __syncwarp of its warp, and
+// simply neither reads cos/sin nor stores.
+#pragma once
+
+#include <type_traits>
+
+#include "common.cuh"
+#include "paged_kv.cuh"
+
+namespace tileinfer {
+
+// 256 threads: 8 warps of 1 to 4 row groups each.
+constexpr int kInputsThreads = 256;
+
+// Rows a group carries, their loads all issued before any math: each row alone
+// is one 16-byte load per thread followed by a chain of dependent metadata and
+// cos/sin loads, too little in flight to reach copy speed on large steps (one
+// row per group ran at 47% of copy bandwidth at 4096 tokens on an H200; 4 rows
+// are not measured yet). The rows of a group are consecutive (heads of one
+// token), so their metadata and cos/sin rows come from L1 after the first.
+// 1 is a valid value (the layout the first GPU tests passed with).
+constexpr int kRowsPerGroup = 4;
+
+// Where the rotary position of a token comes from.
+enum class PosFrom {
+  kNone,      // no rotation (rms_norm)
+  kInt32,     // explicit positions [num_tokens] int32 (rope op)
+  kInt64,     // explicit positions [num_tokens] int64 (rope op)
+  kMetadata,  // seq_lens / cu_seqlens_q, as the cache write (attention_inputs)
+};
+
+// The rotary embedding's table: cos_sin[pos * stride + c], cos in
+// [0, rotary_dim / 2), sin in [rotary_dim / 2, rotary_dim), fp32.
+struct RopeTable {
+  const float* cos_sin;  // [max_position, rotary_dim]
+  int64_t stride;        // row stride (elements)
+  int64_t max_position;  // rows: positions outside [0, max_position) are skipped
+  int rotary_dim;        // even, <= head_dim
+  bool vec_ok;           // rotary_dim / 2 is a multiple of the vector width and
+                         // rows are 16-byte aligned: cos/sin load as float4
+};
+
+// Token rows in, token rows out: rms_norm, rope, and the queries half of
+// attention_inputs. x, out: [num_tokens, num_heads, head_dim], last dim
+// contiguous, strides in elements (16-byte multiples, checked on the host).
+struct RowsParams {
+  const void* x;
+  int64_t x_stride_token, x_stride_head;
+  void* out;                  // may be x (in place)
+  int64_t out_stride_token, out_stride_head;
+  const void* weight;         // [head_dim] norm weight, element type, or null
+  float eps;
+  RopeTable rope;
+  const void* positions;      // [num_tokens] int32/int64 (PosFrom::kInt32/kInt64)
+  PagedKVParams kv;           // metadata only (PosFrom::kMetadata)
+  int num_tokens;
+  int num_heads;
+};
+
+// Keys and values into the cache: cache_write, and the keys+values half of
+// attention_inputs. One group handles the key and the value row of one
+// (token, kv_head). kv carries the read-only view of the pools shared with the
+// attention kernels; the writable pointers to the same pools are here.
+struct KVWriteParams {
+  PagedKVParams kv;
+  void* k_pool;               // [num_pages, num_kv_heads, page_size, head_dim]
+  void* v_pool;
+  float* k_scale;             // [num_pages, num_kv_heads, page_size], int8 only
+  float* v_scale;
+  const float* k_smooth;      // [num_kv_heads, head_dim] or null, int8 only
+  const void* k;              // [num_tokens, num_kv_heads, head_dim]
+  int64_t k_stride_token, k_stride_head;
+  const void* v;
+  int64_t v_stride_token, v_stride_head;
+  const void* k_weight;       // [head_dim] key norm weight or null (attention_inputs)
+  float eps;
+  RopeTable rope;             // used when the kernel rotates keys
+  int num_tokens;
+};
+
+// How a row of D elements of T spreads over a group of threads.
+template <typename T, int D>
+struct RowLayout {
+  static constexpr int kVec = 16 / sizeof(T);          // elements per 16-byte vector
+  static constexpr int kRowVecs = D / kVec;            // vectors per row
+  static constexpr int kLanes = kRowVecs < 32 ? kRowVecs : 32;
+  static constexpr int kVecs = kRowVecs / kLanes;      // vectors per lane
+  static constexpr int kElems = kVecs * kVec;          // elements per lane
+  static constexpr int kGroups = kInputsThreads / kLanes;           // groups per block
+  static constexpr int kRowsPerBlock = kGroups * kRowsPerGroup;
+  static_assert(D % kVec == 0 && kRowVecs % kLanes == 0, "head_dim must be a multiple of the vector width");
+  static_assert(32 % kLanes == 0, "a group must not straddle warps");
+
+  // First column of the lane's i-th vector.
+  __device__ static int col(int lane, int i) { return (lane + i * kLanes) * kVec; }
+};
+
+// The place of a token in its sequence and in the cache.
+struct TokenPlace {
+  int64_t pos;  // position in the sequence; -1 for a token of no sequence
+  int page;     // page id, or -1: nothing may be written for this token
+  int slot;     // slot within the page
+};
+
+// Token t of sequence s sits at position seq_lens[s] - n_s + t (SPEC section 1);
+// -1 for a token of no sequence. seq_lens is taken as it is (not clamped), so
+// positions match the reference; callers range-check what they use it for.
+__device__ __forceinline__ int64_t token_position(const PagedKVParams& p, int token, int* seq_out) {
+  // Decode steps (one token per sequence) have token t in sequence t: check
+  // that guess first, one round of loads instead of the binary search's
+  // log2(num_seqs) dependent ones. With non-decreasing cu_seqlens_q only one
+  // sequence holds the token, so the guess, when it holds, is the search's answer.
+  int seq = -1;
+  if (token < p.num_seqs && p.cu_seqlens_q[token] <= token && token < p.cu_seqlens_q[token + 1]) seq = token;
+  if (seq < 0) seq = seq_of_token(p, token);
+  *seq_out = seq;
+  if (seq < 0) return -1;
+  const int64_t begin = p.cu_seqlens_q[seq], end = p.cu_seqlens_q[seq + 1];
+  return static_cast<int64_t>(p.seq_lens[seq]) - (end - begin) + (token - begin);
+}
+
+// Where a token goes in the cache: a position outside what the block table
+// holds, or on a page id outside the pool, gets page = -1 (skipped; the Python
+// validate_metadata helper reports such entries).
+__device__ __forceinline__ TokenPlace place_of_token(const PagedKVParams& p, int token) {
+  int seq;
+  TokenPlace r{token_position(p, token, &seq), -1, 0};
+  if (seq < 0 || r.pos < 0 || r.pos >= static_cast<int64_t>(p.max_pages) * p.page_size) return r;
+  r.page = page_of(p, seq, static_cast<int>(r.pos / p.page_size));
+  r.slot = static_cast<int>(r.pos % p.page_size);
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// Loads and stores of a lane's part of a row.
+
+template <typename T, int D>
+__device__ __forceinline__ void load_row(float (&x)[RowLayout<T, D>::kElems], const T* row, int lane) {
+  using L = RowLayout<T, D>;
+#pragma unroll
+  for (int i = 0; i < L::kVecs; ++i) {
+    const Vec16<T> v = *reinterpret_cast<const Vec16<T>*>(row + L::col(lane, i));
+#pragma unroll
+    for (int e = 0; e < L::kVec; ++e) x[i * L::kVec + e] = to_float(v.v[e]);
+  }
+}
+
+// x holds values of T (rounded already), so the conversion is exact.
+template <typename T, int D>
+__device__ __forceinline__ void store_row(T* row, const float (&x)[RowLayout<T, D>::kElems], int lane) {
+  using L = RowLayout<T, D>;
+#pragma unroll
+  for (int i = 0; i < L::kVecs; ++i) {
+    Vec16<T> v;
+#pragma unroll
+    for (int e = 0; e < L::kVec; ++e) v.v[e] = from_float<T>(x[i * L::kVec + e]);
+    *reinterpret_cast<Vec16<T>*>(row + L::col(lane, i)) = v;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float round_to(float x) {
+  return to_float(from_float<T>(x));
+}
+
+// ---------------------------------------------------------------------------
+// Stages. Each takes and leaves values of T (in fp32 registers).
+
+// Qwen3's RMSNorm: sum of squares in fp32 (each lane its elements in order,
+// then a butterfly over the group: a fixed order, so the same row gives the
+// same bits in every kernel), normalized value rounded to T, then times the
+// weight in T (one fp32 product rounded to T, as `weight * h.to(dtype)` in
+// eager PyTorch). rsqrtf as PyTorch's CUDA rsqrt.
+template <typename T, int D>
+__device__ __forceinline__ void rms_norm_stage(float (&x)[RowLayout<T, D>::kElems], const T* weight, float eps,
+                                               int lane) {
+  using L = RowLayout<T, D>;
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < L::kElems; ++i) ss = fmaf(x[i], x[i], ss);
+  ss = warp_sum<L::kLanes>(ss);
+  // D is a power of two: the mean is exact as a product.
+  const float inv = rsqrtf(__fadd_rn(__fmul_rn(ss, 1.f / D), eps));
+#pragma unroll
+  for (int i = 0; i < L::kVecs; ++i) {
+    const Vec16<T> w = *reinterpret_cast<const Vec16<T>*>(weight + L::col(lane, i));
+#pragma unroll
+    for (int e = 0; e < L::kVec; ++e) {
+      float& v = x[i * L::kVec + e];
+      v = round_to<T>(__fmul_rn(to_float(w.v[e]), round_to<T>(__fmul_rn(v, inv))));
+    }
+  }
+}
+
+// Neox (rotate-half) rotary embedding: channel c < h = rotary_dim / 2 pairs with
+// c + h. y_c = x_c cos - x_{c+h} sin, y_{c+h} = x_{c+h} cos + x_c sin, each
+// product rounded to fp32 before the sum (as the eager reference computes it:
+// __fmul_rn keeps the compiler from fusing them into an fma), rounded once to T.
+// Channels past rotary_dim are kept. The partner of a channel usually lives in
+// another lane, so the row goes through shared memory (`row`, D floats of this
+// group). cs: the position's row of the table, or null to skip the math (the
+// group still takes part in __syncwarp).
+template <typename T, int D>
+__device__ __forceinline__ void rope_stage(float (&x)[RowLayout<T, D>::kElems], float* row, const float* cs,
+                                           const RopeTable& rt, int lane) {
+  using L = RowLayout<T, D>;
+#pragma unroll
+  for (int i = 0; i < L::kVecs; ++i)
+#pragma unroll
+    for (int e = 0; e < L::kVec; e += 4) {
+      const int j = i * L::kVec + e;
+      *reinterpret_cast<float4*>(row + L::col(lane, i) + e) = make_float4(x[j], x[j + 1], x[j + 2], x[j + 3]);
+    }
+  __syncwarp();
+  if (cs != nullptr) {
+    const int half = rt.rotary_dim / 2;
+#pragma unroll
+    for (int i = 0; i < L::kVecs; ++i) {
+      const int c0 = L::col(lane, i);
+      if (c0 >= rt.rotary_dim) continue;
+      float cosv[L::kVec], sinv[L::kVec], other[L::kVec];
+      if (rt.vec_ok) {
+        // The vector lies wholly in one half: cos/sin/partner are 16-byte runs.
+        const bool first = c0 < half;
+        const int base = first ? c0 : c0 - half;  // index into the cos half
+        const int part = first ? c0 + half : c0 - half;
+#pragma unroll
+        for (int e = 0; e < L::kVec; e += 4) {
+          const float4 c = __ldg(reinterpret_cast<const float4*>(cs + base + e));
+          const float4 s = __ldg(reinterpret_cast<const float4*>(cs + half + base + e));
+          const float4 o = *reinterpret_cast<const float4*>(row + part + e);
+          cosv[e] = c.x, cosv[e + 1] = c.y, cosv[e + 2] = c.z, cosv[e + 3] = c.w;
+          sinv[e] = s.x, sinv[e + 1] = s.y, sinv[e + 2] = s.z, sinv[e + 3] = s.w;
+          other[e] = o.x, other[e + 1] = o.y, other[e + 2] = o.z, other[e + 3] = o.w;
+        }
+#pragma unroll
+        for (int e = 0; e < L::kVec; ++e) {
+          float& v = x[i * L::kVec + e];
+          v = first ? round_to<T>(__fsub_rn(__fmul_rn(v, cosv[e]), __fmul_rn(other[e], sinv[e])))
+                    : round_to<T>(__fadd_rn(__fmul_rn(v, cosv[e]), __fmul_rn(other[e], sinv[e])));
+        }
+      } else {
+        // Any even rotary_dim: channel by channel.
+#pragma unroll
+        for (int e = 0; e < L::kVec; ++e) {
+          const int c = c0 + e;
+          float& v = x[i * L::kVec + e];
+          if (c < half) {
+            v = round_to<T>(__fsub_rn(__fmul_rn(v, __ldg(cs + c)), __fmul_rn(row[c + half], __ldg(cs + half + c))));
+          } else if (c < rt.rotary_dim) {
+            v = round_to<T>(__fadd_rn(__fmul_rn(v, __ldg(cs + c - half)), __fmul_rn(row[c - half], __ldg(cs + c))));
+          }
+        }
+      }
+    }
+  }
+  __syncwarp();  // every lane has read its partners before the buffer takes the next row
+}
+
+// Symmetric per-vector int8 quantization of a row: keys divided by their
+// smoothing factors first (smooth: the head's [head_dim] row, or null), scale =
+// amax / 127 (1 for an all-zero vector), q = round-half-even(x / scale) clamped
+// to +-127. Every division is IEEE (__fdiv_rn), as the reference's. Stores when
+// `dst` is not null; returns the scale.
+template <typename T, int D>
+__device__ __forceinline__ float quantize_stage(const float (&x)[RowLayout<T, D>::kElems], const float* smooth,
+                                                int8_t* dst, int lane) {
+  using L = RowLayout<T, D>;
+  float src[L::kElems];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < L::kVecs; ++i)
+#pragma unroll
+    for (int e = 0; e < L::kVec; ++e) {
+      const int j = i * L::kVec + e;
+      src[j] = smooth != nullptr ? __fdiv_rn(x[j], __ldg(smooth + L::col(lane, i) + e)) : x[j];
+      amax = fmaxf(amax, fabsf(src[j]));
+    }
+  amax = warp_max<L::kLanes>(amax);
+  const float scale = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f;
+  if (dst != nullptr) {
+#pragma unroll
+    for (int i = 0; i < L::kVecs; ++i) {
+      // kVec int8 values: 8 bytes (16-bit T) or 4 bytes (fp32), one store.
+      union {
+        int8_t b[L::kVec];
+        typename std::conditional<L::kVec == 8, uint2, uint32_t>::type w;
+      } pack;
+#pragma unroll
+      for (int e = 0; e < L::kVec; ++e) {
+        const float q = rintf(__fdiv_rn(src[i * L::kVec + e], scale));
+        pack.b[e] = static_cast<int8_t>(fminf(127.f, fmaxf(-127.f, q)));
+      }
+      *reinterpret_cast<decltype(pack.w)*>(dst + L::col(lane, i)) = pack.w;
+    }
+  }
+  return scale;
+}
+
+// ---------------------------------------------------------------------------
+// Kernels.
+
+// The rows [first, first + kRowsPerGroup) of a [num_tokens, num_heads] grid:
+// their tokens and heads, and whether they exist.
+struct GroupRows {
+  int token[kRowsPerGroup];
+  int head[kRowsPerGroup];
+  bool in_range[kRowsPerGroup];
+};
+__device__ __forceinline__ GroupRows group_rows(int64_t first, int num_tokens, int num_heads) {
+  GroupRows g;
+  int token = static_cast<int>(first / num_heads);
+  int head = static_cast<int>(first % num_heads);
+#pragma unroll
+  for (int r = 0; r < kRowsPerGroup; ++r) {
+    g.in_range[r] = token < num_tokens;
+    g.token[r] = g.in_range[r] ? token : 0;
+    g.head[r] = g.in_range[r] ? head : 0;
+    if (++head == num_heads) head = 0, ++token;
+  }
+  return g;
+}
+
+// Rows of a token tensor: optional RMSNorm, optional rotation, store. Grid:
+// ceil(num_tokens * num_heads / kRowsPerBlock) blocks of kInputsThreads; a
+// group carries kRowsPerGroup consecutive rows. A row is written unless its
+// rotation has no valid position (explicit position outside the table; with
+// kMetadata also a token of no sequence).
+template <typename T, int D, bool NORM, PosFrom POS>
+__global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p) {
+  using L = RowLayout<T, D>;
+  constexpr int R = kRowsPerGroup;
+  constexpr bool kRope = POS != PosFrom::kNone;
+  const int group = threadIdx.x / L::kLanes;
+  const int lane = threadIdx.x % L::kLanes;
+  const GroupRows g = group_rows((static_cast<int64_t>(blockIdx.x) * L::kGroups + group) * R, p.num_tokens,
+                                 p.num_heads);
+
+  // The rows first: their loads do not wait for the metadata.
+  float x[R][L::kElems];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (g.in_range[r]) {
+      load_row<T, D>(x[r], static_cast<const T*>(p.x) + g.token[r] * p.x_stride_token + g.head[r] * p.x_stride_head,
+                     lane);
+    } else {
+#pragma unroll
+      for (int i = 0; i < L::kElems; ++i) x[r][i] = 0.f;
+    }
+  }
+
+  int64_t pos[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    pos[r] = 0;
+    if constexpr (POS == PosFrom::kInt32) {
+      if (g.in_range[r]) pos[r] = static_cast<const int32_t*>(p.positions)[g.token[r]];
+    } else if constexpr (POS == PosFrom::kInt64) {
+      if (g.in_range[r]) pos[r] = static_cast<const int64_t*>(p.positions)[g.token[r]];
+    } else if constexpr (POS == PosFrom::kMetadata) {
+      int seq;
+      if (g.in_range[r]) pos[r] = token_position(p.kv, g.token[r], &seq);  // -1 for no sequence
+    }
+  }
+
+  __shared__ __align__(16) float rows[kRope ? L::kGroups : 1][kRope ? D : 4];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    bool write = g.in_range[r];
+    if constexpr (kRope) write = write && pos[r] >= 0 && pos[r] < p.rope.max_position;
+    if constexpr (NORM) rms_norm_stage<T, D>(x[r], static_cast<const T*>(p.weight), p.eps, lane);
+    if constexpr (kRope) {
+      const float* cs = write ? p.rope.cos_sin + pos[r] * p.rope.stride : nullptr;
+      rope_stage<T, D>(x[r], rows[group], cs, p.rope, lane);
+    }
+    if (write) {
+      store_row<T, D>(static_cast<T*>(p.out) + g.token[r] * p.out_stride_token + g.head[r] * p.out_stride_head,
+                      x[r], lane);
+    }
+  }
+}
+
+// Keys and values of one (token, kv_head) per row into their cache slot:
+// optional key RMSNorm and rotation (attention_inputs), then a plain or int8
+// store of both. Nothing is written for a token of no sequence, a position
+// outside the block table or on a page id outside the pool, and (ROPE) a
+// position outside the cos/sin table. Grid: ceil(num_tokens * num_kv_heads /
+// kRowsPerBlock) blocks of kInputsThreads; a group carries kRowsPerGroup rows.
+template <typename T, int D, bool NORM, bool ROPE, bool INT8>
+__global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteParams p) {
+  using L = RowLayout<T, D>;
+  constexpr int R = kRowsPerGroup;
+  const int group = threadIdx.x / L::kLanes;
+  const int lane = threadIdx.x % L::kLanes;
+  const GroupRows g = group_rows((static_cast<int64_t>(blockIdx.x) * L::kGroups + group) * R, p.num_tokens,
+                                 p.kv.num_kv_heads);
+
+  float k[R][L::kElems], v[R][L::kElems];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (g.in_range[r]) {
+      load_row<T, D>(k[r], static_cast<const T*>(p.k) + g.token[r] * p.k_stride_token + g.head[r] * p.k_stride_head,
+                     lane);
+      load_row<T, D>(v[r], static_cast<const T*>(p.v) + g.token[r] * p.v_stride_token + g.head[r] * p.v_stride_head,
+                     lane);
+    } else {
+#pragma unroll
+      for (int i = 0; i < L::kElems; ++i) k[r][i] = v[r][i] = 0.f;
+    }
+  }
+
+  TokenPlace place[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    place[r] = TokenPlace{-1, -1, 0};
+    if (g.in_range[r]) place[r] = place_of_token(p.kv, g.token[r]);
+  }
+
+  __shared__ __align__(16) float rows[ROPE ? L::kGroups : 1][ROPE ? D : 4];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    bool write = place[r].page >= 0;
+    if constexpr (ROPE) write = write && place[r].pos < p.rope.max_position;  // pos >= 0 when page >= 0
+    if constexpr (NORM) rms_norm_stage<T, D>(k[r], static_cast<const T*>(p.k_weight), p.eps, lane);
+    if constexpr (ROPE) {
+      const float* cs = write ? p.rope.cos_sin + place[r].pos * p.rope.stride : nullptr;
+      rope_stage<T, D>(k[r], rows[group], cs, p.rope, lane);
+    }
+    const int head = g.head[r];
+    const int64_t at = write ? scale_offset(p.kv, place[r].page, head, place[r].slot) : 0;  // vector index
+    if constexpr (INT8) {
+      const float* smooth = p.k_smooth != nullptr ? p.k_smooth + static_cast<int64_t>(head) * D : nullptr;
+      int8_t* kd = write ? static_cast<int8_t*>(p.k_pool) + at * D : nullptr;
+      int8_t* vd = write ? static_cast<int8_t*>(p.v_pool) + at * D : nullptr;
+      const float ks = quantize_stage<T, D>(k[r], smooth, kd, lane);
+      const float vs = quantize_stage<T, D>(v[r], nullptr, vd, lane);
+      if (write && lane == 0) {
+        p.k_scale[at] = ks;
+        p.v_scale[at] = vs;
+      }
+    } else if (write) {
+      store_row<T, D>(static_cast<T*>(p.k_pool) + at * D, k[r], lane);
+      store_row<T, D>(static_cast<T*>(p.v_pool) + at * D, v[r], lane);
+    }
+  }
+}
+
+}  // namespace tileinfer

@@ -1,0 +1,376 @@
+// CUDA rms_norm, rope, cache_write (plain and int8-quantizing) and the fused
+// attention_inputs: argument checks, dispatch, launches. The kernels and the
+// per-row stages they share are in include/tileinfer/inputs.cuh; the fused op
+// runs the same stages as the separate ops, hence the same bits.
+//
+// attention_inputs is two launches: the queries (norm, rotation, q_out), then
+// the keys and values (norm and rotation of the key, both into their page).
+// Each head is read once, positions come from the device metadata, and the
+// grids depend on shapes only, so a captured CUDA graph stays valid as
+// sequences grow.
+#include <cstdint>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "checks.h"
+#include "ops.h"
+#include "tileinfer/dispatch.h"
+#include "tileinfer/inputs.cuh"
+
+namespace tileinfer::cuda {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Checks. Messages match the CPU implementation's (csrc/cpu/inputs.cpp).
+
+void check_float_dtype(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf || t.scalar_type() == at::kFloat,
+              op, ": ", name, " must be bfloat16, float16 or float32, got ", t.scalar_type());
+}
+
+void check_head_dim(const char* op, const char* name, int64_t d) {
+  TORCH_CHECK(d == 64 || d == 128 || d == 256, op, ": unsupported head_dim ", d, " of ", name,
+              " (expected 64, 128 or 256)");
+}
+
+// The kernels move rows in 16-byte vectors: the data pointer and the token and
+// head strides of a token tensor must be multiples of 16 bytes. Views of a
+// packed qkv tensor with head_dim 64/128/256 always are.
+void check_vector_aligned(const char* op, const char* name, const at::Tensor& t) {
+  const int64_t elem = t.element_size();
+  const bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (t.stride(0) * elem) % 16 == 0 &&
+                  (t.stride(1) * elem) % 16 == 0;
+  TORCH_CHECK(ok, op, ": ", name,
+              " must be 16-byte aligned (data pointer, token and head strides multiples of 16 bytes) for "
+              "vector loads, got strides ",
+              t.strides(), " of ", t.scalar_type());
+}
+
+// A norm weight [head_dim] of x's dtype.
+void check_weight(const char* op, const char* name, const at::Tensor& w, int64_t d, at::ScalarType dtype,
+                  const at::Device& device) {
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == d, op, ": ", name, " must have shape [", d, "] (head_dim), got ",
+              w.sizes());
+  TORCH_CHECK(w.scalar_type() == dtype, op, ": ", name, " must have the dtype of the normalized tensor (", dtype,
+              "), got ", w.scalar_type());
+  TORCH_CHECK(w.is_contiguous(), op, ": ", name, " must be contiguous");
+  TORCH_CHECK(w.device() == device, op, ": ", name, " must be on ", device, ", got ", w.device());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0, op, ": ", name,
+              " must be 16-byte aligned (vector loads)");
+}
+
+void check_rotary(const char* op, const at::Tensor& cos_sin_cache, int64_t rotary_dim, int64_t d,
+                  const at::Device& device) {
+  TORCH_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= d, op,
+              ": rotary_dim must be even and in [2, head_dim = ", d, "], got ", rotary_dim);
+  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat, op, ": cos_sin_cache must be float32, got ",
+              cos_sin_cache.scalar_type());
+  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == rotary_dim, op,
+              ": cos_sin_cache must have shape [max_position, ", rotary_dim, "] (cos then sin), got ",
+              cos_sin_cache.sizes());
+  TORCH_CHECK(cos_sin_cache.is_contiguous(), op, ": cos_sin_cache must be contiguous");
+  TORCH_CHECK(cos_sin_cache.device() == device, op, ": cos_sin_cache must be on ", device, ", got ",
+              cos_sin_cache.device());
+}
+
+// k, v [num_tokens, num_kv_heads, head_dim] for the cache: the pool's dtype,
+// or bfloat16 / float16 for an int8 pool (quantized on write).
+at::ScalarType check_kv_inputs(const char* op, const PagedShape& s, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& k_cache) {
+  TORCH_CHECK(k.dim() == 3, op, ": k must be 3-D [num_tokens, num_kv_heads, head_dim], got shape ", k.sizes());
+  at::ScalarType dtype = k_cache.scalar_type();
+  if (s.int8) {
+    TORCH_CHECK(k.scalar_type() == at::kBFloat16 || k.scalar_type() == at::kHalf, op,
+                ": with an int8 cache k must be bfloat16 or float16, got ", k.scalar_type());
+    dtype = k.scalar_type();
+  }
+  check_token_tensor(op, "k", k, -1, s.num_kv_heads, s.head_dim, dtype, k_cache.device());
+  check_token_tensor(op, "v", v, k.size(0), s.num_kv_heads, s.head_dim, dtype, k_cache.device());
+  check_vector_aligned(op, "k", k);
+  check_vector_aligned(op, "v", v);
+  TORCH_CHECK(k.size(0) < (int64_t(1) << 31) / s.num_kv_heads, op, ": too many tokens (", k.size(0), ")");
+  return dtype;
+}
+
+// ---------------------------------------------------------------------------
+// Parameter filling.
+
+PagedKVParams paged_params(const PagedShape& s, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                           const at::Tensor& cu_seqlens_q, const std::optional<at::Tensor>& k_scale,
+                           const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth) {
+  PagedKVParams p{};
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  p.k_scale = s.int8 ? k_scale->data_ptr<float>() : nullptr;
+  p.v_scale = s.int8 ? v_scale->data_ptr<float>() : nullptr;
+  p.k_smooth = s.int8 && k_smooth.has_value() ? k_smooth->data_ptr<float>() : nullptr;
+  p.block_tables = block_tables.data_ptr<int32_t>();
+  p.seq_lens = seq_lens.data_ptr<int32_t>();
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  p.num_seqs = static_cast<int>(s.num_seqs);
+  p.max_pages = static_cast<int>(s.max_pages);
+  p.num_pages = static_cast<int>(s.num_pages);
+  p.num_kv_heads = static_cast<int>(s.num_kv_heads);
+  p.page_size = static_cast<int>(s.page_size);
+  p.head_dim = static_cast<int>(s.head_dim);
+  return p;
+}
+
+// The float4 path of the rotation needs rotary_dim / 2 to be a multiple of the
+// element vector and 16-byte aligned table rows.
+RopeTable rope_table(const at::Tensor& cos_sin_cache, int64_t rotary_dim, int64_t vec) {
+  RopeTable t{};
+  t.cos_sin = cos_sin_cache.data_ptr<float>();
+  t.stride = cos_sin_cache.stride(0);
+  t.max_position = cos_sin_cache.size(0);
+  t.rotary_dim = static_cast<int>(rotary_dim);
+  t.vec_ok = (rotary_dim / 2) % vec == 0 && reinterpret_cast<uintptr_t>(t.cos_sin) % 16 == 0 &&
+             (t.stride * 4) % 16 == 0;
+  return t;
+}
+
+void set_rows_io(RowsParams& p, const at::Tensor& x, const at::Tensor& out) {
+  p.x = x.data_ptr();
+  p.x_stride_token = x.stride(0);
+  p.x_stride_head = x.stride(1);
+  p.out = out.data_ptr();
+  p.out_stride_token = out.stride(0);
+  p.out_stride_head = out.stride(1);
+  p.num_tokens = static_cast<int>(x.size(0));
+  p.num_heads = static_cast<int>(x.size(1));
+}
+
+// ---------------------------------------------------------------------------
+// Launchers: the <<< >>> commas stay out of the dispatch macros.
+
+template <typename T, int D, bool NORM, PosFrom POS>
+void launch_rows(const RowsParams& p, cudaStream_t stream) {
+  using L = RowLayout<T, D>;
+  const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
+  if (rows == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, L::kRowsPerBlock)));
+  rows_kernel<T, D, NORM, POS><<<grid, kInputsThreads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int D, bool NORM, bool ROPE, bool INT8>
+void launch_kv_write(const KVWriteParams& p, cudaStream_t stream) {
+  using L = RowLayout<T, D>;
+  const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.kv.num_kv_heads;
+  if (rows == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, L::kRowsPerBlock)));
+  kv_write_kernel<T, D, NORM, ROPE, INT8><<<grid, kInputsThreads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The shapes of a token tensor op (rms_norm, rope) on x and out.
+void check_rows_op(const char* op, const at::Tensor& out, const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
+  check_float_dtype(op, "x", x);
+  check_head_dim(op, "x", x.size(2));
+  TORCH_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor, got ", x.device());
+  check_token_tensor(op, "x", x, -1, -1, -1, x.scalar_type(), x.device());
+  check_token_tensor(op, "out", out, x.size(0), x.size(1), x.size(2), x.scalar_type(), x.device());
+  check_vector_aligned(op, "x", x);
+  check_vector_aligned(op, "out", out);
+  TORCH_CHECK(x.size(0) * x.size(1) < (int64_t(1) << 31), op, ": too many rows (num_tokens * num_heads = ",
+              x.size(0) * x.size(1), ")");
+}
+
+}  // namespace
+
+// out, x [num_tokens, num_heads, head_dim]; weight [head_dim].
+void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const char* op = "rms_norm";
+  check_rows_op(op, out, x);
+  check_weight(op, "weight", weight, x.size(2), x.scalar_type(), x.device());
+  const c10::cuda::CUDAGuard guard(x.device());
+  RowsParams p{};
+  set_rows_io(p, x, out);
+  p.weight = weight.data_ptr();
+  p.eps = static_cast<float>(eps);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  TILEINFER_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+    TILEINFER_DISPATCH_HEAD_DIM(x.size(2), op, [&] {
+      launch_rows<scalar_t, HEAD_DIM, true, PosFrom::kNone>(p, stream);
+    });
+  });
+}
+
+// out, x [num_tokens, num_heads, head_dim]; positions [num_tokens] int32/int64;
+// cos_sin_cache [max_position, rotary_dim] fp32. Tokens whose position lies
+// outside [0, max_position) are skipped: their out rows are not written.
+void rope(at::Tensor& out, const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
+          int64_t rotary_dim) {
+  const char* op = "rope";
+  check_rows_op(op, out, x);
+  TORCH_CHECK(positions.scalar_type() == at::kInt || positions.scalar_type() == at::kLong, op,
+              ": positions must be int32 or int64, got ", positions.scalar_type());
+  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == x.size(0), op, ": positions must have shape [",
+              x.size(0), "] (num_tokens), got ", positions.sizes());
+  TORCH_CHECK(positions.is_contiguous(), op, ": positions must be contiguous");
+  TORCH_CHECK(positions.device() == x.device(), op, ": positions must be on ", x.device(), ", got ",
+              positions.device());
+  check_rotary(op, cos_sin_cache, rotary_dim, x.size(2), x.device());
+  const c10::cuda::CUDAGuard guard(x.device());
+  RowsParams p{};
+  set_rows_io(p, x, out);
+  p.positions = positions.data_ptr();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  TILEINFER_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+    p.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
+    TILEINFER_DISPATCH_HEAD_DIM(x.size(2), op, [&] {
+      TILEINFER_BOOL_SWITCH(positions.scalar_type() == at::kLong, POS64, [&] {
+        launch_rows<scalar_t, HEAD_DIM, false, POS64 ? PosFrom::kInt64 : PosFrom::kInt32>(p, stream);
+      });
+    });
+  });
+}
+
+// k_cache, v_cache [num_pages, num_kv_heads, page_size, head_dim]; k, v
+// [num_tokens, num_kv_heads, head_dim]; int8: k_scale / v_scale
+// [num_pages, num_kv_heads, page_size], k_smooth [num_kv_heads, head_dim].
+void cache_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+                 const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q,
+                 const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                 const std::optional<at::Tensor>& k_smooth) {
+  const char* op = "cache_write";
+  const PagedShape s =
+      check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
+  TORCH_CHECK(k_cache.is_cuda(), op, ": k_cache must be a CUDA tensor, got ", k_cache.device());
+  const at::ScalarType dtype = check_kv_inputs(op, s, k, v, k_cache);
+  const c10::cuda::CUDAGuard guard(k_cache.device());
+  KVWriteParams p{};
+  p.kv = paged_params(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
+  p.k_pool = k_cache.data_ptr();
+  p.v_pool = v_cache.data_ptr();
+  p.k_scale = s.int8 ? k_scale->data_ptr<float>() : nullptr;
+  p.v_scale = s.int8 ? v_scale->data_ptr<float>() : nullptr;
+  p.k_smooth = p.kv.k_smooth;
+  p.k = k.data_ptr();
+  p.k_stride_token = k.stride(0);
+  p.k_stride_head = k.stride(1);
+  p.v = v.data_ptr();
+  p.v_stride_token = v.stride(0);
+  p.v_stride_head = v.stride(1);
+  p.num_tokens = static_cast<int>(k.size(0));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  // An int8 pool takes bf16/fp16 rows (checked above): fp32 rows with INT8 are
+  // never instantiated.
+  if (s.int8) {
+    TILEINFER_DISPATCH_HALF(dtype, op, [&] {
+      TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, op, [&] {
+        launch_kv_write<scalar_t, HEAD_DIM, false, false, true>(p, stream);
+      });
+    });
+  } else {
+    TILEINFER_DISPATCH_FLOAT(dtype, op, [&] {
+      TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, op, [&] {
+        launch_kv_write<scalar_t, HEAD_DIM, false, false, false>(p, stream);
+      });
+    });
+  }
+}
+
+// q, q_out [num_tokens, num_q_heads, head_dim]; k, v [num_tokens, num_kv_heads,
+// head_dim] (q, k, v may be views of one packed qkv tensor); pools and
+// metadata as cache_write; cos_sin_cache [max_position, rotary_dim] fp32;
+// q_norm_weight / k_norm_weight [head_dim] or None.
+// A token of no sequence, or whose position lies outside [0, max_position),
+// is skipped entirely: neither its q_out rows nor its cache slots are written.
+// A token whose slot is not in the cache (position past the block table, page
+// id outside the pool) still gets its q_out rows; its keys are not written.
+void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& q,
+                      const at::Tensor& k, const at::Tensor& v, const at::Tensor& block_tables,
+                      const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, const at::Tensor& cos_sin_cache,
+                      int64_t rotary_dim, const std::optional<at::Tensor>& q_norm_weight,
+                      const std::optional<at::Tensor>& k_norm_weight, double eps,
+                      const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                      const std::optional<at::Tensor>& k_smooth) {
+  const char* op = "attention_inputs";
+  const PagedShape s =
+      check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
+  TORCH_CHECK(k_cache.is_cuda(), op, ": k_cache must be a CUDA tensor, got ", k_cache.device());
+  const at::ScalarType dtype = check_kv_inputs(op, s, k, v, k_cache);
+  const int64_t d = s.head_dim;
+  check_token_tensor(op, "q", q, k.size(0), -1, d, dtype, k_cache.device());
+  check_token_tensor(op, "q_out", q_out, q.size(0), q.size(1), d, dtype, k_cache.device());
+  check_vector_aligned(op, "q", q);
+  check_vector_aligned(op, "q_out", q_out);
+  TORCH_CHECK(q.size(0) * q.size(1) < (int64_t(1) << 31), op, ": too many query rows");
+  if (q_norm_weight.has_value()) check_weight(op, "q_norm_weight", *q_norm_weight, d, dtype, k_cache.device());
+  if (k_norm_weight.has_value()) check_weight(op, "k_norm_weight", *k_norm_weight, d, dtype, k_cache.device());
+  check_rotary(op, cos_sin_cache, rotary_dim, d, k_cache.device());
+  const c10::cuda::CUDAGuard guard(k_cache.device());
+  const PagedKVParams kv =
+      paged_params(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
+
+  RowsParams qp{};
+  set_rows_io(qp, q, q_out);
+  qp.weight = q_norm_weight.has_value() ? q_norm_weight->data_ptr() : nullptr;
+  qp.eps = static_cast<float>(eps);
+  qp.kv = kv;
+
+  KVWriteParams kp{};
+  kp.kv = kv;
+  kp.k_pool = k_cache.data_ptr();
+  kp.v_pool = v_cache.data_ptr();
+  kp.k_scale = s.int8 ? k_scale->data_ptr<float>() : nullptr;
+  kp.v_scale = s.int8 ? v_scale->data_ptr<float>() : nullptr;
+  kp.k_smooth = kv.k_smooth;
+  kp.k = k.data_ptr();
+  kp.k_stride_token = k.stride(0);
+  kp.k_stride_head = k.stride(1);
+  kp.v = v.data_ptr();
+  kp.v_stride_token = v.stride(0);
+  kp.v_stride_head = v.stride(1);
+  kp.k_weight = k_norm_weight.has_value() ? k_norm_weight->data_ptr() : nullptr;
+  kp.eps = static_cast<float>(eps);
+  kp.num_tokens = static_cast<int>(k.size(0));
+
+  // Launch 1: the queries. (The table's float4 path depends on the element width.)
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  TILEINFER_DISPATCH_FLOAT(dtype, op, [&] {
+    qp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
+    TILEINFER_DISPATCH_HEAD_DIM(d, op, [&] {
+      TILEINFER_BOOL_SWITCH(q_norm_weight.has_value(), QNORM, [&] {
+        launch_rows<scalar_t, HEAD_DIM, QNORM, PosFrom::kMetadata>(qp, stream);
+      });
+    });
+  });
+  // Launch 2: keys and values. An int8 pool takes bf16/fp16 rows (checked
+  // above): fp32 rows with INT8 are never instantiated.
+  if (s.int8) {
+    TILEINFER_DISPATCH_HALF(dtype, op, [&] {
+      kp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
+      TILEINFER_DISPATCH_HEAD_DIM(d, op, [&] {
+        TILEINFER_BOOL_SWITCH(k_norm_weight.has_value(), KNORM, [&] {
+          launch_kv_write<scalar_t, HEAD_DIM, KNORM, true, true>(kp, stream);
+        });
+      });
+    });
+  } else {
+    TILEINFER_DISPATCH_FLOAT(dtype, op, [&] {
+      kp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
+      TILEINFER_DISPATCH_HEAD_DIM(d, op, [&] {
+        TILEINFER_BOOL_SWITCH(k_norm_weight.has_value(), KNORM, [&] {
+          launch_kv_write<scalar_t, HEAD_DIM, KNORM, true, false>(kp, stream);
+        });
+      });
+    });
+  }
+}
+
+}  // namespace tileinfer::cuda
+
+TORCH_LIBRARY_IMPL(tileinfer_attn, CUDA, m) {
+  m.impl("rms_norm", &tileinfer::cuda::rms_norm);
+  m.impl("rope", &tileinfer::cuda::rope);
+  m.impl("cache_write", &tileinfer::cuda::cache_write);
+  m.impl("attention_inputs", &tileinfer::cuda::attention_inputs);
+}
