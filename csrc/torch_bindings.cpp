@@ -19,7 +19,15 @@
 //
 // Implementations: csrc/cpu/ (CPU), csrc/ops/ (CUDA), csrc/attention.cpp (the
 // decode-vs-prefill dispatcher, both devices). Fakes: tileinfer_attn/_fake.py.
+#include <Python.h>
 #include <torch/library.h>
+
+// An empty Python module, so that `import tileinfer_attn._C` loads this shared
+// library and runs the static registrations below (as pytorch/extension-cpp does).
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
 
 TORCH_LIBRARY(tileinfer_attn, m) {
   m.set_python_module("tileinfer_attn._fake");

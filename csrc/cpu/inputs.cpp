@@ -1,0 +1,366 @@
+// CPU rms_norm, rope, cache_write (plain and int8-quantizing) and the fused
+// attention_inputs. The fused op is the per-row helpers of the separate ops
+// composed, with the same intermediate rounding to the element type, so it is
+// bit-identical to rms_norm + rope + cache_write (SPEC section 2).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "checks.h"
+#include "cpu_common.h"
+#include "ops.h"
+
+namespace tileinfer::cpu {
+namespace {
+
+using detail::from_float;
+using detail::HostKV;
+using detail::to_float;
+
+// ---------------------------------------------------------------------------
+// Per-row math, shared by the separate ops and the fused one.
+
+// Qwen3's RMSNorm of one head: fp32 math, the normalized value rounded to the
+// element type, then multiplied by the weight in the element type (as
+// `weight * x.float().mul(rsqrt(...)).to(dtype)` does in eager PyTorch).
+// out may alias x.
+//
+// The sum of squares is accumulated in double: the mean is then (nearly
+// always) the correctly rounded fp32 value, whatever the summation order of
+// the eager reference, so the result flips a rounding against it as rarely
+// as possible.
+template <typename T>
+void rms_norm_row(T* out, const T* x, const T* weight, int64_t d, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < d; ++i) {
+    const float v = to_float(x[i]);
+    ss += static_cast<double>(v * v);  // the square in fp32, as the reference's pow(2)
+  }
+  const float mean = static_cast<float>(ss / static_cast<double>(d));
+  const float inv = 1.f / std::sqrt(mean + eps);
+  for (int64_t i = 0; i < d; ++i) {
+    const T normed = from_float<T>(to_float(x[i]) * inv);
+    out[i] = from_float<T>(to_float(weight[i]) * to_float(normed));
+  }
+}
+
+// Neox (rotate-half) rotary embedding of one head at one position: the first
+// rotary_dim channels rotate in pairs (i, i + rotary_dim / 2) in fp32 and are
+// rounded once; the rest are copied. cs: the position's row of cos_sin_cache
+// (cos in [0, rotary_dim / 2), sin after). out may alias x.
+template <typename T>
+void rope_row(T* out, const T* x, const float* cs, int64_t rotary_dim, int64_t d) {
+  const int64_t half = rotary_dim / 2;
+  const float* cos = cs;
+  const float* sin = cs + half;
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = to_float(x[i]);
+    const float x2 = to_float(x[i + half]);
+    // Each product rounded to fp32 before the sum, as the eager reference does.
+    const float a = x1 * cos[i], b = x2 * sin[i];
+    const float c = x2 * cos[i], e = x1 * sin[i];
+    out[i] = from_float<T>(a - b);
+    out[i + half] = from_float<T>(c + e);
+  }
+  if (out != x)
+    for (int64_t i = rotary_dim; i < d; ++i) out[i] = x[i];
+}
+
+// Symmetric per-vector int8 quantization: scale = amax / 127 (1 for a zero
+// vector), q = round-half-even(x / scale) clamped to [-127, 127]; keys are
+// divided by their smoothing factors first. Returns the scale.
+template <typename T>
+float quantize_row(int8_t* dst, const T* src, const float* smooth, int64_t d, std::vector<float>& buf) {
+  buf.resize(d);
+  float amax = 0.f;
+  for (int64_t i = 0; i < d; ++i) {
+    buf[i] = smooth ? to_float(src[i]) / smooth[i] : to_float(src[i]);
+    amax = std::max(amax, std::fabs(buf[i]));
+  }
+  const float scale = amax > 0.f ? amax / 127.f : 1.f;
+  for (int64_t i = 0; i < d; ++i) {
+    const float r = std::nearbyint(buf[i] / scale);  // default rounding mode: to nearest even
+    dst[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, r)));
+  }
+  return scale;
+}
+
+// Writes one token's key and value vectors of one KV head at (page, slot).
+template <typename T>
+void write_kv_row(const HostKV& kv, void* k_cache, void* v_cache, float* k_scale, float* v_scale, int64_t page,
+                  int64_t kv_head, int64_t slot, const T* k, const T* v, std::vector<float>& buf) {
+  const int64_t d = kv.s.head_dim;
+  const int64_t at = kv.vec(page, kv_head, slot);
+  if (kv.s.int8) {
+    const float* smooth = kv.k_smooth ? kv.k_smooth + kv_head * d : nullptr;
+    k_scale[at] = quantize_row(static_cast<int8_t*>(k_cache) + at * d, k, smooth, d, buf);
+    v_scale[at] = quantize_row(static_cast<int8_t*>(v_cache) + at * d, v, nullptr, d, buf);
+  } else {
+    std::copy(k, k + d, static_cast<T*>(k_cache) + at * d);
+    std::copy(v, v + d, static_cast<T*>(v_cache) + at * d);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Checks.
+
+void check_head_dim(const char* op, const char* name, int64_t d) {
+  TORCH_CHECK(d == 64 || d == 128 || d == 256, op, ": unsupported head_dim ", d, " of ", name,
+              " (expected 64, 128 or 256)");
+}
+
+void check_float_dtype(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf || t.scalar_type() == at::kFloat,
+              op, ": ", name, " must be bfloat16, float16 or float32, got ", t.scalar_type());
+}
+
+// A norm weight [head_dim] of x's dtype.
+void check_weight(const char* op, const char* name, const at::Tensor& w, int64_t d, at::ScalarType dtype,
+                  const at::Device& device) {
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == d, op, ": ", name, " must have shape [", d, "] (head_dim), got ",
+              w.sizes());
+  TORCH_CHECK(w.scalar_type() == dtype, op, ": ", name, " must have the dtype of the normalized tensor (", dtype,
+              "), got ", w.scalar_type());
+  TORCH_CHECK(w.is_contiguous(), op, ": ", name, " must be contiguous");
+  TORCH_CHECK(w.device() == device, op, ": ", name, " must be on ", device, ", got ", w.device());
+}
+
+void check_rotary(const char* op, const at::Tensor& cos_sin_cache, int64_t rotary_dim, int64_t d,
+                  const at::Device& device) {
+  TORCH_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= d, op,
+              ": rotary_dim must be even and in [2, head_dim = ", d, "], got ", rotary_dim);
+  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat, op, ": cos_sin_cache must be float32, got ",
+              cos_sin_cache.scalar_type());
+  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == rotary_dim, op,
+              ": cos_sin_cache must have shape [max_position, ", rotary_dim, "] (cos then sin), got ",
+              cos_sin_cache.sizes());
+  TORCH_CHECK(cos_sin_cache.is_contiguous(), op, ": cos_sin_cache must be contiguous");
+  TORCH_CHECK(cos_sin_cache.device() == device, op, ": cos_sin_cache must be on ", device, ", got ",
+              cos_sin_cache.device());
+}
+
+// k, v [num_tokens, num_kv_heads, head_dim] for the cache: the pool's dtype,
+// or bfloat16 / float16 for an int8 pool (quantized on write).
+at::ScalarType check_kv_inputs(const char* op, const PagedShape& s, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& k_cache) {
+  TORCH_CHECK(k.dim() == 3, op, ": k must be 3-D [num_tokens, num_kv_heads, head_dim], got shape ", k.sizes());
+  at::ScalarType dtype = k_cache.scalar_type();
+  if (s.int8) {
+    TORCH_CHECK(k.scalar_type() == at::kBFloat16 || k.scalar_type() == at::kHalf, op,
+                ": with an int8 cache k must be bfloat16 or float16, got ", k.scalar_type());
+    dtype = k.scalar_type();
+  }
+  check_token_tensor(op, "k", k, -1, s.num_kv_heads, s.head_dim, dtype, k_cache.device());
+  check_token_tensor(op, "v", v, k.size(0), s.num_kv_heads, s.head_dim, dtype, k_cache.device());
+  return dtype;
+}
+
+// The position of every token of the step (-1 for tokens of no sequence), from
+// host metadata already checked by check_metadata_values_on_host.
+std::vector<int64_t> token_positions(const HostKV& kv, int64_t num_tokens, std::vector<int64_t>* seq_of) {
+  std::vector<int64_t> pos(num_tokens, -1);
+  if (seq_of) seq_of->assign(num_tokens, -1);
+  for (int64_t seq = 0; seq < kv.s.num_seqs; ++seq) {
+    const int64_t b = kv.cu_seqlens_q[seq], e = kv.cu_seqlens_q[seq + 1];
+    for (int64_t t = b; t < e; ++t) {
+      pos[t] = kv.seq_lens[seq] - (e - b) + (t - b);
+      if (seq_of) (*seq_of)[t] = seq;
+    }
+  }
+  return pos;
+}
+
+void check_positions_in_cache(const char* op, const std::vector<int64_t>& pos, int64_t max_position) {
+  for (size_t t = 0; t < pos.size(); ++t)
+    TORCH_CHECK(pos[t] < max_position, op, ": token ", t, " sits at position ", pos[t],
+                ", beyond cos_sin_cache (max_position = ", max_position, ")");
+}
+
+// Writes every token's k / v into its page; tokens on pages outside the pool
+// are skipped. Heads in parallel: a head's writes go to its own slots, and the
+// tokens of a head are written in order (a repeated slot ends with the last).
+template <typename T>
+void write_tokens(const HostKV& kv, void* k_cache, void* v_cache, float* k_scale, float* v_scale,
+                  const std::vector<int64_t>& pos, const std::vector<int64_t>& seq_of, const T* k, const T* v,
+                  int64_t k_st, int64_t k_sh, int64_t v_st, int64_t v_sh) {
+  at::parallel_for(0, kv.s.num_kv_heads, 1, [&](int64_t hb, int64_t he) {
+    std::vector<float> buf;
+    for (int64_t g = hb; g < he; ++g)
+      for (size_t t = 0; t < pos.size(); ++t) {
+        if (seq_of[t] < 0) continue;
+        const int64_t page = kv.page_of(seq_of[t], pos[t] / kv.s.page_size);
+        if (page < 0) continue;
+        write_kv_row<T>(kv, k_cache, v_cache, k_scale, v_scale, page, g, pos[t] % kv.s.page_size,
+                        k + t * k_st + g * k_sh, v + t * v_st + g * v_sh, buf);
+      }
+  });
+}
+
+}  // namespace
+
+void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const char* op = "rms_norm";
+  TORCH_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
+  check_float_dtype(op, "x", x);
+  check_head_dim(op, "x", x.size(2));
+  check_token_tensor(op, "x", x, -1, -1, -1, x.scalar_type(), x.device());
+  check_token_tensor(op, "out", out, x.size(0), x.size(1), x.size(2), x.scalar_type(), x.device());
+  check_weight(op, "weight", weight, x.size(2), x.scalar_type(), x.device());
+  const int64_t heads = x.size(1), d = x.size(2);
+  TILEINFER_CPU_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* w = weight.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, x.size(0) * heads, 64, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t t = r / heads, h = r % heads;
+        rms_norm_row(o + t * out.stride(0) + h * out.stride(1), xp + t * x.stride(0) + h * x.stride(1), w, d,
+                     static_cast<float>(eps));
+      }
+    });
+  });
+}
+
+void rope(at::Tensor& out, const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
+          int64_t rotary_dim) {
+  const char* op = "rope";
+  TORCH_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
+  check_float_dtype(op, "x", x);
+  check_head_dim(op, "x", x.size(2));
+  check_token_tensor(op, "x", x, -1, -1, -1, x.scalar_type(), x.device());
+  check_token_tensor(op, "out", out, x.size(0), x.size(1), x.size(2), x.scalar_type(), x.device());
+  TORCH_CHECK(positions.scalar_type() == at::kInt || positions.scalar_type() == at::kLong, op,
+              ": positions must be int32 or int64, got ", positions.scalar_type());
+  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == x.size(0), op, ": positions must have shape [",
+              x.size(0), "] (num_tokens), got ", positions.sizes());
+  TORCH_CHECK(positions.device() == x.device(), op, ": positions must be on ", x.device(), ", got ",
+              positions.device());
+  check_rotary(op, cos_sin_cache, rotary_dim, x.size(2), x.device());
+  // Positions are on the host here: out-of-range ones are an error (free to check).
+  const at::Tensor pos = positions.to(at::kLong).contiguous();
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  const int64_t max_position = cos_sin_cache.size(0);
+  for (int64_t t = 0; t < x.size(0); ++t)
+    TORCH_CHECK(pp[t] >= 0 && pp[t] < max_position, op, ": positions[", t, "] = ", pp[t],
+                " is outside [0, ", max_position, ") (the rows of cos_sin_cache)");
+  const int64_t heads = x.size(1), d = x.size(2);
+  const float* cs = cos_sin_cache.data_ptr<float>();
+  TILEINFER_CPU_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, x.size(0) * heads, 64, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t t = r / heads, h = r % heads;
+        rope_row(o + t * out.stride(0) + h * out.stride(1), xp + t * x.stride(0) + h * x.stride(1),
+                 cs + pp[t] * rotary_dim, rotary_dim, d);
+      }
+    });
+  });
+}
+
+void cache_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+                 const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q,
+                 const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                 const std::optional<at::Tensor>& k_smooth) {
+  const char* op = "cache_write";
+  const PagedShape s =
+      check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
+  const at::ScalarType dtype = check_kv_inputs(op, s, k, v, k_cache);
+  check_metadata_values_on_host(op, s, seq_lens, cu_seqlens_q, k.size(0), -1);
+  const HostKV kv =
+      detail::host_kv(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
+  std::vector<int64_t> seq_of;
+  const std::vector<int64_t> pos = token_positions(kv, k.size(0), &seq_of);
+  float* ks = s.int8 ? k_scale->data_ptr<float>() : nullptr;
+  float* vs = s.int8 ? v_scale->data_ptr<float>() : nullptr;
+  TILEINFER_CPU_DISPATCH_FLOAT(dtype, op, [&] {
+    write_tokens<scalar_t>(kv, k_cache.data_ptr(), v_cache.data_ptr(), ks, vs, pos, seq_of,
+                           k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), k.stride(0), k.stride(1), v.stride(0),
+                           v.stride(1));
+  });
+}
+
+void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& q,
+                      const at::Tensor& k, const at::Tensor& v, const at::Tensor& block_tables,
+                      const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, const at::Tensor& cos_sin_cache,
+                      int64_t rotary_dim, const std::optional<at::Tensor>& q_norm_weight,
+                      const std::optional<at::Tensor>& k_norm_weight, double eps,
+                      const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                      const std::optional<at::Tensor>& k_smooth) {
+  const char* op = "attention_inputs";
+  const PagedShape s =
+      check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
+  const at::ScalarType dtype = check_kv_inputs(op, s, k, v, k_cache);
+  const int64_t d = s.head_dim;
+  check_token_tensor(op, "q", q, k.size(0), -1, d, dtype, k_cache.device());
+  check_token_tensor(op, "q_out", q_out, q.size(0), q.size(1), d, dtype, k_cache.device());
+  if (q_norm_weight.has_value()) check_weight(op, "q_norm_weight", *q_norm_weight, d, dtype, k_cache.device());
+  if (k_norm_weight.has_value()) check_weight(op, "k_norm_weight", *k_norm_weight, d, dtype, k_cache.device());
+  check_rotary(op, cos_sin_cache, rotary_dim, d, k_cache.device());
+  check_metadata_values_on_host(op, s, seq_lens, cu_seqlens_q, q.size(0), -1);
+  const HostKV kv =
+      detail::host_kv(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
+  std::vector<int64_t> seq_of;
+  const std::vector<int64_t> pos = token_positions(kv, q.size(0), &seq_of);
+  check_positions_in_cache(op, pos, cos_sin_cache.size(0));
+  const float* cs = cos_sin_cache.data_ptr<float>();
+  const float feps = static_cast<float>(eps);
+  const int64_t num_tokens = q.size(0), hq = q.size(1), hkv = s.num_kv_heads;
+
+  TILEINFER_CPU_DISPATCH_FLOAT(dtype, op, [&] {
+    const scalar_t* qw = q_norm_weight.has_value() ? q_norm_weight->data_ptr<scalar_t>() : nullptr;
+    const scalar_t* kw = k_norm_weight.has_value() ? k_norm_weight->data_ptr<scalar_t>() : nullptr;
+    // Queries: norm (rounded to the element type, as the rms_norm op's output
+    // is), then rotation into q_out. Tokens of no sequence are not written.
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    scalar_t* qo = q_out.data_ptr<scalar_t>();
+    at::parallel_for(0, num_tokens * hq, 64, [&](int64_t b, int64_t e) {
+      std::vector<scalar_t> tmp(d);
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t t = r / hq, h = r % hq;
+        if (seq_of[t] < 0) continue;
+        const scalar_t* src = qp + t * q.stride(0) + h * q.stride(1);
+        if (qw) {
+          rms_norm_row(tmp.data(), src, qw, d, feps);
+          src = tmp.data();
+        }
+        rope_row(qo + t * q_out.stride(0) + h * q_out.stride(1), src, cs + pos[t] * rotary_dim, rotary_dim, d);
+      }
+    });
+    // Keys: norm, rotation, then into the cache with the values, exactly as
+    // rms_norm + rope + cache_write would (same helpers, same roundings).
+    // Rotated keys are staged in a [num_tokens, num_kv_heads, head_dim] buffer.
+    std::vector<scalar_t> k_rot(static_cast<size_t>(num_tokens * hkv * d));
+    const scalar_t* kp = k.data_ptr<scalar_t>();
+    at::parallel_for(0, num_tokens * hkv, 64, [&](int64_t b, int64_t e) {
+      std::vector<scalar_t> tmp(d);
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t t = r / hkv, g = r % hkv;
+        if (seq_of[t] < 0) continue;
+        const scalar_t* src = kp + t * k.stride(0) + g * k.stride(1);
+        if (kw) {
+          rms_norm_row(tmp.data(), src, kw, d, feps);
+          src = tmp.data();
+        }
+        rope_row(k_rot.data() + r * d, src, cs + pos[t] * rotary_dim, rotary_dim, d);
+      }
+    });
+    write_tokens<scalar_t>(kv, k_cache.data_ptr(), v_cache.data_ptr(),
+                           s.int8 ? k_scale->data_ptr<float>() : nullptr,
+                           s.int8 ? v_scale->data_ptr<float>() : nullptr, pos, seq_of, k_rot.data(),
+                           v.data_ptr<scalar_t>(), hkv * d, d, v.stride(0), v.stride(1));
+  });
+}
+
+}  // namespace tileinfer::cpu
+
+TORCH_LIBRARY_IMPL(tileinfer_attn, CPU, m) {
+  m.impl("rms_norm", &tileinfer::cpu::rms_norm);
+  m.impl("rope", &tileinfer::cpu::rope);
+  m.impl("cache_write", &tileinfer::cpu::cache_write);
+  m.impl("attention_inputs", &tileinfer::cpu::attention_inputs);
+}

@@ -1,0 +1,89 @@
+"""torch.compile(fullgraph=True) over a small model step that calls the ops:
+no graph breaks, one graph, same results as eager (the fakes and the declared
+mutations make the custom ops traceable and functionalizable)."""
+import pytest
+import torch
+
+import tileinfer_attn as ti
+from op_helpers import skip_unless_cuda_kernel
+from tileinfer_attn.testing import make_problem
+
+
+def step(q, k, v, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, cos_sin, qw, kw, max_q_len: int):
+    """Two "layers" on one cache: separate ops (rms_norm, rope, cache_write) then
+    attention; the fused attention_inputs then attention."""
+    pos = ti.token_positions(seq_lens, cu_seqlens_q, q.shape[0])
+    q1 = ti.rope(ti.rms_norm(q, qw), pos, cos_sin)
+    k1 = ti.rope(ti.rms_norm(k, kw), pos, cos_sin)
+    ti.cache_write(k_cache[0], v_cache[0], k1, v, block_tables, seq_lens, cu_seqlens_q)
+    o1 = ti.attention(q1, k_cache[0], v_cache[0], block_tables, seq_lens, cu_seqlens_q, max_q_len)
+    q2 = ti.attention_inputs(o1, k, v, k_cache[1], v_cache[1], block_tables, seq_lens, cu_seqlens_q, cos_sin,
+                             q_norm_weight=qw, k_norm_weight=kw)
+    return ti.attention(q2, k_cache[1], v_cache[1], block_tables, seq_lens, cu_seqlens_q, max_q_len) * 0.5
+
+
+def inputs(device, q_lens, seed=0):
+    p = make_problem([30, 17, 64], q_lens, 8, 2, 64, 16, dtype=torch.bfloat16, device=device, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    t = p.q.shape[0]
+    k = torch.randn(t, 2, 64, generator=g).bfloat16().to(device)
+    v = torch.randn(t, 2, 64, generator=g).bfloat16().to(device)
+    k_cache = torch.stack([p.k_cache, p.k_cache.roll(1, 0)])
+    v_cache = torch.stack([p.v_cache, p.v_cache.roll(1, 0)])
+    cos_sin = ti.rope_cos_sin_cache(64, 128, device=device)
+    w = (torch.rand(64, generator=g) + 0.5).bfloat16().to(device)
+    return (p.q, k, v, k_cache, v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q, cos_sin, w, w, p.max_q_len)
+
+
+def clone(args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def test_no_graph_breaks():
+    args = inputs("cpu", [3, 1, 2])
+    explain = torch._dynamo.explain(step)(*clone(args))
+    assert explain.graph_break_count == 0, explain.break_reasons
+    assert explain.graph_count == 1
+
+
+@pytest.mark.parametrize("backend,q_lens", [("aot_eager", [3, 1, 2]), ("aot_eager", [1, 1, 1]),
+                                            ("aot_eager", [30, 17, 20]), ("inductor", [3, 1, 2])])
+def test_compiled_matches_eager_cpu(backend, q_lens):
+    torch._dynamo.reset()
+    args = inputs("cpu", q_lens)
+    eager_args, comp_args = clone(args), clone(args)
+    expect = step(*eager_args)
+    got = torch.compile(step, fullgraph=True, backend=backend)(*comp_args)
+    assert torch.equal(got, expect)
+    assert torch.equal(comp_args[3], eager_args[3]) and torch.equal(comp_args[4], eager_args[4])  # caches
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_cuda_graphs():
+    """mode="reduce-overhead" (CUDA graphs) replays correctly as the sequences grow:
+    the same captured graph serves new lengths and new cache contents."""
+    skip_unless_cuda_kernel("rms_norm", "rope", "cache_write", "attention_inputs", "attention", "prefill",
+                            "decode", "combine")
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(step, fullgraph=True, mode="reduce-overhead")
+    static = clone(inputs("cuda", [1, 1, 1], seed=0))
+    for t in static:
+        if isinstance(t, torch.Tensor):
+            # Buffers that live across steps, like a model's cache and metadata:
+            # static addresses let the graph mutate the caches in place.
+            torch._dynamo.mark_static_address(t)
+    for seed in range(4):
+        fresh = inputs("cuda", [1, 1, 1], seed=seed)
+        fresh[6].add_(seed)  # seq_lens grow step by step (the tables have spare pages)
+        for dst, src in zip(static, fresh):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        eager_args = clone(static)
+        expect = step(*eager_args)
+        got = compiled(*static)
+        torch.testing.assert_close(got, expect, rtol=0, atol=0)
+        torch.testing.assert_close(static[3], eager_args[3], rtol=0, atol=0)
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
