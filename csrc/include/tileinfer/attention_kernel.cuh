@@ -1,0 +1,437 @@
+// The tensor-core attention kernel over the paged cache (bf16 / fp16), shared by
+// prefill and decode: FlashAttention-2's structure, with the work mapping
+// (attention_work.cuh) as a template parameter.
+//
+// A block of 4 warps holds a tile of query rows and walks its key positions one
+// key tile (kBlockN positions: part of a page, one page, or several) at a time:
+//   1. the pool row of every key of a tile is looked up through the block table
+//      (one int per key, in shared memory, kStages tiles ahead);
+//   2. K and V of the tile are copied into shared memory with 16-byte cp.async,
+//      kStages deep, zero-filled for skipped keys (past the end, bad page ids);
+//   3. each warp computes S = Q K^T for its 16 * kRowTiles rows x kWarpN keys
+//      (mma.sync m16n8k16, fp32 accumulate), masked only when the tile overlaps
+//      the causal diagonal or holds a skipped key;
+//   4. online softmax (softmax.cuh; scale * log2(e) folded into exp2), P rounded
+//      to the element type, O += P V.
+// Warps are laid out kWarpsM (row groups) x kWarpsN (key slices of a tile):
+// prefill uses 4 x 1 (64 or 128 rows: csrc/ops/prefill.cu says when); decode,
+// whose packed tile is often a single 16-row tile, uses 1 x 4, and the four
+// warps' softmax states and accumulators are merged through shared memory at
+// the end (flash-decoding inside the block).
+// The epilogue normalizes, stages the output in shared memory as fp32 and writes
+// 16-byte vectors: `out` (prefill) or the fp32 partial (decode), plus the lse.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+
+#include "attention_work.cuh"
+#include "common.cuh"
+#include "mma.cuh"
+#include "params.h"
+#include "softmax.cuh"
+
+namespace tileinfer {
+
+// kRowTiles: 16-row mma tiles per warp. Two (32 rows) halve the shared-memory
+// traffic per mma: every K / V fragment read by ldmatrix feeds both row tiles
+// (with one, ldmatrix bandwidth, not the tensor cores, bounds prefill).
+template <typename T_, int kHeadDim, int kWarpsM_, int kWarpsN_, int kRowTiles_, int kBlockN_, int kStages_>
+struct TileConfig {
+  using T = T_;
+  static constexpr int D = kHeadDim;
+  static constexpr int kWarpsM = kWarpsM_;
+  static constexpr int kWarpsN = kWarpsN_;
+  static constexpr int kRowTiles = kRowTiles_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kWarpRows = 16 * kRowTiles;
+  static constexpr int kBlockM = kWarpRows * kWarpsM;
+  static constexpr int kWarpN = kBlockN / kWarpsN;  // keys of a tile per warp
+  static constexpr int kChunks = D / 8;             // 16-byte chunks per row of D elements
+  // Q fragments stay in registers up to 32 registers (d = 128, one row tile);
+  // beyond, next to the output accumulator, they would push the kernel past 255
+  // registers, so they are re-read from shared memory (ldmatrix) per tile.
+  static constexpr bool kQInRegs = D * kRowTiles <= 128;
+  static constexpr int kOStride = D + 8;  // fp32 epilogue rows: +8 floats avoids bank conflicts
+  static constexpr int kRowSlots = kStages + 1;  // key-row lookups run one tile ahead of the copies
+
+  static_assert(kThreads == 128, "the kernels are written for 4 warps");
+  static_assert(kWarpN % 16 == 0, "each warp needs whole 16-key slices (PV k-dimension)");
+  static_assert(kBlockN % 32 == 0 && kBlockN <= kThreads, "one lookup thread per key, whole warps");
+  static_assert((kBlockN * kChunks) % kThreads == 0, "whole copy rounds per tile");
+  static_assert(kStages >= 2, "at least double buffering");
+
+  // Shared memory, in bytes. The K/V stages are dead once the last tile is done;
+  // the epilogue's fp32 output buffer reuses them.
+  static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V tile
+  static constexpr int kKVBytes = kStages * 2 * kTileBytes;
+  static constexpr int kOBytes = kWarpsN * kBlockM * kOStride * 4;
+  static constexpr int kMainBytes = kKVBytes > kOBytes ? kKVBytes : kOBytes;
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kIntBytes = (kRowSlots * kBlockN          // key rows
+                                    + kRowSlots * (kBlockN / 32)  // "tile has skipped keys" flags
+                                    + 3 * kBlockM)                // row token / head / position
+                                   * 4;
+  static constexpr int kFloatBytes = (2 * kWarpsN * kBlockM + kBlockM) * 4;  // merge (m, l), lse
+  static constexpr int kSmemBytes = kMainBytes + kQBytes + kIntBytes + kFloatBytes;
+
+  // Element offset of 16-byte chunk `ch` of row `row` in a [rows, D] tile. The
+  // chunk index is XORed with row % 8, so the 8 rows an ldmatrix phase reads
+  // (same logical chunk) land in 8 different bank groups, and cp.async writes
+  // whole rows contiguously either way.
+  __device__ static __forceinline__ int swz(int row, int ch) { return row * D + ((ch ^ (row & 7)) << 3); }
+};
+
+// Column offsets (elements) of chunks 2m + b, m = 0, 1, ..., in swizzled rows
+// with row % 8 == x. Every ldmatrix row address of the kernel has row % 8 ==
+// lane % 8, and (2m + b) ^ x = 8 (m / 4) + ((2 (m % 4) + b) ^ x): four values per
+// thread plus compile-time constants in the unrolled loops, instead of one
+// register per m (which spilled next to the 128-row tile's accumulators).
+struct SwizzleCols {
+  int v[4];
+  __device__ __forceinline__ SwizzleCols(int b, int x) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = ((2 * u + b) ^ x) << 3;
+  }
+  __device__ __forceinline__ int operator()(int m) const { return (m >> 2) * 64 + v[m & 3]; }
+};
+
+template <class Cfg, class Work>
+__global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __grid_constant__ AttentionParams p) {
+  using T = typename Cfg::T;
+  using OutT = typename Work::OutT;
+  constexpr int D = Cfg::D;
+  constexpr int BM = Cfg::kBlockM;
+  constexpr int BN = Cfg::kBlockN;
+  constexpr int WN = Cfg::kWarpN;
+  constexpr int S = Cfg::kStages;
+  constexpr int kSlots = Cfg::kRowSlots;
+  constexpr int kFlags = BN / 32;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  T* kv_s = reinterpret_cast<T*>(smem);         // [S][K, V][BN * D] swizzled
+  float* o_s = reinterpret_cast<float*>(smem);  // epilogue: [kWarpsN][BM][kOStride]
+  T* q_s = reinterpret_cast<T*>(smem + Cfg::kMainBytes);  // [BM * D] swizzled
+  int* key_rows_s = reinterpret_cast<int*>(smem + Cfg::kMainBytes + Cfg::kQBytes);  // [kSlots][BN]
+  int* flags_s = key_rows_s + kSlots * BN;                                           // [kSlots][kFlags]
+  int* row_token_s = flags_s + kSlots * kFlags;  // [BM] token of each row, -1: padding
+  int* row_head_s = row_token_s + BM;            // [BM] query head of each row
+  int* row_qpos_s = row_head_s + BM;             // [BM] position of each row's query
+  float* merge_s = reinterpret_cast<float*>(row_qpos_s + BM);  // [kWarpsN][BM][m, l]
+  float* lse_s = merge_s + 2 * Cfg::kWarpsN * BM;               // [BM]
+
+  const WorkItem w = Work::template make<BM>(p);
+  if (!w.active) return;  // block-uniform
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int warp_m = warp % Cfg::kWarpsM;
+  const int warp_n = warp / Cfg::kWarpsM;
+  const int page_shift = __ffs(p.kv.page_size) - 1;  // page sizes are powers of two (checked on the host)
+  const T* k_pool = static_cast<const T*>(p.kv.k_cache);
+  const T* v_pool = static_cast<const T*>(p.kv.v_cache);
+  const T* q_ptr = static_cast<const T*>(p.q);
+  const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
+
+  for (int r = tid; r < BM; r += Cfg::kThreads) {
+    const int rr = w.row_base + r;
+    const int t = rr / w.group;
+    const bool valid = t < w.q_count;
+    row_token_s[r] = valid ? w.q_begin + t : -1;
+    row_head_s[r] = w.head0 + rr % w.group;
+    row_qpos_s[r] = valid ? w.seq_len - w.q_count + t : INT_MAX;  // padding rows never mask
+  }
+
+  // Pool rows of the keys of tile `tile` (thread k < BN looks up key k), and
+  // whether any of them is skipped (then the tile takes the masked path).
+  auto lookup_tile = [&](int tile) {
+    if (tid < BN) {
+      const int slot = tile % kSlots;
+      const int row = pool_row(p.kv, w.seq, w.kv_head, w.key_begin + tile * BN + tid, w.key_end, page_shift);
+      key_rows_s[slot * BN + tid] = row;
+      const unsigned skipped = __ballot_sync(0xffffffffu, row < 0);
+      if (lane == 0) flags_s[slot * kFlags + warp] = skipped != 0u;
+    }
+  };
+
+  auto load_tile = [&](int tile) {
+    T* k_dst = kv_s + (tile % S) * 2 * BN * D;
+    T* v_dst = k_dst + BN * D;
+    const int* rows = key_rows_s + (tile % kSlots) * BN;
+#pragma unroll
+    for (int i = 0; i < BN * Cfg::kChunks / Cfg::kThreads; ++i) {
+      const int c = tid + i * Cfg::kThreads;  // consecutive threads: consecutive 16 B of a key row
+      const int row = c / Cfg::kChunks;
+      const int ch = c % Cfg::kChunks;
+      const int pr = rows[row];
+      const int64_t src = static_cast<int64_t>(pr < 0 ? 0 : pr) * D + ch * 8;
+      const int dst = Cfg::swz(row, ch);
+      cp_async_16(k_dst + dst, k_pool + src, pr >= 0);
+      cp_async_16(v_dst + dst, v_pool + src, pr >= 0);
+    }
+  };
+
+  for (int j = 0; j < S && j < num_tiles; ++j) lookup_tile(j);
+  __syncthreads();  // row table and the first lookups
+
+  for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {
+    const int row = c / Cfg::kChunks;
+    const int ch = c % Cfg::kChunks;
+    const int token = row_token_s[row];
+    const T* src = q_ptr + ch * 8;
+    if (token >= 0) src += token * p.q_stride_token + row_head_s[row] * p.q_stride_head;
+    cp_async_16(q_s + Cfg::swz(row, ch), src, token >= 0);  // padding rows: zeros
+  }
+  cp_async_commit();
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) {
+    if (j < num_tiles) load_tile(j);
+    cp_async_commit();  // empty groups keep the group count uniform
+  }
+
+  // This lane's rows: g and g + 8 of each of its warp's 16-row tiles (g = lane / 4);
+  // local row index R = 2 * mt + r is row warp_m * kWarpRows + 16 mt + g + 8 r.
+  constexpr int kR = 2 * Cfg::kRowTiles;
+  auto row_of = [&](int R) { return warp_m * Cfg::kWarpRows + 16 * (R >> 1) + (lane >> 2) + 8 * (R & 1); };
+  int qpos[kR];
+  int qmin = INT_MAX;  // first query position of the warp's rows
+  int qmax = INT_MIN;  // last one (padding rows excluded)
+#pragma unroll
+  for (int R = 0; R < kR; ++R) {
+    qpos[R] = row_qpos_s[row_of(R)];
+    qmin = min(qmin, qpos[R]);
+    qmax = max(qmax, qpos[R] == INT_MAX ? INT_MIN : qpos[R]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    qmin = min(qmin, __shfl_xor_sync(0xffffffffu, qmin, o));
+    qmax = max(qmax, __shfl_xor_sync(0xffffffffu, qmax, o));
+  }
+  const bool warp_has_rows = qmax != INT_MIN;
+
+  cp_async_wait<S - 1>();  // the Q group (committed first) has landed
+  __syncthreads();
+  // ldmatrix row addresses (bytes, shared space). Q (A operand) and V (B
+  // operand, transposed): lane l reads row l % 16 of a 16-row block, chunk
+  // 2m + l / 16; K (B operand): key 8 (l / 16) + l % 8, chunk 2m + (l / 8) % 2.
+  const SwizzleCols cols_a(lane >> 4, lane & 7);
+  const SwizzleCols cols_k((lane >> 3) & 1, lane & 7);
+  const uint32_t q_row = smem_addr(q_s) + 2 * (warp_m * Cfg::kWarpRows + (lane & 15)) * D;
+  const int key0 = warp_n * WN;  // this warp's keys within a tile: [key0, key0 + WN)
+  const int k_row = (key0 + (lane >> 4) * 8 + (lane & 7)) * D;  // elements, within a K tile
+  const int v_row = (key0 + (lane & 15)) * D;                   // elements, within a V tile
+  const uint32_t kv_base = smem_addr(kv_s);
+
+  // A fragment (16 rows x 16 columns, columns 16kk..) of Q for row tile mt.
+  auto q_frag_smem = [&](uint32_t (&a)[4], int mt, int kk) { ldmatrix_x4(a, q_row + 2 * (mt * 16 * D + cols_a(kk))); };
+  uint32_t qf[Cfg::kQInRegs ? Cfg::kRowTiles : 1][Cfg::kQInRegs ? D / 16 : 1][4];
+  if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kRowTiles; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) q_frag_smem(qf[mt][kk], mt, kk);
+  }
+
+  OnlineSoftmax<kR, 4> sm;  // each row spread over the 4 lanes of a quad
+  sm.init();
+  float o[kR][D / 4];  // O row R; column 8j + 2(lane % 4) + e at [2j + e]
+#pragma unroll
+  for (int R = 0; R < kR; ++R)
+#pragma unroll
+    for (int x = 0; x < D / 4; ++x) o[R][x] = 0.f;
+  const float scale_log2 = p.scale * kLog2e;
+  // With a positive scale the softmax takes raw scores and folds the scale into
+  // its exp2 argument (one FFMA per score); otherwise scores are scaled first.
+  const bool fold_scale = scale_log2 > 0.f;
+  const int quad = lane & 3;
+
+  for (int i = 0; i < num_tiles; ++i) {
+    cp_async_wait<S - 2>();  // tile i has landed (this thread's copies) ...
+    __syncthreads();         // ... everyone's, and everyone is done with tile i - 1
+    if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
+    cp_async_commit();
+    if (i + S < num_tiles) lookup_tile(i + S);  // into the slot tile i - 1 used
+
+    const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
+    if (!warp_has_rows || (p.causal && tile_pos + key0 > qmax)) continue;  // warp-uniform: nothing visible
+
+    const uint32_t k_tile = kv_base + (i % S) * (2 * Cfg::kTileBytes);
+    const uint32_t v_tile = k_tile + Cfg::kTileBytes;
+
+    // S = Q K^T: s[R][2j + e] is row R, key key0 + 8j + 2(lane % 4) + e.
+    float s[kR][WN / 4];
+#pragma unroll
+    for (int R = 0; R < kR; ++R)
+#pragma unroll
+      for (int x = 0; x < WN / 4; ++x) s[R][x] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[Cfg::kRowTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
+        if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) a[mt][x] = qf[mt][kk][x];
+        } else {
+          q_frag_smem(a[mt], mt, kk);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < WN / 16; ++np) {  // 16 keys: two 8-key n-blocks
+        uint32_t b[4];
+        ldmatrix_x4(b, k_tile + 2 * (k_row + np * 16 * D + cols_k(kk)));
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
+          float* s0 = s[2 * mt];
+          float* s1 = s[2 * mt + 1];
+          mma_16816<T>(s0[4 * np], s0[4 * np + 1], s1[4 * np], s1[4 * np + 1], a[mt], b[0], b[1]);
+          mma_16816<T>(s0[4 * np + 2], s0[4 * np + 3], s1[4 * np + 2], s1[4 * np + 3], a[mt], b[2], b[3]);
+        }
+      }
+    }
+    if (!fold_scale) {
+#pragma unroll
+      for (int R = 0; R < kR; ++R)
+#pragma unroll
+        for (int x = 0; x < WN / 4; ++x) s[R][x] *= scale_log2;
+    }
+
+    // Masks: only on tiles with skipped keys or overlapping the causal diagonal.
+    const int slot = i % kSlots;
+    bool skipped = false;
+#pragma unroll
+    for (int f = 0; f < kFlags; ++f) skipped |= flags_s[slot * kFlags + f] != 0;
+    if (skipped || (p.causal && tile_pos + key0 + WN - 1 > qmin)) {
+#pragma unroll
+      for (int j = 0; j < WN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = key0 + 8 * j + 2 * quad + e;
+          const bool present = key_rows_s[slot * BN + key] >= 0;
+          const int kpos = tile_pos + key;
+#pragma unroll
+          for (int R = 0; R < kR; ++R)
+            if (!present || (p.causal && kpos > qpos[R])) s[R][2 * j + e] = kNegInf;
+        }
+    }
+
+    float factor[kR];
+    sm.update(s, fold_scale ? scale_log2 : 1.f, factor);  // s now holds the probabilities
+#pragma unroll
+    for (int R = 0; R < kR; ++R)
+#pragma unroll
+      for (int x = 0; x < D / 4; ++x) o[R][x] *= factor[R];
+
+    // O += P V, P rounded to the element type; keys 16kk.. of the warp's slice.
+#pragma unroll
+    for (int kk = 0; kk < WN / 16; ++kk) {
+      uint32_t a[Cfg::kRowTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
+        const float* s0 = s[2 * mt];
+        const float* s1 = s[2 * mt + 1];
+        a[mt][0] = pack2<T>(s0[4 * kk], s0[4 * kk + 1]);
+        a[mt][1] = pack2<T>(s1[4 * kk], s1[4 * kk + 1]);
+        a[mt][2] = pack2<T>(s0[4 * kk + 2], s0[4 * kk + 3]);
+        a[mt][3] = pack2<T>(s1[4 * kk + 2], s1[4 * kk + 3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {  // 16 output columns: two 8-column n-blocks
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, v_tile + 2 * (v_row + kk * 16 * D + cols_a(dp)));
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
+          float* o0 = o[2 * mt];
+          float* o1 = o[2 * mt + 1];
+          mma_16816<T>(o0[4 * dp], o0[4 * dp + 1], o1[4 * dp], o1[4 * dp + 1], a[mt], b[0], b[1]);
+          mma_16816<T>(o0[4 * dp + 2], o0[4 * dp + 3], o1[4 * dp + 2], o1[4 * dp + 3], a[mt], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // ---- Epilogue ----
+  cp_async_wait<0>();
+  __syncthreads();  // K/V stages are free: o_s may overwrite them
+  sm.reduce_sums();
+  float out_scale[kR];
+  if constexpr (Cfg::kWarpsN == 1) {
+#pragma unroll
+    for (int R = 0; R < kR; ++R) {
+      const SoftmaxResult res = softmax_result(sm.row[R].m, sm.row[R].l);
+      out_scale[R] = res.inv_sum;
+      if (quad == 0) lse_s[row_of(R)] = res.lse;
+    }
+  } else {
+    // The key-slice warps hold disjoint parts of the same rows: merge their
+    // (m, l) in a fixed order, then scale each warp's accumulator into the total.
+    if (quad == 0) {
+#pragma unroll
+      for (int R = 0; R < kR; ++R) {
+        merge_s[(warp_n * BM + row_of(R)) * 2] = sm.row[R].m;
+        merge_s[(warp_n * BM + row_of(R)) * 2 + 1] = sm.row[R].l;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int R = 0; R < kR; ++R) {
+      SoftmaxRow parts[Cfg::kWarpsN];
+#pragma unroll
+      for (int wn = 0; wn < Cfg::kWarpsN; ++wn) {
+        parts[wn].m = merge_s[(wn * BM + row_of(R)) * 2];
+        parts[wn].l = merge_s[(wn * BM + row_of(R)) * 2 + 1];
+      }
+      const SoftmaxRow total = merge_rows(parts);
+      const SoftmaxResult res = softmax_result(total.m, total.l);
+      out_scale[R] = fast_exp2(sm.row[R].m - total.offset()) * res.inv_sum;
+      if (warp_n == 0 && quad == 0) lse_s[row_of(R)] = res.lse;
+    }
+  }
+#pragma unroll
+  for (int R = 0; R < kR; ++R) {
+    float* dst = o_s + (warp_n * BM + row_of(R)) * Cfg::kOStride + 2 * quad;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[R][2 * j] * out_scale[R], o[R][2 * j + 1] * out_scale[R]);
+  }
+  __syncthreads();
+
+  // 16-byte stores of whole rows; the key-slice warps' parts add up in a fixed order.
+  constexpr int kVec = 16 / sizeof(OutT);
+  for (int idx = tid; idx < BM * (D / kVec); idx += Cfg::kThreads) {
+    const int row = idx / (D / kVec);
+    const int col = (idx % (D / kVec)) * kVec;
+    const int token = row_token_s[row];
+    if (token < 0) continue;
+    float v[kVec];
+#pragma unroll
+    for (int x = 0; x < kVec; x += 4) {
+      float4 acc = *reinterpret_cast<const float4*>(o_s + row * Cfg::kOStride + col + x);
+#pragma unroll
+      for (int wn = 1; wn < Cfg::kWarpsN; ++wn) {
+        const float4 part = *reinterpret_cast<const float4*>(o_s + (wn * BM + row) * Cfg::kOStride + col + x);
+        acc.x += part.x;
+        acc.y += part.y;
+        acc.z += part.z;
+        acc.w += part.w;
+      }
+      v[x] = acc.x;
+      v[x + 1] = acc.y;
+      v[x + 2] = acc.z;
+      v[x + 3] = acc.w;
+    }
+    Vec16<OutT> vec;
+#pragma unroll
+    for (int x = 0; x < kVec; ++x) vec.v[x] = from_float<OutT>(v[x]);
+    *reinterpret_cast<Vec16<OutT>*>(Work::out_row(p, w, token, row_head_s[row]) + col) = vec;
+  }
+  if (tid < BM && row_token_s[tid] >= 0) {
+    float* lse = Work::lse_at(p, w, row_token_s[tid], row_head_s[tid]);
+    if (lse != nullptr) *lse = lse_s[tid];
+  }
+}
+
+}  // namespace tileinfer

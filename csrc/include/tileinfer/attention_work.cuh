@@ -1,0 +1,157 @@
+// How attention work is mapped onto blocks: the only difference between the
+// prefill and decode kernels (which share attention_kernel.cuh, and the fp32
+// path in attention_fp32.cuh).
+//
+// A block computes a tile of query *rows* against the key positions
+// [key_begin, key_end) of one sequence and one KV head. Row rr of a sequence's
+// row space is query rr / group of the step, for query head head0 + rr % group:
+//   - prefill: group = 1, one query head per block, rows = consecutive queries;
+//   - decode: group = query heads per KV head (GQA packing), rows = (query,
+//     head) pairs of the whole group, so each key page is read once per group.
+// Everything positional (sequence length, query offsets, page ids) is read on
+// the device; the grid depends on shapes only (CUDA graphs).
+#pragma once
+
+#include <climits>
+
+#include "common.cuh"
+#include "paged_kv.cuh"
+#include "params.h"
+
+namespace tileinfer {
+
+struct WorkItem {
+  int seq;
+  int kv_head;
+  int seq_len;    // positions the sequence holds, clamped to what its block table can hold
+  int q_begin;    // first token of the sequence's queries this step
+  int q_count;    // this step's query count (query t sits at seq_len - q_count + t)
+  int row_base;   // first row of this block in the sequence's row space
+  int head0;      // row rr belongs to query rr / group, query head head0 + rr % group
+  int group;
+  int key_begin;  // key positions walked: [key_begin, key_end), key_begin page-aligned
+  int key_end;
+  int split;      // which partial this block writes (decode), 0 for prefill
+  bool active;    // false: no row of this block is a query of the step
+};
+
+// Last key position (exclusive) that a causal query tile can see: its last query
+// sits at seq_len - q_count + last_t. Malformed metadata (more queries than
+// positions) gives 0, never a negative bound.
+__device__ __forceinline__ int causal_key_end(int seq_len, int q_count, int last_t) {
+  const int end = seq_len - q_count + last_t + 1;
+  return end < 0 ? 0 : (end < seq_len ? end : seq_len);
+}
+
+// Row of key position `pos` in a pool viewed as [num_pages * num_kv_heads *
+// page_size, head_dim], or -1 when the position is skipped: at or past key_end,
+// or on a page whose id is outside the pool. Fits in int32: the launchers check
+// num_pages * num_kv_heads * page_size < 2^31.
+__device__ __forceinline__ int pool_row(const PagedKVParams& kv, int seq, int kv_head, int pos, int key_end,
+                                        int page_shift) {
+  if (pos >= key_end) return -1;  // also keeps block_tables reads inside the sequence's row
+  const int page = page_of(kv, seq, pos >> page_shift);
+  if (page < 0) return -1;
+  return (page * kv.num_kv_heads + kv_head) * kv.page_size + (pos & (kv.page_size - 1));
+}
+
+// Prefill: grid (num_q_heads, num_seqs, query tiles). The tile index is the
+// slowest grid dimension and reversed, so that the last query tiles, the
+// heaviest under causal masking, are dispatched first for every head and
+// sequence (less tail at the end of the launch); the heads of one GQA group are
+// neighbours in the launch order and share their K/V pages through L2.
+template <typename OutT_>
+struct PrefillWork {
+  using OutT = OutT_;
+
+  template <int kBlockM>
+  static dim3 grid(const AttentionParams& p) {
+    return dim3(p.num_q_heads, p.kv.num_seqs, ceil_div(p.max_q_len, kBlockM));
+  }
+
+  template <int kBlockM>
+  __device__ static WorkItem make(const AttentionParams& p) {
+    WorkItem w;
+    w.seq = blockIdx.y;
+    w.head0 = blockIdx.x;
+    w.group = 1;
+    w.kv_head = w.head0 / p.group_size;
+    w.split = 0;
+    w.seq_len = seq_len_of(p.kv, w.seq);
+    const QueryRange qr = query_range(p.kv, w.seq, p.num_tokens);
+    w.q_begin = qr.begin;
+    w.q_count = qr.count;
+    w.row_base = (gridDim.z - 1 - blockIdx.z) * kBlockM;
+    w.active = w.row_base < w.q_count;
+    w.key_begin = 0;
+    w.key_end = w.seq_len;
+    if (p.causal) {
+      const int last_t = min(w.row_base + kBlockM, w.q_count) - 1;
+      w.key_end = causal_key_end(w.seq_len, w.q_count, last_t);
+    }
+    return w;
+  }
+
+  __device__ static OutT* out_row(const AttentionParams& p, const WorkItem&, int token, int head) {
+    return static_cast<OutT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head;
+  }
+  __device__ static float* lse_at(const AttentionParams& p, const WorkItem&, int token, int head) {
+    return p.lse == nullptr ? nullptr : p.lse + static_cast<int64_t>(token) * p.num_q_heads + head;
+  }
+};
+
+// Decode: grid (num_splits, num_kv_heads * row_tiles, num_seqs), row_tiles =
+// ceil(group * max_q_len / kBlockM) (1 for plain decode with a group of <= 16
+// heads). Split i of a sequence of P pages walks pages [i * ceil(P/S),
+// (i+1) * ceil(P/S)); a split past the end walks nothing and writes the neutral
+// partial (out 0, lse -inf).
+struct DecodeWork {
+  using OutT = float;
+
+  template <int kBlockM>
+  static dim3 grid(const AttentionParams& p) {
+    const int row_tiles = ceil_div(p.group_size * p.max_q_len, kBlockM);
+    return dim3(p.num_splits, p.kv.num_kv_heads * row_tiles, p.kv.num_seqs);
+  }
+
+  template <int kBlockM>
+  __device__ static WorkItem make(const AttentionParams& p) {
+    WorkItem w;
+    const int row_tiles = gridDim.y / p.kv.num_kv_heads;
+    w.split = blockIdx.x;
+    w.kv_head = blockIdx.y / row_tiles;
+    w.seq = blockIdx.z;
+    w.group = p.group_size;
+    w.head0 = w.kv_head * p.group_size;
+    w.row_base = (blockIdx.y % row_tiles) * kBlockM;
+    w.seq_len = seq_len_of(p.kv, w.seq);
+    const QueryRange qr = query_range(p.kv, w.seq, p.num_tokens);
+    w.q_begin = qr.begin;
+    w.q_count = qr.count;
+    w.active = w.row_base < w.q_count * w.group;
+
+    const int ps = p.kv.page_size;
+    const int pages_per_split = ceil_div(ceil_div(w.seq_len, ps), p.num_splits);
+    const int64_t first = static_cast<int64_t>(w.split) * pages_per_split * ps;
+    const int64_t last = first + static_cast<int64_t>(pages_per_split) * ps;
+    w.key_begin = static_cast<int>(first < w.seq_len ? first : w.seq_len);
+    w.key_end = static_cast<int>(last < w.seq_len ? last : w.seq_len);
+    if (p.causal) {  // causal within the step: the tile's last query bounds its keys
+      const int last_row_t = (w.row_base + kBlockM - 1) / w.group;
+      const int last_t = min(last_row_t, w.q_count - 1);
+      w.key_end = min(w.key_end, causal_key_end(w.seq_len, w.q_count, last_t));
+    }
+    if (w.key_end < w.key_begin) w.key_end = w.key_begin;
+    return w;
+  }
+
+  __device__ static float* out_row(const AttentionParams& p, const WorkItem& w, int token, int head) {
+    return p.partial_out +
+           ((static_cast<int64_t>(w.split) * p.num_tokens + token) * p.num_q_heads + head) * p.kv.head_dim;
+  }
+  __device__ static float* lse_at(const AttentionParams& p, const WorkItem& w, int token, int head) {
+    return p.partial_lse + (static_cast<int64_t>(w.split) * p.num_tokens + token) * p.num_q_heads + head;
+  }
+};
+
+}  // namespace tileinfer

@@ -1,0 +1,134 @@
+// The online softmax shared by every attention kernel (prefill, decode, fp32).
+//
+// Scores are taken in units of scale * log2(e) (the multiplier is folded into
+// the exp2 argument), so the softmax runs on exp2 (one MUFU.EX2 per score) and
+// the running maximum lives in log2 units.
+// Each row keeps (m, l): the running maximum of its visible scores and the sum
+// of exp2(score - m) over them. A new tile of scores raises m to the tile's
+// maximum if needed, and everything accumulated so far (l and the P V
+// accumulator) is multiplied by exp2(m_old - m_new).
+//
+// Rows may be spread over several lanes (kWidth consecutive lanes hold parts of
+// one row: 4 in the mma.m16n8k16 accumulator layout). The maximum is reduced
+// over those lanes at every tile, the sum only once at the end (each lane's
+// partial sum is rescaled by the same factors, so they add up correctly).
+//
+// Masked scores are -inf. A row that has seen no visible score keeps m = -inf;
+// exponents are then taken against 0 instead of m, so -inf - (-inf) never
+// happens: the row's probabilities are 0, its sum 0, and `finish` turns that
+// into out = 0, lse = -inf (SPEC: rows that see nothing give 0, no NaN).
+#pragma once
+
+#include <cmath>
+
+#include "common.cuh"
+
+namespace tileinfer {
+
+constexpr float kNegInf = -INFINITY;
+
+// 2^x on the special-function unit; ftz: denormal results flush to 0, which
+// only ever drops probabilities below 2^-126 relative to the row maximum.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Running state of one query row (this lane's share of it).
+struct SoftmaxRow {
+  float m;  // maximum of the scaled scores seen so far (log2 units), -inf if none
+  float l;  // sum of exp2(score - m) over this lane's columns
+
+  __device__ __forceinline__ void init() {
+    m = kNegInf;
+    l = 0.f;
+  }
+
+  // Exponent offset for the current tile: m, or 0 while nothing is visible.
+  __device__ __forceinline__ float offset() const { return m == kNegInf ? 0.f : m; }
+
+  // Takes the row maximum of a new tile (already reduced over the row's lanes),
+  // updates m and l, and returns the factor that rescales the accumulator.
+  __device__ __forceinline__ float enter_tile(float tile_max) {
+    const float m_new = fmaxf(m, tile_max);
+    const float factor = fast_exp2(m - (m_new == kNegInf ? 0.f : m_new));  // exp2(-inf) = 0
+    m = m_new;
+    l *= factor;
+    return factor;
+  }
+};
+
+// Final values of a row: the factor that turns the accumulator into the
+// normalized output (0 when the row saw nothing) and the natural-log
+// log-sum-exp of the scaled scores (-inf when it saw nothing).
+struct SoftmaxResult {
+  float inv_sum;
+  float lse;
+};
+
+__device__ __forceinline__ SoftmaxResult softmax_result(float m, float l) {
+  if (!(l > 0.f)) return {0.f, kNegInf};
+  return {1.f / l, (m + log2f(l)) * kLn2};
+}
+
+// Merges partial states of one row over disjoint sets of scores (sums
+// complete, i.e. already reduced over lanes): M = max m_i, L = sum l_i 2^(m_i - M).
+// A part that saw nothing (m = -inf, l = 0) adds 0. Fixed order: same bits every run.
+template <int N>
+__device__ __forceinline__ SoftmaxRow merge_rows(const SoftmaxRow (&parts)[N]) {
+  SoftmaxRow total;
+  total.m = parts[0].m;
+#pragma unroll
+  for (int i = 1; i < N; ++i) total.m = fmaxf(total.m, parts[i].m);
+  const float off = total.offset();
+  total.l = 0.f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) total.l += parts[i].l * fast_exp2(parts[i].m - off);
+  return total;
+}
+
+// kRows rows per lane, each spread over kWidth consecutive lanes.
+template <int kRows, int kWidth>
+struct OnlineSoftmax {
+  SoftmaxRow row[kRows];
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) row[r].init();
+  }
+
+  // s[r][c]: this lane's scores of a tile (masked ones -inf); the scaled scores
+  // are s * k (k > 0: scale * log2(e), or 1 when the caller scaled already).
+  // Folding k into the exp2 argument saves a multiply per score, and
+  // max(s) * k == max(s * k) for k > 0. s is replaced by the probabilities
+  // exp2(s * k - m); factor[r] is what the caller multiplies its accumulator
+  // rows by.
+  template <int kCols>
+  __device__ __forceinline__ void update(float (&s)[kRows][kCols], float k, float (&factor)[kRows]) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float mx = s[r][0];
+#pragma unroll
+      for (int c = 1; c < kCols; ++c) mx = fmaxf(mx, s[r][c]);
+      mx = warp_max<kWidth>(mx);
+      factor[r] = row[r].enter_tile(mx * k);  // -inf * k = -inf
+      const float neg_off = -row[r].offset();
+      float sum = 0.f;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        s[r][c] = fast_exp2(fmaf(s[r][c], k, neg_off));
+        sum += s[r][c];
+      }
+      row[r].l += sum;
+    }
+  }
+
+  // Completes the sums over the row's lanes (every lane gets the full sum).
+  __device__ __forceinline__ void reduce_sums() {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) row[r].l = warp_sum<kWidth>(row[r].l);
+  }
+};
+
+}  // namespace tileinfer

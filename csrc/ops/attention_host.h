@@ -1,0 +1,123 @@
+// Host side shared by the prefill and decode launchers (prefill.cu, decode.cu):
+// the checks that only the CUDA kernels need, AttentionParams from tensors, and
+// the two launch helpers (kept out of the dispatch macros, whose lambdas do not
+// like the commas of <<<...>>>).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include "checks.h"
+#include "tileinfer/attention_fp32.cuh"
+#include "tileinfer/attention_kernel.cuh"
+#include "tileinfer/params.h"
+
+namespace tileinfer::cuda {
+
+inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// The kernels move whole 16-byte vectors of a token row: the row pointers must
+// be 16-byte aligned, i.e. the data pointer and the token / head strides.
+inline bool rows_aligned16(const at::Tensor& t) {
+  const int64_t vec = 16 / t.element_size();
+  return aligned16(t.data_ptr()) && t.stride(0) % vec == 0 && t.stride(1) % vec == 0;
+}
+
+// Cache and metadata checks that only the CUDA kernels need, plus the int8
+// placeholder; fills the shared part of the params.
+inline AttentionParams make_attention_params(const char* op, const PagedShape& s, const at::Tensor& q,
+                                             const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                             const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                                             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
+                                             bool causal) {
+  TORCH_CHECK(!s.int8, op, ": int8 KV cache is not implemented on CUDA yet");
+  TORCH_CHECK(q.is_cuda(), op, ": q must be a CUDA tensor, got ", q.device());
+  // Pool rows (page, head, slot) are int32 in the kernels.
+  TORCH_CHECK(s.num_pages * s.num_kv_heads * s.page_size < (int64_t(1) << 31), op,
+              ": the pools hold too many rows (num_pages * num_kv_heads * page_size must be < 2^31)");
+  TORCH_CHECK(aligned16(k_cache.data_ptr()) && aligned16(v_cache.data_ptr()), op,
+              ": k_cache and v_cache must start at 16-byte aligned addresses");
+  TORCH_CHECK(q.size(0) < (int64_t(1) << 31) && max_q_len < (int64_t(1) << 31), op,
+              ": too many tokens for int32 token indices");
+
+  AttentionParams p{};
+  p.kv.k_cache = k_cache.data_ptr();
+  p.kv.v_cache = v_cache.data_ptr();
+  p.kv.block_tables = block_tables.data_ptr<int32_t>();
+  p.kv.seq_lens = seq_lens.data_ptr<int32_t>();
+  p.kv.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  p.kv.num_seqs = static_cast<int>(s.num_seqs);
+  p.kv.max_pages = static_cast<int>(s.max_pages);
+  p.kv.num_pages = static_cast<int>(s.num_pages);
+  p.kv.num_kv_heads = static_cast<int>(s.num_kv_heads);
+  p.kv.page_size = static_cast<int>(s.page_size);
+  p.kv.head_dim = static_cast<int>(s.head_dim);
+  p.q = q.data_ptr();
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.num_tokens = static_cast<int>(q.size(0));
+  p.num_q_heads = static_cast<int>(q.size(1));
+  p.group_size = static_cast<int>(q.size(1) / s.num_kv_heads);
+  p.max_q_len = static_cast<int>(max_q_len);
+  p.num_splits = 1;
+  p.scale = static_cast<float>(scale);
+  p.causal = causal;
+  return p;
+}
+
+// Above 48 KB a kernel must opt in to its dynamic shared memory, once per
+// device (a driver call per launch costs microseconds of host time at decode).
+// One instance per kernel: a static inside each launcher instantiation (all
+// kernels share one function-pointer type, so a static keyed on that type
+// would let one kernel's opt-in stand for another's).
+class SmemOptIn {
+ public:
+  template <typename Kernel>
+  void ensure(Kernel kernel, int bytes) {
+    const int dev = c10::cuda::current_device();
+    const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
+    if (bit != 0 && (done_.load(std::memory_order_acquire) & bit)) return;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    done_.fetch_or(bit, std::memory_order_release);
+  }
+
+ private:
+  std::atomic<uint64_t> done_{0};  // one bit per device
+};
+
+inline void check_grid(const char* op, const dim3& grid) {
+  TORCH_CHECK(grid.y <= 65535 && grid.z <= 65535, op, ": launch grid (", grid.x, ", ", grid.y, ", ", grid.z,
+              ") exceeds CUDA's limits (too many sequences, heads or query tiles)");
+}
+
+template <class Cfg, class Work>
+void launch_tile(const char* op, const AttentionParams& p, cudaStream_t stream) {
+  const dim3 grid = Work::template grid<Cfg::kBlockM>(p);
+  check_grid(op, grid);
+  auto kernel = attention_tile_kernel<Cfg, Work>;
+  static SmemOptIn opt_in;
+  opt_in.ensure(kernel, Cfg::kSmemBytes);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <int kHeadDim, class Work>
+void launch_fp32(const char* op, const AttentionParams& p, cudaStream_t stream) {
+  using Cfg = Fp32Config<kHeadDim>;
+  const dim3 grid = Work::template grid<Cfg::kBlockM>(p);
+  check_grid(op, grid);
+  auto kernel = attention_fp32_kernel<kHeadDim, Work>;
+  static SmemOptIn opt_in;
+  opt_in.ensure(kernel, Cfg::kSmemBytes);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace tileinfer::cuda

@@ -1,0 +1,94 @@
+// CUDA implementation of `decode` (SPEC section 2): split-KV attention for
+// steps of a few queries per sequence, GQA-packed. The tensor-core tile kernel
+// (attention_kernel.cuh) with the decode work mapping for bf16 / fp16, the
+// CUDA-core kernel (attention_fp32.cuh) for fp32. Each block writes one
+// normalized fp32 partial + lse per row; `combine` merges the splits.
+#include <optional>
+#include <type_traits>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "attention_host.h"
+#include "checks.h"
+#include "ops.h"
+#include "tileinfer/dispatch.h"
+
+namespace tileinfer::cuda {
+namespace {
+
+// Up to 16 packed rows (group x queries: plain decode of any group <= 16, or
+// a few verify queries): one 16-row tile, and the 4 warps split each 64-key tile
+// into 16-key slices, merged at the end. Decode is a stream over the cache, so
+// three stages keep two tiles of copies in flight per block (d = 128: 100 KB,
+// two blocks per SM); d = 256 keeps two stages to fit.
+template <typename T, int D>
+using DecodeTileSmall = TileConfig<T, D, 1, 4, 1, 64, (D == 256 ? 2 : 3)>;
+// More packed rows (verify steps with large groups): 64-row tiles as prefill;
+// the grid adds a row-tile dimension and row tiles share the pages through L2.
+template <typename T, int D>
+using DecodeTileLarge = TileConfig<T, D, 4, 1, 1, (D == 256 ? 32 : 64), 2>;
+
+}  // namespace
+
+void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q, const at::Tensor& k_cache,
+            const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+            const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
+            const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+            const std::optional<at::Tensor>& k_smooth) {
+  const PagedShape s = check_paged_attention("decode", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+                                             max_q_len, k_scale, v_scale, k_smooth);
+  const int64_t T = q.size(0), H = q.size(1);
+  TORCH_CHECK(partial_out.scalar_type() == at::kFloat, "decode: partial_out must be float32, got ",
+              partial_out.scalar_type());
+  TORCH_CHECK(partial_out.dim() == 4 && partial_out.size(0) >= 1 && partial_out.size(1) == T &&
+                  partial_out.size(2) == H && partial_out.size(3) == s.head_dim,
+              "decode: partial_out must have shape [num_splits >= 1, ", T, ", ", H, ", ", s.head_dim,
+              "] (num_splits, num_tokens, num_q_heads, head_dim), got ", partial_out.sizes());
+  TORCH_CHECK(partial_out.is_contiguous(), "decode: partial_out must be contiguous");
+  TORCH_CHECK(partial_lse.scalar_type() == at::kFloat, "decode: partial_lse must be float32, got ",
+              partial_lse.scalar_type());
+  TORCH_CHECK(partial_lse.dim() == 3 && partial_lse.size(0) == partial_out.size(0) && partial_lse.size(1) == T &&
+                  partial_lse.size(2) == H,
+              "decode: partial_lse must have shape [", partial_out.size(0), ", ", T, ", ", H,
+              "] (num_splits, num_tokens, num_q_heads), got ", partial_lse.sizes());
+  TORCH_CHECK(partial_lse.is_contiguous(), "decode: partial_lse must be contiguous");
+  TORCH_CHECK(partial_out.device() == q.device() && partial_lse.device() == q.device(),
+              "decode: partial_out and partial_lse must be on ", q.device());
+  TORCH_CHECK(partial_out.size(0) <= (int64_t(1) << 31) - 1 && partial_out.numel() < (int64_t(1) << 62),
+              "decode: too many splits");
+  TORCH_CHECK(aligned16(partial_out.data_ptr()), "decode: partial_out must start at a 16-byte aligned address");
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  AttentionParams p = make_attention_params("decode", s, q, k_cache, v_cache, block_tables, seq_lens,
+                                            cu_seqlens_q, max_q_len, scale, causal);
+  if (T == 0 || H == 0 || s.num_seqs == 0 || max_q_len == 0) return;
+
+  const at::Tensor q_c = rows_aligned16(q) ? q : q.contiguous();
+  p.q = q_c.data_ptr();
+  p.q_stride_token = q_c.stride(0);
+  p.q_stride_head = q_c.stride(1);
+  p.partial_out = partial_out.data_ptr<float>();
+  p.partial_lse = partial_lse.data_ptr<float>();
+  p.num_splits = static_cast<int>(partial_out.size(0));
+  TORCH_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), "decode: group size * max_q_len must fit in int32");
+  const bool small = p.group_size * max_q_len <= 16;
+
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  TILEINFER_DISPATCH_FLOAT(q.scalar_type(), "decode", [&] {
+    TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "decode", [&] {
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        launch_fp32<HEAD_DIM, DecodeWork>("decode", p, stream);
+      } else if (small) {
+        launch_tile<DecodeTileSmall<scalar_t, HEAD_DIM>, DecodeWork>("decode", p, stream);
+      } else {
+        launch_tile<DecodeTileLarge<scalar_t, HEAD_DIM>, DecodeWork>("decode", p, stream);
+      }
+    });
+  });
+}
+
+}  // namespace tileinfer::cuda
+
+TORCH_LIBRARY_IMPL(tileinfer_attn, CUDA, m) { m.impl("decode", &tileinfer::cuda::decode); }

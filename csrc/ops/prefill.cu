@@ -1,0 +1,104 @@
+// CUDA implementation of `prefill` (SPEC section 2): the tensor-core tile
+// kernel (attention_kernel.cuh) with the prefill work mapping for bf16 / fp16,
+// the CUDA-core kernel (attention_fp32.cuh) for fp32.
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "attention_host.h"
+#include "checks.h"
+#include "ops.h"
+#include "tileinfer/dispatch.h"
+
+namespace tileinfer::cuda {
+namespace {
+
+// Two tile shapes, 4 warps each. Measured on an H200 (bf16, 32 query / 8 KV
+// heads, d = 128, page 64, one causal prompt; TFLOP/s of causal FLOPs):
+//              512    1k     2k     8k     16k
+//   64-row     110    197    237    275    281
+//   128-row    75*    143*   252    293    300     (* with 64-key tiles: 242, 289, 295 at 2k-16k)
+//   (torch flash SDPA 71 / - / 208 / 316 / 326; cuDNN SDPA 98 / - / 414 / 600 / 630)
+// - 64-row tiles: 16 rows per warp, Q fragments in registers, keys 64 at a time,
+//   two stages (the other resident block's math hides each block's copies).
+//   Twice the blocks of the 128-row tile: short prompts fill the 132 SMs. Also
+//   d = 256, whose 128-register accumulator leaves room for a 32-key S slice only.
+// - 128-row tiles: 32 rows per warp, so each K / V fragment read from shared
+//   memory feeds two mma row tiles (half the ldmatrix traffic per mma); Q is
+//   re-read from shared memory per tile. 32-key tiles keep it within 255
+//   registers without spills (64-key tiles spilled and ran 1-4% slower), three
+//   stages; ~102 KB of shared memory, two blocks per SM. d <= 128.
+template <typename T, int D>
+using PrefillTileSmall = TileConfig<T, D, 4, 1, 1, (D == 256 ? 32 : 64), 2>;
+template <typename T, int D>
+using PrefillTileLarge = TileConfig<T, D, 4, 1, 2, 32, 3>;
+
+// Shapes only (the same choice on every call of a captured graph): 128-row
+// tiles from 2048 queries on (measured crossover between 1k and 2k, above).
+// TILEINFER_PREFILL_ROWS=64|128 forces one (tests cover both on small problems).
+bool use_large_prefill_tile(int64_t max_q_len, int64_t head_dim) {
+  if (head_dim > 128) return false;
+  if (const char* force = std::getenv("TILEINFER_PREFILL_ROWS")) return std::string(force) == "128";
+  return max_q_len >= 2048;
+}
+
+}  // namespace
+
+void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
+             const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+             const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
+             bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+             const std::optional<at::Tensor>& k_smooth) {
+  const PagedShape s = check_paged_attention("prefill", q, k_cache, v_cache, block_tables, seq_lens,
+                                             cu_seqlens_q, max_q_len, k_scale, v_scale, k_smooth);
+  check_token_tensor("prefill", "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
+  if (lse.has_value()) {
+    TORCH_CHECK(lse->scalar_type() == at::kFloat, "prefill: lse must be float32, got ", lse->scalar_type());
+    TORCH_CHECK(lse->dim() == 2 && lse->size(0) == q.size(0) && lse->size(1) == q.size(1),
+                "prefill: lse must have shape [", q.size(0), ", ", q.size(1), "] (num_tokens, num_q_heads), got ",
+                lse->sizes());
+    TORCH_CHECK(lse->is_contiguous(), "prefill: lse must be contiguous");
+    TORCH_CHECK(lse->device() == q.device(), "prefill: lse must be on ", q.device(), ", got ", lse->device());
+  }
+  const c10::cuda::CUDAGuard guard(q.device());
+  AttentionParams p = make_attention_params("prefill", s, q, k_cache, v_cache, block_tables, seq_lens,
+                                            cu_seqlens_q, max_q_len, scale, causal);
+  if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0 || max_q_len == 0) return;
+
+  // Misaligned views (odd offsets or strides) go through aligned copies; rows
+  // of no sequence keep their contents through the copy back.
+  const at::Tensor q_c = rows_aligned16(q) ? q : q.contiguous();
+  at::Tensor target = rows_aligned16(out) ? out : out.contiguous();
+  p.q = q_c.data_ptr();
+  p.q_stride_token = q_c.stride(0);
+  p.q_stride_head = q_c.stride(1);
+  p.out = target.data_ptr();
+  p.o_stride_token = target.stride(0);
+  p.o_stride_head = target.stride(1);
+  p.lse = lse.has_value() ? lse->data_ptr<float>() : nullptr;
+
+  const bool large = use_large_prefill_tile(max_q_len, s.head_dim);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  TILEINFER_DISPATCH_FLOAT(q.scalar_type(), "prefill", [&] {
+    TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "prefill", [&] {
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        launch_fp32<HEAD_DIM, PrefillWork<float>>("prefill", p, stream);
+      } else {
+        if constexpr (HEAD_DIM <= 128) {
+          if (large) return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM>, PrefillWork<scalar_t>>("prefill", p, stream);
+        }
+        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM>, PrefillWork<scalar_t>>("prefill", p, stream);
+      }
+    });
+  });
+  if (!target.is_same(out)) out.copy_(target);
+}
+
+}  // namespace tileinfer::cuda
+
+TORCH_LIBRARY_IMPL(tileinfer_attn, CUDA, m) { m.impl("prefill", &tileinfer::cuda::prefill); }
