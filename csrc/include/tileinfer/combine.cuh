@@ -1,0 +1,211 @@
+// Combine: merges partial attention results of one query row (decode splits,
+// or prefill outputs with lse over disjoint page ranges) into the final output.
+//
+// Partial format (params.h, docs/DESIGN.md "Partial results"): out_i normalized
+// by its own softmax sum, lse_i the natural-log log-sum-exp of its scores; a
+// neutral partial is out_i = 0, lse_i = -inf. The merge is
+//   M = max_i lse_i,  w_i = exp(lse_i - M),  out = sum_i w_i out_i / sum_i w_i,
+//   lse = M + log(sum_i w_i),
+// and a row whose partials are all neutral gives out = 0, lse = -inf.
+//
+// Memory-bound: a row reads num_splits * head_dim fp32 values and writes
+// head_dim. A group of lanes owns one (token, head) row; each lane owns a few
+// consecutive channels and reads them with 16-byte loads, a batch of splits
+// in flight at once. The lanes of a row read the lses once, a chunk of
+// kLanesPerRow splits at a time (one lse per lane), and hand each split's
+// weight to the whole group with a shuffle. Neutral splits are read like the
+// others (a branch per split would serialize the loads); their out = 0 adds
+// nothing, and a NaN there would propagate, as in reference.merge_partials.
+//
+// Determinism: every output element sums its splits in index order (0, 1, ...)
+// and the lse reductions use a fixed shuffle tree, so the same inputs give the
+// same bits on every run, whatever the grid.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+#include "params.h"
+
+namespace tileinfer {
+
+template <int HEAD_DIM>
+struct CombineTraits {
+  // One float4 per lane per split, or two for head_dim 256 so a row still fits
+  // in a warp: every load is 16 bytes and a row's lanes read whole 512-byte
+  // (or 1-KB) rows of a partial, fully coalesced.
+  static constexpr int kChannelsPerLane = HEAD_DIM <= 128 ? 4 : 8;
+  static constexpr int kLanesPerRow = HEAD_DIM / kChannelsPerLane;  // 16, 32, 32
+  static constexpr int kVecsPerLane = kChannelsPerLane / 4;         // float4s per lane per split
+  // Splits loaded before the first multiply-add: 16 independent 16-byte loads
+  // in flight per lane. A decode step of one sequence has few rows, so its
+  // combine is latency-bound: the lse read plus one round trip per batch
+  // (32 splits: 2 batches, not 4 with 8 loads).
+  static constexpr int kSplitBatch = 16 / kVecsPerLane;
+  // Small blocks: a decode step of one sequence has only num_q_heads rows, so
+  // 2-4 rows per block spreads even that over many SMs.
+  static constexpr int kThreads = 64;
+  static constexpr int kRowsPerBlock = kThreads / kLanesPerRow;
+  // A register cap (8 resident blocks per SM: 128) keeps the whole batch of
+  // loads in flight: without one, ptxas lowers registers by issuing each load
+  // just before its use, leaving only 2-3 loads of a batch in flight (seen in
+  // the SASS). It uses ~96; 20 warps per SM still keep >100 KB of loads in flight.
+  static constexpr int kMinBlocksPerSM = 8;
+  static_assert(kLanesPerRow <= 32 && 32 % kLanesPerRow == 0, "a row's lanes must sit in one warp");
+  static_assert(kLanesPerRow % kSplitBatch == 0, "split batches must tile a chunk");
+};
+
+// Two channels rounded to a 16-bit type, packed in one 32-bit word (first in the low half).
+template <typename scalar_t>
+__device__ __forceinline__ uint32_t pack2(float a, float b);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return reinterpret_cast<uint32_t&>(v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  __half2 v = __floats2half2_rn(a, b);
+  return reinterpret_cast<uint32_t&>(v);
+}
+
+// Stores `C` channels converted to scalar_t with vector stores (16 bytes; 8 for
+// four 16-bit channels), or element by element when a strided view of `out`
+// leaves the address unaligned. __stwb (a plain write-back store) because
+// nvcc splits a struct assignment through a cast pointer into 4-byte stores.
+template <typename scalar_t, int C>
+__device__ __forceinline__ void store_channels(scalar_t* dst, const float (&x)[C]) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(dst);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (addr % 16 == 0) {
+#pragma unroll
+      for (int k = 0; k < C / 4; ++k)
+        __stwb(reinterpret_cast<float4*>(dst) + k, make_float4(x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3]));
+      return;
+    }
+  } else if constexpr (C == 4) {
+    if (addr % 8 == 0) {
+      __stwb(reinterpret_cast<uint2*>(dst), make_uint2(pack2<scalar_t>(x[0], x[1]), pack2<scalar_t>(x[2], x[3])));
+      return;
+    }
+  } else {
+    static_assert(C % 8 == 0, "16-bit outputs are stored 8 channels at a time");
+    if (addr % 16 == 0) {
+#pragma unroll
+      for (int k = 0; k < C / 8; ++k)
+        __stwb(reinterpret_cast<uint4*>(dst) + k,
+               make_uint4(pack2<scalar_t>(x[8 * k], x[8 * k + 1]), pack2<scalar_t>(x[8 * k + 2], x[8 * k + 3]),
+                          pack2<scalar_t>(x[8 * k + 4], x[8 * k + 5]), pack2<scalar_t>(x[8 * k + 6], x[8 * k + 7])));
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < C; ++i) dst[i] = from_float<scalar_t>(x[i]);
+}
+
+// Grid: ceil(num_tokens * num_q_heads / kRowsPerBlock) blocks of kThreads.
+// Uses p.partial_out [num_splits, num_tokens, num_q_heads, HEAD_DIM] and
+// p.partial_lse [num_splits, num_tokens, num_q_heads] (contiguous), p.out
+// [num_tokens, num_q_heads, HEAD_DIM] (strides o_stride_token / o_stride_head)
+// and p.lse [num_tokens, num_q_heads] (contiguous) or null.
+template <typename scalar_t, int HEAD_DIM>
+__global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTraits<HEAD_DIM>::kMinBlocksPerSM)
+    combine_kernel(const AttentionParams p) {
+  using Traits = CombineTraits<HEAD_DIM>;
+  constexpr int R = Traits::kLanesPerRow;
+  constexpr int C = Traits::kChannelsPerLane;
+  constexpr int V = Traits::kVecsPerLane;
+  constexpr int B = Traits::kSplitBatch;
+
+  const int lane = threadIdx.x % R;  // lane within the row's group
+  const int64_t num_rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * Traits::kRowsPerBlock + threadIdx.x / R;
+  // Rows past the end still run the loop (reading the last row, storing
+  // nothing): the shuffles below involve every lane of the warp.
+  const bool active = row < num_rows;
+  const int64_t safe_row = active ? row : num_rows - 1;
+  const int S = p.num_splits;
+  const float* lse_in = p.partial_lse + row;                            // split s at [s * num_rows]
+  const float* out_in = p.partial_out + safe_row * HEAD_DIM + lane * C;  // split s at [s * split_stride]
+  const int64_t split_stride = num_rows * HEAD_DIM;
+
+  float acc[C];
+#pragma unroll
+  for (int i = 0; i < C; ++i) acc[i] = 0.f;
+  float run_max = -INFINITY;  // largest lse so far (the same in all lanes of the row)
+  float den = 0.f;            // sum of exp(lse - run_max) so far
+
+  // Splits in chunks of R: lane j holds the lse of split c0 + j. With up to R
+  // splits (decode: up to 32) there is one chunk and no rescaling.
+  for (int c0 = 0; c0 < S; c0 += R) {
+    const int s_mine = c0 + lane;
+    const float l = (active && s_mine < S) ? lse_in[static_cast<int64_t>(s_mine) * num_rows] : -INFINITY;
+    const float new_max = fmaxf(run_max, warp_max<R>(l));
+    // Subtract a finite base so that all-neutral chunks give weights 0, not NaN (-inf - -inf).
+    const float base = new_max == -INFINITY ? 0.f : new_max;
+    const float rescale = exp2f((run_max - base) * kLog2e);  // 1 if the max did not move; 0 at the start
+    const float w = exp2f((l - base) * kLog2e);               // 0 for neutral splits and s >= S
+    den = den * rescale + warp_sum<R>(w);
+    run_max = new_max;
+#pragma unroll
+    for (int i = 0; i < C; ++i) acc[i] *= rescale;
+
+    // Not unrolled: one batch of kSplitBatch splits in flight per lane, so
+    // registers stay low and occupancy high (ptxas would hoist every batch).
+#pragma unroll 1
+    for (int j0 = 0; j0 < R; j0 += B) {
+      if (c0 + j0 >= S) break;  // uniform: S is the same for every row
+      float wj[B];
+      const float4* src[B];
+#pragma unroll
+      for (int u = 0; u < B; ++u) {
+        wj[u] = __shfl_sync(0xffffffffu, w, j0 + u, R);
+        // Splits past num_splits (weight 0) re-read split 0 of the row: a cache
+        // hit that stays in bounds. Loads are unconditional, with no branch
+        // between them, so the whole batch is in flight before the first use.
+        src[u] = reinterpret_cast<const float4*>(out_in + (c0 + j0 + u < S ? c0 + j0 + u : 0) * split_stride);
+      }
+      float4 v[B][V];
+#pragma unroll
+      for (int u = 0; u < B; ++u) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[u][k] = __ldg(src[u] + k);
+      }
+#pragma unroll
+      for (int u = 0; u < B; ++u) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          acc[4 * k + 0] = fmaf(wj[u], v[u][k].x, acc[4 * k + 0]);
+          acc[4 * k + 1] = fmaf(wj[u], v[u][k].y, acc[4 * k + 1]);
+          acc[4 * k + 2] = fmaf(wj[u], v[u][k].z, acc[4 * k + 2]);
+          acc[4 * k + 3] = fmaf(wj[u], v[u][k].w, acc[4 * k + 3]);
+        }
+      }
+    }
+  }
+  if (!active) return;
+
+  // den >= 1 when any split saw a position; 0 when all were neutral (acc is 0 then).
+  const float inv = den > 0.f ? 1.f / den : 0.f;
+#pragma unroll
+  for (int i = 0; i < C; ++i) acc[i] *= inv;
+  const int64_t t = row / p.num_q_heads;
+  const int64_t h = row % p.num_q_heads;
+  scalar_t* dst = static_cast<scalar_t*>(p.out) + t * p.o_stride_token + h * p.o_stride_head + lane * C;
+  store_channels<scalar_t, C>(dst, acc);
+  if (p.lse != nullptr && lane == 0) p.lse[row] = den > 0.f ? run_max + logf(den) : -INFINITY;
+}
+
+// Launches combine_kernel on `stream`; no-op for an empty output.
+template <typename scalar_t, int HEAD_DIM>
+void launch_combine(const AttentionParams& p, cudaStream_t stream) {
+  using Traits = CombineTraits<HEAD_DIM>;
+  const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+  if (rows == 0) return;
+  const int64_t blocks = ceil_div<int64_t>(rows, Traits::kRowsPerBlock);
+  combine_kernel<scalar_t, HEAD_DIM><<<static_cast<unsigned>(blocks), Traits::kThreads, 0, stream>>>(p);
+}
+
+}  // namespace tileinfer

@@ -1,0 +1,126 @@
+"""A small run of every CUDA attention op, for compute-sanitizer (scripts/sanitize.sh).
+
+Not a pytest module: it calls prefill, decode, combine and attention (and
+cache_write / attention_inputs when this build has their CUDA kernels) on tiny
+problems that still reach every code path (several page sizes and head dims,
+causal and not, GQA groups that take the decode and the prefill path, fp32 and
+bf16, empty splits, padded batch slots), then, unless --clean-only, the same ops
+on bad device metadata (page ids outside the pool, lengths beyond the table or
+negative, garbage query offsets), where the kernels must stay inside the
+buffers. Prints "sanitize_case: ok" at the end.
+
+--clean-only is for initcheck: with garbage cu_seqlens_q, decode leaves the
+partials of tokens of no sequence unwritten and combine reads them (harmless:
+those rows are unspecified), which initcheck would report.
+"""
+import argparse
+import dataclasses
+
+import torch
+
+import tileinfer_attn  # noqa: F401  (registers the ops)
+from tileinfer_attn.testing import make_problem, poison_
+
+ops = torch.ops.tileinfer_attn
+DEV = "cuda"
+
+
+def has_cuda_kernel(op):
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"tileinfer_attn::{op}", "CUDA")
+
+
+def call(op, *args):
+    """Calls an op; an argument-check error (a configuration this build rejects)
+    is printed and skipped, anything from CUDA itself is raised."""
+    try:
+        getattr(ops, op)(*args)
+    except RuntimeError as e:
+        if "CUDA" in str(e):
+            raise
+        print(f"sanitize_case: {op} skipped: {str(e).splitlines()[0]}", flush=True)
+
+
+def run_attention_ops(p, splits=4):
+    """prefill (with lse, both masks), decode + combine, attention."""
+    t, h, d = p.q.shape
+    for causal in (True, False):
+        if has_cuda_kernel("prefill"):
+            out = poison_(torch.empty_like(p.q))
+            lse = poison_(torch.empty(t, h, dtype=torch.float32, device=DEV))
+            call("prefill", out, lse, *p.args(), p.scale, causal)
+        if has_cuda_kernel("decode") and p.max_q_len <= 16:
+            po = poison_(torch.empty(splits, t, h, d, dtype=torch.float32, device=DEV))
+            pl = poison_(torch.empty(splits, t, h, dtype=torch.float32, device=DEV))
+            call("decode", po, pl, *p.args(), p.scale, causal)
+            if has_cuda_kernel("combine"):
+                out = poison_(torch.empty_like(p.q))
+                lse = poison_(torch.empty(t, h, dtype=torch.float32, device=DEV))
+                call("combine", out, lse, po, pl)
+        if all(has_cuda_kernel(n) for n in ("prefill", "decode", "combine")):
+            call("attention", poison_(torch.empty_like(p.q)), *p.args(), p.scale, causal)
+
+
+def run_input_ops(p):
+    """cache_write and attention_inputs, where this build has them."""
+    t, _, d = p.q.shape
+    kv_heads = p.k_cache.shape[1]
+    k = torch.randn(t, kv_heads, d, device=DEV).to(p.q.dtype)
+    v = torch.randn(t, kv_heads, d, device=DEV).to(p.q.dtype)
+    meta = (p.block_tables, p.seq_lens, p.cu_seqlens_q)
+    if has_cuda_kernel("cache_write"):
+        call("cache_write", p.k_cache, p.v_cache, k, v, *meta)
+    if has_cuda_kernel("attention_inputs"):
+        cos_sin = torch.randn(4096, d, device=DEV)
+        w = torch.randn(d, device=DEV).to(p.q.dtype)
+        call("attention_inputs", poison_(torch.empty_like(p.q)), p.k_cache, p.v_cache, p.q, k, v, *meta, cos_sin, d,
+             w, w, 1e-6)
+
+
+def clean_cases():
+    """bf16 at every head dim (with its own page size), fp32 (a separate CUDA-core
+    kernel) at one; per shape: decode steps, verify-sized steps and full prompts,
+    alternating a power-of-two group (decode path) and a group of 3 (prefill path)."""
+    seed = 0
+    for dtype, head_dim, page in ((torch.bfloat16, 64, 16), (torch.bfloat16, 128, 64), (torch.bfloat16, 256, 128),
+                                  (torch.float32, 128, 32)):
+        lens = [1, page - 1, page + 1, 3 * page + 5, 0]  # one position, page +- 1, several pages, a padded slot
+        for i, q_lens in enumerate(([1, 1, 1, 1, 0], [1, 5, 16, 3, 0], lens)):
+            seed += 1
+            group = 4 if i % 2 == 0 else 3
+            yield make_problem(lens, q_lens, 2 * group, 2, head_dim, page, dtype=dtype, device=DEV, seed=seed)
+
+
+def bad_cases():
+    """Out-of-range and negative page ids, a length beyond the table, a negative
+    length; then the same with garbage cu_seqlens_q. Decode- and prefill-sized steps."""
+    for dtype, q_lens in ((torch.bfloat16, [1, 2, 1, 1]), (torch.bfloat16, [5, 3, 20, 1]),
+                          (torch.float32, [1, 2, 1, 1])):
+        p = make_problem([70, 40, 33, 20], q_lens, 8, 2, 64, 16, dtype=dtype, device=DEV, seed=99)
+        num_pages = p.k_cache.shape[0]
+        p.block_tables[0, 1] = num_pages + 5
+        p.block_tables[1, 0] = -3
+        p.block_tables[0, 2] = 2**31 - 1
+        p.seq_lens[2] = p.block_tables.shape[1] * 16 + 1000
+        p.seq_lens[3] = -7
+        yield p
+        garbage = torch.tensor([0, 3, 1, 10**6, -5], dtype=torch.int32, device=DEV)
+        yield dataclasses.replace(p, cu_seqlens_q=garbage)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clean-only", action="store_true", help="skip the bad-metadata cases (for initcheck)")
+    args = parser.parse_args()
+    assert torch.cuda.is_available(), "needs a CUDA device"
+    present = [n for n in ("prefill", "decode", "combine", "cache_write", "attention_inputs") if has_cuda_kernel(n)]
+    print(f"sanitize_case: CUDA kernels in this build: {', '.join(present) or 'none'}", flush=True)
+    cases = list(clean_cases()) + ([] if args.clean_only else list(bad_cases()))
+    for p in cases:
+        run_attention_ops(p)
+        run_input_ops(p)
+    torch.cuda.synchronize()
+    print(f"sanitize_case: ok ({len(cases)} problems)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
