@@ -22,7 +22,7 @@ namespace tileinfer {
 // two, the prefill kernel is the better (and the supported) path.
 bool use_decode_path(int64_t max_q_len, int64_t group_size) {
   const bool pow2 = group_size > 0 && (group_size & (group_size - 1)) == 0;
-  return max_q_len >= 1 && max_q_len <= 16 && pow2 && group_size <= 16;
+  return max_q_len >= 1 && max_q_len <= kMaxDecodeQueries && pow2 && group_size <= 16;
 }
 
 // Splits per (sequence, KV head): enough blocks for about two per SM (the decode

@@ -11,28 +11,28 @@ bool is_float_type(at::ScalarType t) {
 }
 
 void check_on(const char* op, const char* name, const at::Tensor& t, const at::Device& device) {
-  TORCH_CHECK(t.device() == device, op, ": ", name, " must be on ", device, " (the device of the cache), got ",
+  TILEINFER_CHECK(t.device() == device, op, ": ", name, " must be on ", device, " (the device of the cache), got ",
               t.device());
 }
 
 void check_int32_vector(const char* op, const char* name, const at::Tensor& t, int64_t size,
                         const at::Device& device) {
-  TORCH_CHECK(t.scalar_type() == at::kInt, op, ": ", name, " must be int32, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 1, op, ": ", name, " must be 1-D, got shape ", t.sizes());
-  TORCH_CHECK(t.size(0) == size, op, ": ", name, " must have ", size, " entries, got ", t.size(0));
-  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+  TILEINFER_CHECK(t.scalar_type() == at::kInt, op, ": ", name, " must be int32, got ", t.scalar_type());
+  TILEINFER_CHECK(t.dim() == 1, op, ": ", name, " must be 1-D, got shape ", t.sizes());
+  TILEINFER_CHECK(t.size(0) == size, op, ": ", name, " must have ", size, " entries, got ", t.size(0));
+  TILEINFER_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
   check_on(op, name, t, device);
 }
 
 void check_scale(const char* op, const char* name, const std::optional<at::Tensor>& t,
                  const PagedShape& s, const at::Device& device) {
-  TORCH_CHECK(t.has_value(), op, ": ", name, " is required with an int8 cache ([num_pages, num_kv_heads, page_size] float32)");
-  TORCH_CHECK(t->scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ", t->scalar_type());
-  TORCH_CHECK(t->dim() == 3 && t->size(0) == s.num_pages && t->size(1) == s.num_kv_heads &&
+  TILEINFER_CHECK(t.has_value(), op, ": ", name, " is required with an int8 cache ([num_pages, num_kv_heads, page_size] float32)");
+  TILEINFER_CHECK(t->scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ", t->scalar_type());
+  TILEINFER_CHECK(t->dim() == 3 && t->size(0) == s.num_pages && t->size(1) == s.num_kv_heads &&
                   t->size(2) == s.page_size,
               op, ": ", name, " must have shape [", s.num_pages, ", ", s.num_kv_heads, ", ", s.page_size,
               "] (num_pages, num_kv_heads, page_size), got ", t->sizes());
-  TORCH_CHECK(t->is_contiguous(), op, ": ", name, " must be contiguous");
+  TILEINFER_CHECK(t->is_contiguous(), op, ": ", name, " must be contiguous");
   check_on(op, name, *t, device);
 }
 
@@ -40,16 +40,16 @@ void check_scale(const char* op, const char* name, const std::optional<at::Tenso
 
 void check_token_tensor(const char* op, const char* name, const at::Tensor& t, int64_t num_tokens,
                         int64_t heads, int64_t head_dim, at::ScalarType dtype, const at::Device& device) {
-  TORCH_CHECK(t.dim() == 3, op, ": ", name, " must be 3-D [num_tokens, num_heads, head_dim], got shape ",
+  TILEINFER_CHECK(t.dim() == 3, op, ": ", name, " must be 3-D [num_tokens, num_heads, head_dim], got shape ",
               t.sizes());
-  TORCH_CHECK(num_tokens < 0 || t.size(0) == num_tokens, op, ": ", name, " must have ", num_tokens,
+  TILEINFER_CHECK(num_tokens < 0 || t.size(0) == num_tokens, op, ": ", name, " must have ", num_tokens,
               " tokens (dim 0), got ", t.size(0));
-  TORCH_CHECK(heads < 0 || t.size(1) == heads, op, ": ", name, " must have ", heads, " heads (dim 1), got ",
+  TILEINFER_CHECK(heads < 0 || t.size(1) == heads, op, ": ", name, " must have ", heads, " heads (dim 1), got ",
               t.size(1));
-  TORCH_CHECK(head_dim < 0 || t.size(2) == head_dim, op, ": ", name, " must have head_dim ", head_dim,
+  TILEINFER_CHECK(head_dim < 0 || t.size(2) == head_dim, op, ": ", name, " must have head_dim ", head_dim,
               " (dim 2), got ", t.size(2));
-  TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype, ", got ", t.scalar_type());
-  TORCH_CHECK(t.size(2) <= 1 || t.stride(2) == 1, op, ": ", name,
+  TILEINFER_CHECK(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype, ", got ", t.scalar_type());
+  TILEINFER_CHECK(t.size(2) <= 1 || t.stride(2) == 1, op, ": ", name,
               " must have a contiguous last dim (stride 1), got strides ", t.strides());
   check_on(op, name, t, device);
 }
@@ -59,15 +59,15 @@ PagedShape check_paged_cache(const char* op, const at::Tensor& k_cache, const at
                              const at::Tensor& cu_seqlens_q, const std::optional<at::Tensor>& k_scale,
                              const std::optional<at::Tensor>& v_scale,
                              const std::optional<at::Tensor>& k_smooth) {
-  TORCH_CHECK(k_cache.dim() == 4, op,
+  TILEINFER_CHECK(k_cache.dim() == 4, op,
               ": k_cache must be 4-D [num_pages, num_kv_heads, page_size, head_dim], got shape ",
               k_cache.sizes());
-  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), op, ": v_cache must have the shape of k_cache ",
+  TILEINFER_CHECK(v_cache.sizes() == k_cache.sizes(), op, ": v_cache must have the shape of k_cache ",
               k_cache.sizes(), ", got ", v_cache.sizes());
-  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), op, ": v_cache must have the dtype of k_cache (",
+  TILEINFER_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), op, ": v_cache must have the dtype of k_cache (",
               k_cache.scalar_type(), "), got ", v_cache.scalar_type());
-  TORCH_CHECK(k_cache.is_contiguous(), op, ": k_cache must be contiguous");
-  TORCH_CHECK(v_cache.is_contiguous(), op, ": v_cache must be contiguous");
+  TILEINFER_CHECK(k_cache.is_contiguous(), op, ": k_cache must be contiguous");
+  TILEINFER_CHECK(v_cache.is_contiguous(), op, ": v_cache must be contiguous");
   const at::Device device = k_cache.device();
   check_on(op, "v_cache", v_cache, device);
 
@@ -77,25 +77,25 @@ PagedShape check_paged_cache(const char* op, const at::Tensor& k_cache, const at
   s.page_size = k_cache.size(2);
   s.head_dim = k_cache.size(3);
   s.int8 = k_cache.scalar_type() == at::kChar;
-  TORCH_CHECK(s.int8 || is_float_type(k_cache.scalar_type()), op,
+  TILEINFER_CHECK(s.int8 || is_float_type(k_cache.scalar_type()), op,
               ": k_cache must be bfloat16, float16, float32 or int8, got ", k_cache.scalar_type());
-  TORCH_CHECK(s.num_pages > 0, op, ": k_cache must hold at least one page");
-  TORCH_CHECK(s.num_kv_heads > 0, op, ": k_cache must have at least one KV head");
-  TORCH_CHECK(s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256, op,
+  TILEINFER_CHECK(s.num_pages > 0, op, ": k_cache must hold at least one page");
+  TILEINFER_CHECK(s.num_kv_heads > 0, op, ": k_cache must have at least one KV head");
+  TILEINFER_CHECK(s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256, op,
               ": unsupported head_dim ", s.head_dim, " (expected 64, 128 or 256)");
-  TORCH_CHECK(s.page_size == 16 || s.page_size == 32 || s.page_size == 64 || s.page_size == 128, op,
+  TILEINFER_CHECK(s.page_size == 16 || s.page_size == 32 || s.page_size == 64 || s.page_size == 128, op,
               ": unsupported page_size ", s.page_size, " (expected 16, 32, 64 or 128)");
 
-  TORCH_CHECK(block_tables.scalar_type() == at::kInt, op, ": block_tables must be int32, got ",
+  TILEINFER_CHECK(block_tables.scalar_type() == at::kInt, op, ": block_tables must be int32, got ",
               block_tables.scalar_type());
-  TORCH_CHECK(block_tables.dim() == 2, op, ": block_tables must be 2-D [num_seqs, max_pages], got shape ",
+  TILEINFER_CHECK(block_tables.dim() == 2, op, ": block_tables must be 2-D [num_seqs, max_pages], got shape ",
               block_tables.sizes());
-  TORCH_CHECK(block_tables.is_contiguous(), op, ": block_tables must be contiguous");
-  TORCH_CHECK(block_tables.size(1) > 0, op, ": block_tables must have at least one column");
+  TILEINFER_CHECK(block_tables.is_contiguous(), op, ": block_tables must be contiguous");
+  TILEINFER_CHECK(block_tables.size(1) > 0, op, ": block_tables must have at least one column");
   check_on(op, "block_tables", block_tables, device);
   s.num_seqs = block_tables.size(0);
   s.max_pages = block_tables.size(1);
-  TORCH_CHECK(s.max_pages * s.page_size < (int64_t(1) << 31), op,
+  TILEINFER_CHECK(s.max_pages * s.page_size < (int64_t(1) << 31), op,
               ": block_tables holds too many positions for int32 lengths");
   check_int32_vector(op, "seq_lens", seq_lens, s.num_seqs, device);
   check_int32_vector(op, "cu_seqlens_q", cu_seqlens_q, s.num_seqs + 1, device);
@@ -104,16 +104,16 @@ PagedShape check_paged_cache(const char* op, const at::Tensor& k_cache, const at
     check_scale(op, "k_scale", k_scale, s, device);
     check_scale(op, "v_scale", v_scale, s, device);
     if (k_smooth.has_value()) {
-      TORCH_CHECK(k_smooth->scalar_type() == at::kFloat, op, ": k_smooth must be float32, got ",
+      TILEINFER_CHECK(k_smooth->scalar_type() == at::kFloat, op, ": k_smooth must be float32, got ",
                   k_smooth->scalar_type());
-      TORCH_CHECK(k_smooth->dim() == 2 && k_smooth->size(0) == s.num_kv_heads && k_smooth->size(1) == s.head_dim,
+      TILEINFER_CHECK(k_smooth->dim() == 2 && k_smooth->size(0) == s.num_kv_heads && k_smooth->size(1) == s.head_dim,
                   op, ": k_smooth must have shape [", s.num_kv_heads, ", ", s.head_dim,
                   "] (num_kv_heads, head_dim), got ", k_smooth->sizes());
-      TORCH_CHECK(k_smooth->is_contiguous(), op, ": k_smooth must be contiguous");
+      TILEINFER_CHECK(k_smooth->is_contiguous(), op, ": k_smooth must be contiguous");
       check_on(op, "k_smooth", *k_smooth, device);
     }
   } else {
-    TORCH_CHECK(!k_scale.has_value() && !v_scale.has_value() && !k_smooth.has_value(), op,
+    TILEINFER_CHECK(!k_scale.has_value() && !v_scale.has_value() && !k_smooth.has_value(), op,
                 ": k_scale, v_scale and k_smooth are for an int8 cache only; k_cache is ",
                 k_cache.scalar_type());
   }
@@ -128,19 +128,24 @@ PagedShape check_paged_attention(const char* op, const at::Tensor& q, const at::
                                  const std::optional<at::Tensor>& k_smooth) {
   PagedShape s = check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
                                    k_smooth);
-  TORCH_CHECK(q.dim() == 3, op, ": q must be 3-D [num_tokens, num_q_heads, head_dim], got shape ", q.sizes());
+  TILEINFER_CHECK(q.dim() == 3, op, ": q must be 3-D [num_tokens, num_q_heads, head_dim], got shape ", q.sizes());
   if (s.int8) {
-    TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, op,
+    TILEINFER_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, op,
                 ": with an int8 cache q must be bfloat16 or float16, got ", q.scalar_type());
   } else {
-    TORCH_CHECK(q.scalar_type() == k_cache.scalar_type(), op, ": q must have the dtype of k_cache (",
+    TILEINFER_CHECK(q.scalar_type() == k_cache.scalar_type(), op, ": q must have the dtype of k_cache (",
                 k_cache.scalar_type(), "), got ", q.scalar_type());
   }
   check_token_tensor(op, "q", q, -1, -1, s.head_dim, q.scalar_type(), k_cache.device());
-  TORCH_CHECK(q.size(1) % s.num_kv_heads == 0, op, ": num_q_heads (", q.size(1),
+  TILEINFER_CHECK(q.size(1) % s.num_kv_heads == 0, op, ": num_q_heads (", q.size(1),
               ") must be a multiple of num_kv_heads (", s.num_kv_heads, ")");
-  TORCH_CHECK(max_q_len >= 0, op, ": max_q_len must be >= 0, got ", max_q_len);
+  TILEINFER_CHECK(max_q_len >= 0, op, ": max_q_len must be >= 0, got ", max_q_len);
   return s;
+}
+
+void check_decode_max_q_len(const char* op, int64_t max_q_len) {
+  TILEINFER_CHECK(max_q_len <= kMaxDecodeQueries, op, ": max_q_len must be at most ", kMaxDecodeQueries,
+                  " (decode serves steps of 1-16 queries per sequence; use prefill), got ", max_q_len);
 }
 
 void check_metadata_values_on_host(const char* op, const PagedShape& s, const at::Tensor& seq_lens,
@@ -149,20 +154,73 @@ void check_metadata_values_on_host(const char* op, const PagedShape& s, const at
   const int64_t cap = s.max_pages * s.page_size;
   const int32_t* len = seq_lens.data_ptr<int32_t>();
   const int32_t* cu = cu_seqlens_q.data_ptr<int32_t>();
-  TORCH_CHECK(cu[0] == 0, op, ": cu_seqlens_q[0] must be 0, got ", cu[0]);
+  TILEINFER_CHECK(cu[0] == 0, op, ": cu_seqlens_q[0] must be 0, got ", cu[0]);
   for (int64_t i = 0; i < s.num_seqs; ++i) {
-    TORCH_CHECK(len[i] >= 0 && len[i] <= cap, op, ": seq_lens[", i, "] = ", len[i],
+    TILEINFER_CHECK(len[i] >= 0 && len[i] <= cap, op, ": seq_lens[", i, "] = ", len[i],
                 " is outside [0, ", cap, "] (max_pages * page_size: what block_tables can hold)");
-    TORCH_CHECK(cu[i + 1] >= cu[i], op, ": cu_seqlens_q must be non-decreasing, got cu_seqlens_q[", i + 1,
+    TILEINFER_CHECK(cu[i + 1] >= cu[i], op, ": cu_seqlens_q must be non-decreasing, got cu_seqlens_q[", i + 1,
                 "] = ", cu[i + 1], " < ", cu[i]);
-    TORCH_CHECK(cu[i + 1] - cu[i] <= len[i], op, ": sequence ", i, " has ", cu[i + 1] - cu[i],
+    TILEINFER_CHECK(cu[i + 1] - cu[i] <= len[i], op, ": sequence ", i, " has ", cu[i + 1] - cu[i],
                 " queries this step but seq_lens[", i, "] = ", len[i],
                 " (seq_lens counts the positions cached after this step's keys)");
-    TORCH_CHECK(max_q_len < 0 || cu[i + 1] - cu[i] <= max_q_len, op, ": sequence ", i, " has ",
+    TILEINFER_CHECK(max_q_len < 0 || cu[i + 1] - cu[i] <= max_q_len, op, ": sequence ", i, " has ",
                 cu[i + 1] - cu[i], " queries this step, more than max_q_len = ", max_q_len);
   }
-  TORCH_CHECK(cu[s.num_seqs] <= num_tokens, op, ": cu_seqlens_q[-1] = ", cu[s.num_seqs],
+  TILEINFER_CHECK(cu[s.num_seqs] <= num_tokens, op, ": cu_seqlens_q[-1] = ", cu[s.num_seqs],
               " exceeds the number of tokens (", num_tokens, ")");
+}
+
+// ---- arguments of the attention-inputs ops (rms_norm, rope, cache_write, attention_inputs)
+
+void check_head_dim(const char* op, const char* name, int64_t d) {
+  TILEINFER_CHECK(d == 64 || d == 128 || d == 256, op, ": unsupported head_dim ", d, " of ", name,
+              " (expected 64, 128 or 256)");
+}
+
+void check_float_dtype(const char* op, const char* name, const at::Tensor& t) {
+  TILEINFER_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf || t.scalar_type() == at::kFloat,
+              op, ": ", name, " must be bfloat16, float16 or float32, got ", t.scalar_type());
+}
+
+// A norm weight [head_dim] of x's dtype.
+void check_weight(const char* op, const char* name, const at::Tensor& w, int64_t d, at::ScalarType dtype,
+                  const at::Device& device) {
+  TILEINFER_CHECK(w.dim() == 1 && w.size(0) == d, op, ": ", name, " must have shape [", d, "] (head_dim), got ",
+              w.sizes());
+  TILEINFER_CHECK(w.scalar_type() == dtype, op, ": ", name, " must have the dtype of the normalized tensor (", dtype,
+              "), got ", w.scalar_type());
+  TILEINFER_CHECK(w.is_contiguous(), op, ": ", name, " must be contiguous");
+  TILEINFER_CHECK(w.device() == device, op, ": ", name, " must be on ", device, ", got ", w.device());
+}
+
+void check_rotary(const char* op, const at::Tensor& cos_sin_cache, int64_t rotary_dim, int64_t d,
+                  const at::Device& device) {
+  TILEINFER_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= d, op,
+              ": rotary_dim must be even and in [2, head_dim = ", d, "], got ", rotary_dim);
+  TILEINFER_CHECK(cos_sin_cache.scalar_type() == at::kFloat, op, ": cos_sin_cache must be float32, got ",
+              cos_sin_cache.scalar_type());
+  TILEINFER_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == rotary_dim, op,
+              ": cos_sin_cache must have shape [max_position, ", rotary_dim, "] (cos then sin), got ",
+              cos_sin_cache.sizes());
+  TILEINFER_CHECK(cos_sin_cache.is_contiguous(), op, ": cos_sin_cache must be contiguous");
+  TILEINFER_CHECK(cos_sin_cache.device() == device, op, ": cos_sin_cache must be on ", device, ", got ",
+              cos_sin_cache.device());
+}
+
+// k, v [num_tokens, num_kv_heads, head_dim] for the cache: the pool's dtype,
+// or bfloat16 / float16 for an int8 pool (quantized on write).
+at::ScalarType check_kv_inputs(const char* op, const PagedShape& s, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& k_cache) {
+  TILEINFER_CHECK(k.dim() == 3, op, ": k must be 3-D [num_tokens, num_kv_heads, head_dim], got shape ", k.sizes());
+  at::ScalarType dtype = k_cache.scalar_type();
+  if (s.int8) {
+    TILEINFER_CHECK(k.scalar_type() == at::kBFloat16 || k.scalar_type() == at::kHalf, op,
+                ": with an int8 cache k must be bfloat16 or float16, got ", k.scalar_type());
+    dtype = k.scalar_type();
+  }
+  check_token_tensor(op, "k", k, -1, s.num_kv_heads, s.head_dim, dtype, k_cache.device());
+  check_token_tensor(op, "v", v, k.size(0), s.num_kv_heads, s.head_dim, dtype, k_cache.device());
+  return dtype;
 }
 
 }  // namespace tileinfer

@@ -3,6 +3,7 @@
 // names the op, the argument and what was expected.
 #pragma once
 
+#include "tileinfer/error.h"
 #include <optional>
 
 #include <ATen/core/Tensor.h>
@@ -43,6 +44,11 @@ PagedShape check_paged_attention(const char* op, const at::Tensor& q, const at::
                                  const std::optional<at::Tensor>& v_scale,
                                  const std::optional<at::Tensor>& k_smooth);
 
+// Decode serves steps of 1..kMaxDecodeQueries queries per sequence (plain decode
+// and speculative verify); longer steps go to prefill.
+constexpr int64_t kMaxDecodeQueries = 16;
+void check_decode_max_q_len(const char* op, int64_t max_q_len);
+
 // Value checks that are free only when the metadata is on the host (CPU ops):
 // seq_lens within [0, what the block table holds], cu_seqlens_q non-decreasing
 // from 0 and within num_tokens, every query count within max_q_len (pass -1 to
@@ -51,5 +57,20 @@ PagedShape check_paged_attention(const char* op, const at::Tensor& q, const at::
 void check_metadata_values_on_host(const char* op, const PagedShape& s,
                                    const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q,
                                    int64_t num_tokens, int64_t max_q_len);
+
+// Arguments of the attention-inputs ops (rms_norm, rope, cache_write,
+// attention_inputs), shared by both devices.
+void check_head_dim(const char* op, const char* name, int64_t d);
+void check_float_dtype(const char* op, const char* name, const at::Tensor& t);
+// A norm weight [head_dim] of the normalized tensor's dtype.
+void check_weight(const char* op, const char* name, const at::Tensor& w, int64_t d, at::ScalarType dtype,
+                  const at::Device& device);
+// rotary_dim even and <= head_dim; cos_sin_cache [max_position, rotary_dim] fp32.
+void check_rotary(const char* op, const at::Tensor& cos_sin_cache, int64_t rotary_dim, int64_t d,
+                  const at::Device& device);
+// k, v [num_tokens, num_kv_heads, head_dim] for the cache: the pool's dtype, or
+// bfloat16 / float16 for an int8 pool (quantized on write). Returns their dtype.
+at::ScalarType check_kv_inputs(const char* op, const PagedShape& s, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& k_cache);
 
 }  // namespace tileinfer

@@ -6,6 +6,7 @@
 #
 # Options (environment):
 #   SKIP_BUILD=1     use the extension already built in place
+#   PYTEST_ARGS="-m gpu -n 8 tests"   what pytest runs (default: tests)
 #   SKIP_TESTS=1     no pytest            SKIP_SANITIZE=1  no scripts/sanitize.sh
 #   SKIP_BENCH=1     no benchmarks        BENCH_ONLY=decode,prefill,inputs  (subset)
 #   FULL=1           full benchmark grids instead of --quick (several minutes more)
@@ -29,7 +30,19 @@ mkdir -p "$OUTDIR"
 WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
 mkdir -p "$WORK/results"
 T0=$(date +%s)
-step() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; }
+step() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; collect_logs; }
+# One log file under $OUTDIR, rewritten after every step: a run stopped at its
+# time limit still brings back what it did.
+collect_logs() {
+  for part in flashinfer build tests sanitize bench_prefill bench_decode bench_inputs bench_model; do
+    [ -f "$WORK/$part.log" ] || continue
+    echo "=================================== $part.log"
+    cat "$WORK/$part.log"
+  done >"$OUTDIR/gpu_check.log"
+  if [ -n "${OUT:-}" ] && ls "$WORK"/results/*.json >/dev/null 2>&1; then
+    tar czf "$OUTDIR/results.tgz" -C "$WORK/results" .
+  fi
+}
 want_bench() { [ -z "${BENCH_ONLY:-}" ] || [[ ",${BENCH_ONLY}," == *",$1,"* ]]; }
 
 step "start: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null)"
@@ -70,7 +83,8 @@ fi
 # --- tests ------------------------------------------------------------------------
 if [ -z "${SKIP_TESTS:-}" ]; then
   step "tests (timeout ${TEST_TIMEOUT:-240}s)"
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider tests >"$WORK/tests.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} >"$WORK/tests.log" 2>&1
   rc=$?
   grep -E "^(FAILED|ERROR)" "$WORK/tests.log" | head -20
   tail -1 "$WORK/tests.log"
@@ -118,19 +132,8 @@ if [ -z "${SKIP_BENCH:-}" ]; then
 fi
 
 # --- collect: one log, the JSON/PNG, the summary --------------------------------
-{
-  for part in flashinfer build tests sanitize bench_prefill bench_decode bench_inputs bench_model; do
-    [ -f "$WORK/$part.log" ] || continue
-    echo "=================================== $part.log"
-    cat "$WORK/$part.log"
-  done
-} >"$OUTDIR/gpu_check.log"
-if [ -n "${OUT:-}" ]; then
-  # $OUT returns at most 8 files: the JSON/PNG results travel as one archive.
-  tar czf "$OUTDIR/results.tgz" -C "$WORK/results" .
-else
-  cp "$WORK"/results/*.json "$WORK"/results/*.png "$OUTDIR"/ 2>/dev/null
-fi
+collect_logs
+[ -n "${OUT:-}" ] || cp "$WORK"/results/*.json "$WORK"/results/*.png "$OUTDIR"/ 2>/dev/null
 python3 benchmarks/summary.py --results "$WORK/results" \
   $( [ -f "$WORK/tests.log" ] && echo --tests-log "$WORK/tests.log" ) \
   --build-status "$BUILD_STATUS" | tee "$OUTDIR/summary.txt"

@@ -158,6 +158,8 @@ def test_cache_with_ops_matches_reference(device, dtype):
 
     if device == "cuda":
         skip_unless_cuda_kernel("cache_write", "attention", "prefill", "decode", "combine")
+        if dtype == torch.int8:
+            pytest.skip("int8 attention kernels on CUDA are not implemented yet (issue 6)")
     qdt = torch.bfloat16
     c = PagedKVCache(2, 40, 2, 64, page_size=16, dtype=dtype, device=device, max_seqs=4)
     if dtype == torch.int8:

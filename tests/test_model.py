@@ -75,12 +75,16 @@ def test_cuda_graph_decode_matches_eager():
     prompts = [torch.randint(0, CFG.vocab_size, (n,), generator=g).tolist() for n in (30, 15, 50)]
     graphed.step(prompts)
     eager.step(prompts)
+    before = [k.clone() for k, _ in graphed.kv_caches]
     graphed.capture_decode()  # 4 slots captured, 3 used: slot 3 is a padded slot
+    assert all(torch.equal(k, b) for (k, _), b in zip(graphed.kv_caches, before)), "capture wrote the cache"
     nxt = [1, 2, 3]
     for step in range(40):
         a = graphed.decode_graph(nxt)
         b = torch.cat(eager.step([[t] for t in nxt]))
-        assert torch.equal(a, b), f"graph replay differs from eager at step {step}"
+        # Same kernels and split counts; the projections' GEMMs may pick other
+        # algorithms for 4 rows than for 3, so bits can differ slightly.
+        _close(a, b, f"graph replay vs eager, step {step}")
         nxt = [int(t) for t in b.argmax(-1)]
 
 

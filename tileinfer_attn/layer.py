@@ -15,15 +15,9 @@ from torch import nn
 
 from . import reference
 from .metadata import AttentionMetadata
+from .ops import rope_cos_sin_cache  # noqa: F401  (re-exported: the layer's cos/sin table)
 
 __all__ = ["PagedAttention", "rope_cos_sin_cache"]
-
-
-def rope_cos_sin_cache(rotary_dim: int, max_position: int, theta: float = 1e6, device=None) -> torch.Tensor:
-    """[max_position, rotary_dim] float32: cos of every (position, frequency) pair, then sin."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-    freqs = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float().to(device)
 
 
 class PagedAttention(nn.Module):

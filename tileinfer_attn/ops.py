@@ -265,7 +265,7 @@ def rope_cos_sin_cache(rotary_dim: int, max_position: int, theta: float = 1e6, d
     """The ``[max_position, rotary_dim]`` fp32 cos/sin cache of :func:`rope`: row p holds
     ``cos(p * f)`` then ``sin(p * f)`` for the ``rotary_dim / 2`` frequencies
     ``f_i = theta ** (-2 i / rotary_dim)`` (computed in float64, rounded once;
-    theta 1e6 as Qwen3). Same signature as ``tileinfer_attn.layer.rope_cos_sin_cache``."""
+    theta 1e6 as Qwen3)."""
     _check(rotary_dim > 0 and rotary_dim % 2 == 0, f"rope_cos_sin_cache: rotary_dim must be even, got {rotary_dim}")
     inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
     angles = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]

@@ -3,6 +3,7 @@
 // Plain C++ over data pointers; accuracy first, speed second (SPEC section 3).
 #pragma once
 
+#include "tileinfer/error.h"
 #include <cstdint>
 
 #include <ATen/ATen.h>
@@ -25,7 +26,7 @@ template <typename T> inline T from_float(float x) { return static_cast<T>(x); }
       case at::kHalf: { using scalar_t = c10::Half; return __VA_ARGS__(); }                 \
       case at::kFloat: { using scalar_t = float; return __VA_ARGS__(); }                    \
       default:                                                                              \
-        TORCH_CHECK(false, NAME, ": unsupported dtype ", stype,                             \
+        TILEINFER_CHECK(false, NAME, ": unsupported dtype ", stype,                             \
                     " (expected bfloat16, float16 or float32)");                            \
     }                                                                                       \
   }()

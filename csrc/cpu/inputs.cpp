@@ -108,57 +108,6 @@ void write_kv_row(const HostKV& kv, void* k_cache, void* v_cache, float* k_scale
 // ---------------------------------------------------------------------------
 // Checks.
 
-void check_head_dim(const char* op, const char* name, int64_t d) {
-  TORCH_CHECK(d == 64 || d == 128 || d == 256, op, ": unsupported head_dim ", d, " of ", name,
-              " (expected 64, 128 or 256)");
-}
-
-void check_float_dtype(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf || t.scalar_type() == at::kFloat,
-              op, ": ", name, " must be bfloat16, float16 or float32, got ", t.scalar_type());
-}
-
-// A norm weight [head_dim] of x's dtype.
-void check_weight(const char* op, const char* name, const at::Tensor& w, int64_t d, at::ScalarType dtype,
-                  const at::Device& device) {
-  TORCH_CHECK(w.dim() == 1 && w.size(0) == d, op, ": ", name, " must have shape [", d, "] (head_dim), got ",
-              w.sizes());
-  TORCH_CHECK(w.scalar_type() == dtype, op, ": ", name, " must have the dtype of the normalized tensor (", dtype,
-              "), got ", w.scalar_type());
-  TORCH_CHECK(w.is_contiguous(), op, ": ", name, " must be contiguous");
-  TORCH_CHECK(w.device() == device, op, ": ", name, " must be on ", device, ", got ", w.device());
-}
-
-void check_rotary(const char* op, const at::Tensor& cos_sin_cache, int64_t rotary_dim, int64_t d,
-                  const at::Device& device) {
-  TORCH_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= d, op,
-              ": rotary_dim must be even and in [2, head_dim = ", d, "], got ", rotary_dim);
-  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat, op, ": cos_sin_cache must be float32, got ",
-              cos_sin_cache.scalar_type());
-  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == rotary_dim, op,
-              ": cos_sin_cache must have shape [max_position, ", rotary_dim, "] (cos then sin), got ",
-              cos_sin_cache.sizes());
-  TORCH_CHECK(cos_sin_cache.is_contiguous(), op, ": cos_sin_cache must be contiguous");
-  TORCH_CHECK(cos_sin_cache.device() == device, op, ": cos_sin_cache must be on ", device, ", got ",
-              cos_sin_cache.device());
-}
-
-// k, v [num_tokens, num_kv_heads, head_dim] for the cache: the pool's dtype,
-// or bfloat16 / float16 for an int8 pool (quantized on write).
-at::ScalarType check_kv_inputs(const char* op, const PagedShape& s, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& k_cache) {
-  TORCH_CHECK(k.dim() == 3, op, ": k must be 3-D [num_tokens, num_kv_heads, head_dim], got shape ", k.sizes());
-  at::ScalarType dtype = k_cache.scalar_type();
-  if (s.int8) {
-    TORCH_CHECK(k.scalar_type() == at::kBFloat16 || k.scalar_type() == at::kHalf, op,
-                ": with an int8 cache k must be bfloat16 or float16, got ", k.scalar_type());
-    dtype = k.scalar_type();
-  }
-  check_token_tensor(op, "k", k, -1, s.num_kv_heads, s.head_dim, dtype, k_cache.device());
-  check_token_tensor(op, "v", v, k.size(0), s.num_kv_heads, s.head_dim, dtype, k_cache.device());
-  return dtype;
-}
-
 // The position of every token of the step (-1 for tokens of no sequence), from
 // host metadata already checked by check_metadata_values_on_host.
 std::vector<int64_t> token_positions(const HostKV& kv, int64_t num_tokens, std::vector<int64_t>* seq_of) {
@@ -176,7 +125,7 @@ std::vector<int64_t> token_positions(const HostKV& kv, int64_t num_tokens, std::
 
 void check_positions_in_cache(const char* op, const std::vector<int64_t>& pos, int64_t max_position) {
   for (size_t t = 0; t < pos.size(); ++t)
-    TORCH_CHECK(pos[t] < max_position, op, ": token ", t, " sits at position ", pos[t],
+    TILEINFER_CHECK(pos[t] < max_position, op, ": token ", t, " sits at position ", pos[t],
                 ", beyond cos_sin_cache (max_position = ", max_position, ")");
 }
 
@@ -204,7 +153,7 @@ void write_tokens(const HostKV& kv, void* k_cache, void* v_cache, float* k_scale
 
 void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   const char* op = "rms_norm";
-  TORCH_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
+  TILEINFER_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
   check_float_dtype(op, "x", x);
   check_head_dim(op, "x", x.size(2));
   check_token_tensor(op, "x", x, -1, -1, -1, x.scalar_type(), x.device());
@@ -228,16 +177,16 @@ void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, do
 void rope(at::Tensor& out, const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
           int64_t rotary_dim) {
   const char* op = "rope";
-  TORCH_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
+  TILEINFER_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
   check_float_dtype(op, "x", x);
   check_head_dim(op, "x", x.size(2));
   check_token_tensor(op, "x", x, -1, -1, -1, x.scalar_type(), x.device());
   check_token_tensor(op, "out", out, x.size(0), x.size(1), x.size(2), x.scalar_type(), x.device());
-  TORCH_CHECK(positions.scalar_type() == at::kInt || positions.scalar_type() == at::kLong, op,
+  TILEINFER_CHECK(positions.scalar_type() == at::kInt || positions.scalar_type() == at::kLong, op,
               ": positions must be int32 or int64, got ", positions.scalar_type());
-  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == x.size(0), op, ": positions must have shape [",
+  TILEINFER_CHECK(positions.dim() == 1 && positions.size(0) == x.size(0), op, ": positions must have shape [",
               x.size(0), "] (num_tokens), got ", positions.sizes());
-  TORCH_CHECK(positions.device() == x.device(), op, ": positions must be on ", x.device(), ", got ",
+  TILEINFER_CHECK(positions.device() == x.device(), op, ": positions must be on ", x.device(), ", got ",
               positions.device());
   check_rotary(op, cos_sin_cache, rotary_dim, x.size(2), x.device());
   // Positions are on the host here: out-of-range ones are an error (free to check).
@@ -245,7 +194,7 @@ void rope(at::Tensor& out, const at::Tensor& x, const at::Tensor& positions, con
   const int64_t* pp = pos.data_ptr<int64_t>();
   const int64_t max_position = cos_sin_cache.size(0);
   for (int64_t t = 0; t < x.size(0); ++t)
-    TORCH_CHECK(pp[t] >= 0 && pp[t] < max_position, op, ": positions[", t, "] = ", pp[t],
+    TILEINFER_CHECK(pp[t] >= 0 && pp[t] < max_position, op, ": positions[", t, "] = ", pp[t],
                 " is outside [0, ", max_position, ") (the rows of cos_sin_cache)");
   const int64_t heads = x.size(1), d = x.size(2);
   const float* cs = cos_sin_cache.data_ptr<float>();

@@ -4,6 +4,7 @@
 // like the commas of <<<...>>>).
 #pragma once
 
+#include "tileinfer/error.h"
 #include <atomic>
 #include <cstdint>
 #include <optional>
@@ -37,14 +38,14 @@ inline AttentionParams make_attention_params(const char* op, const PagedShape& s
                                              const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                              const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                                              bool causal) {
-  TORCH_CHECK(!s.int8, op, ": int8 KV cache is not implemented on CUDA yet");
-  TORCH_CHECK(q.is_cuda(), op, ": q must be a CUDA tensor, got ", q.device());
+  TILEINFER_CHECK(!s.int8, op, ": int8 KV cache is not implemented on CUDA yet");
+  TILEINFER_CHECK(q.is_cuda(), op, ": q must be a CUDA tensor, got ", q.device());
   // Pool rows (page, head, slot) are int32 in the kernels.
-  TORCH_CHECK(s.num_pages * s.num_kv_heads * s.page_size < (int64_t(1) << 31), op,
+  TILEINFER_CHECK(s.num_pages * s.num_kv_heads * s.page_size < (int64_t(1) << 31), op,
               ": the pools hold too many rows (num_pages * num_kv_heads * page_size must be < 2^31)");
-  TORCH_CHECK(aligned16(k_cache.data_ptr()) && aligned16(v_cache.data_ptr()), op,
+  TILEINFER_CHECK(aligned16(k_cache.data_ptr()) && aligned16(v_cache.data_ptr()), op,
               ": k_cache and v_cache must start at 16-byte aligned addresses");
-  TORCH_CHECK(q.size(0) < (int64_t(1) << 31) && max_q_len < (int64_t(1) << 31), op,
+  TILEINFER_CHECK(q.size(0) < (int64_t(1) << 31) && max_q_len < (int64_t(1) << 31), op,
               ": too many tokens for int32 token indices");
 
   AttentionParams p{};
@@ -93,7 +94,7 @@ class SmemOptIn {
 };
 
 inline void check_grid(const char* op, const dim3& grid) {
-  TORCH_CHECK(grid.y <= 65535 && grid.z <= 65535, op, ": launch grid (", grid.x, ", ", grid.y, ", ", grid.z,
+  TILEINFER_CHECK(grid.y <= 65535 && grid.z <= 65535, op, ": launch grid (", grid.x, ", ", grid.y, ", ", grid.z,
               ") exceeds CUDA's limits (too many sequences, heads or query tiles)");
 }
 

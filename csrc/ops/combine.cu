@@ -25,50 +25,50 @@ constexpr const char* kOp = "combine";
 // which fixes [num_splits, num_tokens, num_q_heads, head_dim].
 void check_combine_inputs(const at::Tensor& out, const std::optional<at::Tensor>& lse,
                           const at::Tensor& partial_out, const at::Tensor& partial_lse) {
-  TORCH_CHECK(partial_out.is_cuda(), kOp, ": partial_out must be a CUDA tensor, got ", partial_out.device());
-  TORCH_CHECK(partial_out.dim() == 4, kOp,
+  TILEINFER_CHECK(partial_out.is_cuda(), kOp, ": partial_out must be a CUDA tensor, got ", partial_out.device());
+  TILEINFER_CHECK(partial_out.dim() == 4, kOp,
               ": partial_out must be 4-D [num_splits, num_tokens, num_q_heads, head_dim], got shape ",
               partial_out.sizes());
-  TORCH_CHECK(partial_out.scalar_type() == at::kFloat, kOp, ": partial_out must be float32, got ",
+  TILEINFER_CHECK(partial_out.scalar_type() == at::kFloat, kOp, ": partial_out must be float32, got ",
               partial_out.scalar_type());
-  TORCH_CHECK(partial_out.is_contiguous(), kOp, ": partial_out must be contiguous");
+  TILEINFER_CHECK(partial_out.is_contiguous(), kOp, ": partial_out must be contiguous");
   // The kernel reads partials with 16-byte loads.
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(partial_out.data_ptr()) % 16 == 0, kOp,
+  TILEINFER_CHECK(reinterpret_cast<uintptr_t>(partial_out.data_ptr()) % 16 == 0, kOp,
               ": partial_out must be 16-byte aligned");
   const at::Device device = partial_out.device();
   const int64_t splits = partial_out.size(0), tokens = partial_out.size(1), heads = partial_out.size(2),
                 head_dim = partial_out.size(3);
-  TORCH_CHECK(splits >= 1, kOp, ": partial_out must hold at least one split (dim 0), got ", splits);
-  TORCH_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256, kOp, ": unsupported head_dim ", head_dim,
+  TILEINFER_CHECK(splits >= 1, kOp, ": partial_out must hold at least one split (dim 0), got ", splits);
+  TILEINFER_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256, kOp, ": unsupported head_dim ", head_dim,
               " (dim 3 of partial_out; expected 64, 128 or 256)");
-  TORCH_CHECK(tokens * heads <= std::numeric_limits<int32_t>::max() && splits <= std::numeric_limits<int32_t>::max(),
+  TILEINFER_CHECK(tokens * heads <= std::numeric_limits<int32_t>::max() && splits <= std::numeric_limits<int32_t>::max(),
               kOp, ": partial_out is too large (num_tokens * num_q_heads and num_splits must fit in int32)");
 
-  TORCH_CHECK(partial_lse.device() == device, kOp, ": partial_lse must be on ", device,
+  TILEINFER_CHECK(partial_lse.device() == device, kOp, ": partial_lse must be on ", device,
               " (the device of partial_out), got ", partial_lse.device());
-  TORCH_CHECK(partial_lse.scalar_type() == at::kFloat, kOp, ": partial_lse must be float32, got ",
+  TILEINFER_CHECK(partial_lse.scalar_type() == at::kFloat, kOp, ": partial_lse must be float32, got ",
               partial_lse.scalar_type());
-  TORCH_CHECK(partial_lse.dim() == 3 && partial_lse.size(0) == splits && partial_lse.size(1) == tokens &&
+  TILEINFER_CHECK(partial_lse.dim() == 3 && partial_lse.size(0) == splits && partial_lse.size(1) == tokens &&
                   partial_lse.size(2) == heads,
               kOp, ": partial_lse must have shape [", splits, ", ", tokens, ", ", heads,
               "] (num_splits, num_tokens, num_q_heads of partial_out), got ", partial_lse.sizes());
-  TORCH_CHECK(partial_lse.is_contiguous(), kOp, ": partial_lse must be contiguous");
+  TILEINFER_CHECK(partial_lse.is_contiguous(), kOp, ": partial_lse must be contiguous");
 
-  TORCH_CHECK(out.device() == device, kOp, ": out must be on ", device, " (the device of partial_out), got ",
+  TILEINFER_CHECK(out.device() == device, kOp, ": out must be on ", device, " (the device of partial_out), got ",
               out.device());
   const at::ScalarType dt = out.scalar_type();
-  TORCH_CHECK(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat, kOp,
+  TILEINFER_CHECK(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat, kOp,
               ": out must be bfloat16, float16 or float32, got ", dt);
   check_token_tensor(kOp, "out", out, tokens, heads, head_dim, dt, device);
 
   if (lse.has_value()) {
-    TORCH_CHECK(lse->device() == device, kOp, ": lse must be on ", device, " (the device of partial_out), got ",
+    TILEINFER_CHECK(lse->device() == device, kOp, ": lse must be on ", device, " (the device of partial_out), got ",
                 lse->device());
-    TORCH_CHECK(lse->scalar_type() == at::kFloat, kOp, ": lse must be float32, got ", lse->scalar_type());
-    TORCH_CHECK(lse->dim() == 2 && lse->size(0) == tokens && lse->size(1) == heads, kOp,
+    TILEINFER_CHECK(lse->scalar_type() == at::kFloat, kOp, ": lse must be float32, got ", lse->scalar_type());
+    TILEINFER_CHECK(lse->dim() == 2 && lse->size(0) == tokens && lse->size(1) == heads, kOp,
                 ": lse must have shape [", tokens, ", ", heads, "] (num_tokens, num_q_heads), got ",
                 lse->sizes());
-    TORCH_CHECK(lse->is_contiguous(), kOp, ": lse must be contiguous");
+    TILEINFER_CHECK(lse->is_contiguous(), kOp, ": lse must be contiguous");
   }
 }
 

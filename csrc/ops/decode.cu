@@ -39,26 +39,27 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
             const std::optional<at::Tensor>& k_smooth) {
   const PagedShape s = check_paged_attention("decode", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
+  check_decode_max_q_len("decode", max_q_len);
   const int64_t T = q.size(0), H = q.size(1);
-  TORCH_CHECK(partial_out.scalar_type() == at::kFloat, "decode: partial_out must be float32, got ",
+  TILEINFER_CHECK(partial_out.scalar_type() == at::kFloat, "decode: partial_out must be float32, got ",
               partial_out.scalar_type());
-  TORCH_CHECK(partial_out.dim() == 4 && partial_out.size(0) >= 1 && partial_out.size(1) == T &&
+  TILEINFER_CHECK(partial_out.dim() == 4 && partial_out.size(0) >= 1 && partial_out.size(1) == T &&
                   partial_out.size(2) == H && partial_out.size(3) == s.head_dim,
               "decode: partial_out must have shape [num_splits >= 1, ", T, ", ", H, ", ", s.head_dim,
               "] (num_splits, num_tokens, num_q_heads, head_dim), got ", partial_out.sizes());
-  TORCH_CHECK(partial_out.is_contiguous(), "decode: partial_out must be contiguous");
-  TORCH_CHECK(partial_lse.scalar_type() == at::kFloat, "decode: partial_lse must be float32, got ",
+  TILEINFER_CHECK(partial_out.is_contiguous(), "decode: partial_out must be contiguous");
+  TILEINFER_CHECK(partial_lse.scalar_type() == at::kFloat, "decode: partial_lse must be float32, got ",
               partial_lse.scalar_type());
-  TORCH_CHECK(partial_lse.dim() == 3 && partial_lse.size(0) == partial_out.size(0) && partial_lse.size(1) == T &&
+  TILEINFER_CHECK(partial_lse.dim() == 3 && partial_lse.size(0) == partial_out.size(0) && partial_lse.size(1) == T &&
                   partial_lse.size(2) == H,
               "decode: partial_lse must have shape [", partial_out.size(0), ", ", T, ", ", H,
               "] (num_splits, num_tokens, num_q_heads), got ", partial_lse.sizes());
-  TORCH_CHECK(partial_lse.is_contiguous(), "decode: partial_lse must be contiguous");
-  TORCH_CHECK(partial_out.device() == q.device() && partial_lse.device() == q.device(),
+  TILEINFER_CHECK(partial_lse.is_contiguous(), "decode: partial_lse must be contiguous");
+  TILEINFER_CHECK(partial_out.device() == q.device() && partial_lse.device() == q.device(),
               "decode: partial_out and partial_lse must be on ", q.device());
-  TORCH_CHECK(partial_out.size(0) <= (int64_t(1) << 31) - 1 && partial_out.numel() < (int64_t(1) << 62),
+  TILEINFER_CHECK(partial_out.size(0) <= (int64_t(1) << 31) - 1 && partial_out.numel() < (int64_t(1) << 62),
               "decode: too many splits");
-  TORCH_CHECK(aligned16(partial_out.data_ptr()), "decode: partial_out must start at a 16-byte aligned address");
+  TILEINFER_CHECK(aligned16(partial_out.data_ptr()), "decode: partial_out must start at a 16-byte aligned address");
 
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionParams p = make_attention_params("decode", s, q, k_cache, v_cache, block_tables, seq_lens,
@@ -72,7 +73,7 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
   p.partial_out = partial_out.data_ptr<float>();
   p.partial_lse = partial_lse.data_ptr<float>();
   p.num_splits = static_cast<int>(partial_out.size(0));
-  TORCH_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), "decode: group size * max_q_len must fit in int32");
+  TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), "decode: group size * max_q_len must fit in int32");
   const bool small = p.group_size * max_q_len <= 16;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

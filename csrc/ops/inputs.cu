@@ -27,16 +27,6 @@ namespace {
 // ---------------------------------------------------------------------------
 // Checks. Messages match the CPU implementation's (csrc/cpu/inputs.cpp).
 
-void check_float_dtype(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf || t.scalar_type() == at::kFloat,
-              op, ": ", name, " must be bfloat16, float16 or float32, got ", t.scalar_type());
-}
-
-void check_head_dim(const char* op, const char* name, int64_t d) {
-  TORCH_CHECK(d == 64 || d == 128 || d == 256, op, ": unsupported head_dim ", d, " of ", name,
-              " (expected 64, 128 or 256)");
-}
-
 // The kernels move rows in 16-byte vectors: the data pointer and the token and
 // head strides of a token tensor must be multiples of 16 bytes. Views of a
 // packed qkv tensor with head_dim 64/128/256 always are.
@@ -44,55 +34,27 @@ void check_vector_aligned(const char* op, const char* name, const at::Tensor& t)
   const int64_t elem = t.element_size();
   const bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (t.stride(0) * elem) % 16 == 0 &&
                   (t.stride(1) * elem) % 16 == 0;
-  TORCH_CHECK(ok, op, ": ", name,
+  TILEINFER_CHECK(ok, op, ": ", name,
               " must be 16-byte aligned (data pointer, token and head strides multiples of 16 bytes) for "
               "vector loads, got strides ",
               t.strides(), " of ", t.scalar_type());
 }
 
-// A norm weight [head_dim] of x's dtype.
-void check_weight(const char* op, const char* name, const at::Tensor& w, int64_t d, at::ScalarType dtype,
-                  const at::Device& device) {
-  TORCH_CHECK(w.dim() == 1 && w.size(0) == d, op, ": ", name, " must have shape [", d, "] (head_dim), got ",
-              w.sizes());
-  TORCH_CHECK(w.scalar_type() == dtype, op, ": ", name, " must have the dtype of the normalized tensor (", dtype,
-              "), got ", w.scalar_type());
-  TORCH_CHECK(w.is_contiguous(), op, ": ", name, " must be contiguous");
-  TORCH_CHECK(w.device() == device, op, ": ", name, " must be on ", device, ", got ", w.device());
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0, op, ": ", name,
-              " must be 16-byte aligned (vector loads)");
+// A norm weight as on every device, 16-byte aligned for the vector loads.
+void check_weight_aligned(const char* op, const char* name, const at::Tensor& w, int64_t d, at::ScalarType dtype,
+                          const at::Device& device) {
+  check_weight(op, name, w, d, dtype, device);
+  TILEINFER_CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0, op, ": ", name,
+                  " must be 16-byte aligned (vector loads)");
 }
 
-void check_rotary(const char* op, const at::Tensor& cos_sin_cache, int64_t rotary_dim, int64_t d,
-                  const at::Device& device) {
-  TORCH_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= d, op,
-              ": rotary_dim must be even and in [2, head_dim = ", d, "], got ", rotary_dim);
-  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat, op, ": cos_sin_cache must be float32, got ",
-              cos_sin_cache.scalar_type());
-  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == rotary_dim, op,
-              ": cos_sin_cache must have shape [max_position, ", rotary_dim, "] (cos then sin), got ",
-              cos_sin_cache.sizes());
-  TORCH_CHECK(cos_sin_cache.is_contiguous(), op, ": cos_sin_cache must be contiguous");
-  TORCH_CHECK(cos_sin_cache.device() == device, op, ": cos_sin_cache must be on ", device, ", got ",
-              cos_sin_cache.device());
-}
-
-// k, v [num_tokens, num_kv_heads, head_dim] for the cache: the pool's dtype,
-// or bfloat16 / float16 for an int8 pool (quantized on write).
-at::ScalarType check_kv_inputs(const char* op, const PagedShape& s, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& k_cache) {
-  TORCH_CHECK(k.dim() == 3, op, ": k must be 3-D [num_tokens, num_kv_heads, head_dim], got shape ", k.sizes());
-  at::ScalarType dtype = k_cache.scalar_type();
-  if (s.int8) {
-    TORCH_CHECK(k.scalar_type() == at::kBFloat16 || k.scalar_type() == at::kHalf, op,
-                ": with an int8 cache k must be bfloat16 or float16, got ", k.scalar_type());
-    dtype = k.scalar_type();
-  }
-  check_token_tensor(op, "k", k, -1, s.num_kv_heads, s.head_dim, dtype, k_cache.device());
-  check_token_tensor(op, "v", v, k.size(0), s.num_kv_heads, s.head_dim, dtype, k_cache.device());
+// k, v as on every device, 16-byte aligned, row count within int32.
+at::ScalarType check_kv_inputs_aligned(const char* op, const PagedShape& s, const at::Tensor& k,
+                                       const at::Tensor& v, const at::Tensor& k_cache) {
+  const at::ScalarType dtype = check_kv_inputs(op, s, k, v, k_cache);
   check_vector_aligned(op, "k", k);
   check_vector_aligned(op, "v", v);
-  TORCH_CHECK(k.size(0) < (int64_t(1) << 31) / s.num_kv_heads, op, ": too many tokens (", k.size(0), ")");
+  TILEINFER_CHECK(k.size(0) < (int64_t(1) << 31) / s.num_kv_heads, op, ": too many tokens (", k.size(0), ")");
   return dtype;
 }
 
@@ -170,15 +132,15 @@ void launch_kv_write(const KVWriteParams& p, cudaStream_t stream) {
 
 // The shapes of a token tensor op (rms_norm, rope) on x and out.
 void check_rows_op(const char* op, const at::Tensor& out, const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
+  TILEINFER_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
   check_float_dtype(op, "x", x);
   check_head_dim(op, "x", x.size(2));
-  TORCH_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor, got ", x.device());
+  TILEINFER_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor, got ", x.device());
   check_token_tensor(op, "x", x, -1, -1, -1, x.scalar_type(), x.device());
   check_token_tensor(op, "out", out, x.size(0), x.size(1), x.size(2), x.scalar_type(), x.device());
   check_vector_aligned(op, "x", x);
   check_vector_aligned(op, "out", out);
-  TORCH_CHECK(x.size(0) * x.size(1) < (int64_t(1) << 31), op, ": too many rows (num_tokens * num_heads = ",
+  TILEINFER_CHECK(x.size(0) * x.size(1) < (int64_t(1) << 31), op, ": too many rows (num_tokens * num_heads = ",
               x.size(0) * x.size(1), ")");
 }
 
@@ -188,7 +150,7 @@ void check_rows_op(const char* op, const at::Tensor& out, const at::Tensor& x) {
 void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   const char* op = "rms_norm";
   check_rows_op(op, out, x);
-  check_weight(op, "weight", weight, x.size(2), x.scalar_type(), x.device());
+  check_weight_aligned(op, "weight", weight, x.size(2), x.scalar_type(), x.device());
   const c10::cuda::CUDAGuard guard(x.device());
   RowsParams p{};
   set_rows_io(p, x, out);
@@ -209,12 +171,12 @@ void rope(at::Tensor& out, const at::Tensor& x, const at::Tensor& positions, con
           int64_t rotary_dim) {
   const char* op = "rope";
   check_rows_op(op, out, x);
-  TORCH_CHECK(positions.scalar_type() == at::kInt || positions.scalar_type() == at::kLong, op,
+  TILEINFER_CHECK(positions.scalar_type() == at::kInt || positions.scalar_type() == at::kLong, op,
               ": positions must be int32 or int64, got ", positions.scalar_type());
-  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == x.size(0), op, ": positions must have shape [",
+  TILEINFER_CHECK(positions.dim() == 1 && positions.size(0) == x.size(0), op, ": positions must have shape [",
               x.size(0), "] (num_tokens), got ", positions.sizes());
-  TORCH_CHECK(positions.is_contiguous(), op, ": positions must be contiguous");
-  TORCH_CHECK(positions.device() == x.device(), op, ": positions must be on ", x.device(), ", got ",
+  TILEINFER_CHECK(positions.is_contiguous(), op, ": positions must be contiguous");
+  TILEINFER_CHECK(positions.device() == x.device(), op, ": positions must be on ", x.device(), ", got ",
               positions.device());
   check_rotary(op, cos_sin_cache, rotary_dim, x.size(2), x.device());
   const c10::cuda::CUDAGuard guard(x.device());
@@ -242,8 +204,8 @@ void cache_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, 
   const char* op = "cache_write";
   const PagedShape s =
       check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
-  TORCH_CHECK(k_cache.is_cuda(), op, ": k_cache must be a CUDA tensor, got ", k_cache.device());
-  const at::ScalarType dtype = check_kv_inputs(op, s, k, v, k_cache);
+  TILEINFER_CHECK(k_cache.is_cuda(), op, ": k_cache must be a CUDA tensor, got ", k_cache.device());
+  const at::ScalarType dtype = check_kv_inputs_aligned(op, s, k, v, k_cache);
   const c10::cuda::CUDAGuard guard(k_cache.device());
   KVWriteParams p{};
   p.kv = paged_params(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
@@ -295,16 +257,16 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
   const char* op = "attention_inputs";
   const PagedShape s =
       check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
-  TORCH_CHECK(k_cache.is_cuda(), op, ": k_cache must be a CUDA tensor, got ", k_cache.device());
-  const at::ScalarType dtype = check_kv_inputs(op, s, k, v, k_cache);
+  TILEINFER_CHECK(k_cache.is_cuda(), op, ": k_cache must be a CUDA tensor, got ", k_cache.device());
+  const at::ScalarType dtype = check_kv_inputs_aligned(op, s, k, v, k_cache);
   const int64_t d = s.head_dim;
   check_token_tensor(op, "q", q, k.size(0), -1, d, dtype, k_cache.device());
   check_token_tensor(op, "q_out", q_out, q.size(0), q.size(1), d, dtype, k_cache.device());
   check_vector_aligned(op, "q", q);
   check_vector_aligned(op, "q_out", q_out);
-  TORCH_CHECK(q.size(0) * q.size(1) < (int64_t(1) << 31), op, ": too many query rows");
-  if (q_norm_weight.has_value()) check_weight(op, "q_norm_weight", *q_norm_weight, d, dtype, k_cache.device());
-  if (k_norm_weight.has_value()) check_weight(op, "k_norm_weight", *k_norm_weight, d, dtype, k_cache.device());
+  TILEINFER_CHECK(q.size(0) * q.size(1) < (int64_t(1) << 31), op, ": too many query rows");
+  if (q_norm_weight.has_value()) check_weight_aligned(op, "q_norm_weight", *q_norm_weight, d, dtype, k_cache.device());
+  if (k_norm_weight.has_value()) check_weight_aligned(op, "k_norm_weight", *k_norm_weight, d, dtype, k_cache.device());
   check_rotary(op, cos_sin_cache, rotary_dim, d, k_cache.device());
   const c10::cuda::CUDAGuard guard(k_cache.device());
   const PagedKVParams kv =

@@ -53,8 +53,10 @@ class PagedRunner:
         self._ids = torch.zeros(b, dtype=torch.long, device=self.device)
         self._meta = AttentionMetadata.static(b, self.block_tables.shape[1], 1, self.device)
         self._meta.block_tables.copy_(self.block_tables)
-        self._meta.cu_seqlens_q.copy_(torch.arange(b + 1, dtype=torch.int32))
-        self._meta.seq_lens.fill_(1)
+        # Captured with every slot empty (no queries, length 0): the warm-up run
+        # then writes nothing into the caches; replays set the real lengths.
+        self._meta.cu_seqlens_q.zero_()
+        self._meta.seq_lens.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside the graph (allocations, lazy init)

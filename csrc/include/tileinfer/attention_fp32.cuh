@@ -60,6 +60,7 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
   int* row_head_s = row_token_s + BM;   // [BM]
   int* row_qpos_s = row_head_s + BM;    // [BM]
 
+  Work::mark_padding_rows(p);
   const WorkItem w = Work::template make<BM>(p);
   if (!w.active) return;
 

@@ -122,6 +122,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
   float* merge_s = reinterpret_cast<float*>(row_qpos_s + BM);  // [kWarpsN][BM][m, l]
   float* lse_s = merge_s + 2 * Cfg::kWarpsN * BM;               // [BM]
 
+  Work::mark_padding_rows(p);
   const WorkItem w = Work::template make<BM>(p);
   if (!w.active) return;  // block-uniform
 

@@ -92,6 +92,9 @@ struct PrefillWork {
     return w;
   }
 
+  // Prefill leaves the rows of tokens that belong to no sequence untouched.
+  __device__ static void mark_padding_rows(const AttentionParams&) {}
+
   __device__ static OutT* out_row(const AttentionParams& p, const WorkItem&, int token, int head) {
     return static_cast<OutT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head;
   }
@@ -143,6 +146,24 @@ struct DecodeWork {
     }
     if (w.key_end < w.key_begin) w.key_end = w.key_begin;
     return w;
+  }
+
+  // Tokens past cu_seqlens_q[num_seqs] (the padding of a batch captured larger
+  // than it runs) belong to no block. The row-tile-0 blocks of the last sequence
+  // give them a neutral lse in their split, so combine writes 0 there instead of
+  // merging stale workspace (which could hold NaN). Costs nothing without padding.
+  __device__ static void mark_padding_rows(const AttentionParams& p) {
+    const int row_tiles = gridDim.y / p.kv.num_kv_heads;
+    if (blockIdx.z != gridDim.z - 1 || blockIdx.y % row_tiles != 0) return;
+    const int kv_head = blockIdx.y / row_tiles;
+    int first = p.kv.cu_seqlens_q[p.kv.num_seqs];
+    first = first < 0 ? 0 : (first > p.num_tokens ? p.num_tokens : first);
+    const int n = (p.num_tokens - first) * p.group_size;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int token = first + i / p.group_size;
+      const int head = kv_head * p.group_size + i % p.group_size;
+      p.partial_lse[(static_cast<int64_t>(blockIdx.x) * p.num_tokens + token) * p.num_q_heads + head] = -INFINITY;
+    }
   }
 
   __device__ static float* out_row(const AttentionParams& p, const WorkItem& w, int token, int head) {

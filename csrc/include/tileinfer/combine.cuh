@@ -187,10 +187,11 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   }
   if (!active) return;
 
-  // den >= 1 when any split saw a position; 0 when all were neutral (acc is 0 then).
+  // den >= 1 when any split saw a position; 0 when all were neutral: then the
+  // row is 0, whatever the (weight-0) partial outputs held, NaN included.
   const float inv = den > 0.f ? 1.f / den : 0.f;
 #pragma unroll
-  for (int i = 0; i < C; ++i) acc[i] *= inv;
+  for (int i = 0; i < C; ++i) acc[i] = den > 0.f ? acc[i] * inv : 0.f;
   const int64_t t = row / p.num_q_heads;
   const int64_t h = row % p.num_q_heads;
   scalar_t* dst = static_cast<scalar_t*>(p.out) + t * p.o_stride_token + h * p.o_stride_head + lane * C;

@@ -4,6 +4,7 @@
 // instantiated: adding a head dim or page size is a one-line change here.
 #pragma once
 
+#include "error.h"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -27,7 +28,7 @@
         return __VA_ARGS__();                                                       \
       }                                                                             \
       default:                                                                      \
-        TORCH_CHECK(false, NAME, ": unsupported dtype ", stype,                     \
+        TILEINFER_CHECK(false, NAME, ": unsupported dtype ", stype,                     \
                     " (expected bfloat16, float16 or float32)");                    \
     }                                                                               \
   }()
@@ -45,7 +46,7 @@
         return __VA_ARGS__();                                                       \
       }                                                                             \
       default:                                                                      \
-        TORCH_CHECK(false, NAME, ": unsupported dtype ", stype,                     \
+        TILEINFER_CHECK(false, NAME, ": unsupported dtype ", stype,                     \
                     " (expected bfloat16 or float16)");                             \
     }                                                                               \
   }()
@@ -58,7 +59,7 @@
       case 128: { constexpr int HEAD_DIM = 128; return __VA_ARGS__(); }             \
       case 256: { constexpr int HEAD_DIM = 256; return __VA_ARGS__(); }             \
       default:                                                                      \
-        TORCH_CHECK(false, NAME, ": unsupported head_dim ", d,                      \
+        TILEINFER_CHECK(false, NAME, ": unsupported head_dim ", d,                      \
                     " (expected 64, 128 or 256)");                                  \
     }                                                                               \
   }()
@@ -73,7 +74,7 @@
       case 64: { constexpr int PAGE_SIZE = 64; return __VA_ARGS__(); }              \
       case 128: { constexpr int PAGE_SIZE = 128; return __VA_ARGS__(); }            \
       default:                                                                      \
-        TORCH_CHECK(false, NAME, ": unsupported page_size ", p,                     \
+        TILEINFER_CHECK(false, NAME, ": unsupported page_size ", p,                     \
                     " (expected 16, 32, 64 or 128)");                               \
     }                                                                               \
   }()

@@ -30,11 +30,10 @@ constexpr int kInputsThreads = 256;
 // Rows a group carries, their loads all issued before any math: each row alone
 // is one 16-byte load per thread followed by a chain of dependent metadata and
 // cos/sin loads, too little in flight to reach copy speed on large steps (one
-// row per group ran at 47% of copy bandwidth at 4096 tokens on an H200; 4 rows
-// are not measured yet). The rows of a group are consecutive (heads of one
-// token), so their metadata and cos/sin rows come from L1 after the first.
-// 1 is a valid value (the layout the first GPU tests passed with).
-constexpr int kRowsPerGroup = 4;
+// row per group ran at 47% of copy bandwidth at 4096 tokens on an H200). But 4
+// rows per group measured slower on the H200 (2026-11-29, bench_inputs --quick):
+// 10.7 vs 5.2 us for a 1-token step, 66 vs 50 us at 4096 tokens, so 1 it is.
+constexpr int kRowsPerGroup = 1;
 
 // Where the rotary position of a token comes from.
 enum class PosFrom {
