@@ -34,8 +34,16 @@ bool use_decode_path(int64_t max_q_len, int64_t group_size) {
 // write a neutral partial. Steps of 9-16 queries use at most 8 splits: the
 // combine's fixed cost then stays below the prefill kernel's from ~200 positions
 // on (seed note, measured there).
+int64_t decode_num_splits_for(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len) {
+  const int64_t sms = num_sms > 0 ? num_sms : 8;  // 8: the CPU path's "SMs" (threads it splits over)
+  const int64_t max_splits = max_q_len > 8 ? 8 : 32;
+  const int64_t work = std::max<int64_t>(1, num_seqs * num_kv_heads);
+  const int64_t want = (2 * sms) / work;
+  return std::min(max_splits, std::max<int64_t>(1, want));
+}
+
 int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len) {
-  int64_t sms = 8;
+  int64_t sms = 0;
 #ifdef TILEINFER_WITH_CUDA
   if (device.is_cuda()) {
     int count = 0;
@@ -43,10 +51,7 @@ int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t nu
     sms = count;
   }
 #endif
-  const int64_t max_splits = max_q_len > 8 ? 8 : 32;
-  const int64_t work = std::max<int64_t>(1, num_seqs * num_kv_heads);
-  const int64_t want = (2 * sms) / work;
-  return std::min(max_splits, std::max<int64_t>(1, want));
+  return decode_num_splits_for(sms, num_seqs, num_kv_heads, max_q_len);
 }
 
 void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

@@ -60,4 +60,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
 bool use_decode_path(int64_t max_q_len, int64_t group_size);
 int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads,
                           int64_t max_q_len);
+// The same rule for a device of num_sms multiprocessors (<= 0: the CPU path);
+// registered as the op decode_num_splits so that Python uses this one rule.
+int64_t decode_num_splits_for(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len);
 }  // namespace tileinfer

@@ -22,6 +22,8 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 // An empty Python module, so that `import tileinfer_attn._C` loads this shared
 // library and runs the static registrations below (as pytorch/extension-cpp does).
 extern "C" PyObject* PyInit__C(void) {
@@ -61,6 +63,11 @@ TORCH_LIBRARY(tileinfer_attn, m) {
       "attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor cu_seqlens_q, int max_q_len, float scale, bool causal, "
       "Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_smooth=None) -> ()");
+
+  // The split count attention gives decode on a device of num_sms multiprocessors
+  // (<= 0: the CPU path). Shapes only, never context length.
+  m.def("decode_num_splits(int num_sms, int num_seqs, int num_kv_heads, int max_q_len) -> int",
+        &tileinfer::decode_num_splits_for);
 
   // Per-head RMSNorm over the last dim, as Qwen3's q_norm / k_norm:
   // out = weight * round(x * rsqrt(mean(x^2) + eps)), computed in fp32.

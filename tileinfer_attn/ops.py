@@ -34,6 +34,7 @@ __all__ = [
     "token_positions",
     "rope_cos_sin_cache",
     "decode_num_splits",
+    "key_smoothing_factors",
     "validate_metadata",
 ]
 
@@ -118,17 +119,13 @@ def prefill(
 
 
 def decode_num_splits(device, num_seqs: int, num_kv_heads: int, max_q_len: int) -> int:
-    """Split count that ``attention`` uses for decode (the rule of csrc/attention.cpp):
-    about two blocks per SM, at most 32 splits (8 for steps of more than 8
-    queries). Depends on shapes only, never on context length."""
+    """Split count that ``attention`` uses for decode (the rule of csrc/attention.cpp,
+    called through the op of the same name): about two blocks per SM, rounded
+    down, at most 32 splits (8 for steps of more than 8 queries). Depends on
+    shapes only, never on context length."""
     device = torch.device(device)
-    sms = 8
-    if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-    max_splits = 8 if max_q_len > 8 else 32
-    work = max(1, num_seqs * num_kv_heads)
-    want = (2 * sms + work - 1) // work
-    return min(max_splits, max(1, want))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+    return _ops.decode_num_splits(sms, num_seqs, num_kv_heads, max_q_len)
 
 
 def decode(
@@ -364,6 +361,25 @@ def attention_inputs(
     _ops.attention_inputs(q_out, k_cache, v_cache, q, k, v, block_tables, seq_lens, cu_seqlens_q, cos_sin_cache,
                           int(rotary_dim), q_norm_weight, k_norm_weight, float(eps), k_scale, v_scale, k_smooth)
     return q_out
+
+
+def key_smoothing_factors(keys: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """Per-channel key smoothing factors for an int8 cache, from sample keys
+    ``[num_samples, num_kv_heads, head_dim]`` (e.g. a calibration prompt's keys
+    after RoPE): ``s = amax ** alpha`` over the samples, scaled to a geometric
+    mean of 1 per head; ``[num_kv_heads, head_dim]`` fp32.
+
+    Keys are divided by ``s`` before quantization and queries multiplied by it
+    inside the kernels, which cancels in the scores: an outlier channel then no
+    longer sets every key vector's int8 scale (SPEC section 6). alpha = 1
+    equalizes the channels' ranges; the queries stay in bf16/fp16, so nothing on
+    their side is quantized."""
+    _check(keys.dim() == 3, f"key_smoothing_factors: keys must be 3-D [num_samples, num_kv_heads, head_dim], "
+                            f"got shape {tuple(keys.shape)}")
+    _check(keys.shape[0] > 0, "key_smoothing_factors: keys must hold at least one sample")
+    amax = keys.detach().float().abs().amax(0).clamp_min(1e-6)
+    s = amax.pow(alpha)
+    return (s / s.log().mean(-1, keepdim=True).exp()).contiguous()
 
 
 def validate_metadata(
