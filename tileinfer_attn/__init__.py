@@ -3,15 +3,9 @@
 The ops live in ``torch.ops.tileinfer_attn`` (schemas: csrc/torch_bindings.cpp);
 ``tileinfer_attn.ops`` wraps them with argument checks and docstrings.
 """
-import torch
-
 from . import _C  # noqa: F401  (registers the ops)
 from . import _fake  # noqa: F401  (fake implementations for torch.compile)
 from .ops import *  # noqa: F401,F403
 from .cache import PagedKVCache  # noqa: F401
 
 __version__ = "0.1.0"
-
-HAS_CUDA_KERNELS = hasattr(torch.ops.tileinfer_attn, "prefill") and torch._C._dispatch_has_kernel_for_dispatch_key(
-    "tileinfer_attn::prefill", "CUDA"
-)

@@ -22,10 +22,12 @@ A step::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import torch
+
+from .metadata import AttentionMetadata
 
 __all__ = ["PagedKVCache", "CacheFullError", "StepMetadata"]
 
@@ -37,27 +39,17 @@ class CacheFullError(RuntimeError):
 
 
 @dataclass
-class StepMetadata:
-    """A step's metadata for the ops, views of the cache's static step buffers
-    (the same storage every step, so a captured CUDA graph sees new contents)."""
+class StepMetadata(AttentionMetadata):
+    """A step's metadata for the ops (AttentionMetadata's fields are views of the
+    cache's static step buffers: the same storage every step, so a captured CUDA
+    graph sees new contents), plus what the cache knows of the step."""
 
-    block_tables: torch.Tensor  # [num_seqs, max_pages_per_seq] int32
-    seq_lens: torch.Tensor      # [num_seqs] int32, positions after this step's keys
-    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
-    max_q_len: int              # largest query count of the step (host int)
-    num_tokens: int             # cu_seqlens_q[-1] (host int)
-    seqs: List[int]             # the scheduled sequences, in order
-    causal: bool = True
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seqs)
+    num_tokens: int = 0                             # cu_seqlens_q[-1] (host int)
+    seqs: List[int] = field(default_factory=list)   # the scheduled sequences, in order
 
     def positions(self, num_tokens: Optional[int] = None) -> torch.Tensor:
         """Position of every token of the step, [num_tokens] int64 (-1 for padding tokens)."""
-        from .reference import token_positions
-
-        return token_positions(self.seq_lens, self.cu_seqlens_q, self.num_tokens if num_tokens is None else num_tokens)
+        return super().positions(self.num_tokens if num_tokens is None else num_tokens)
 
 
 class PagedKVCache:

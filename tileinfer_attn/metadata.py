@@ -81,6 +81,8 @@ class AttentionMetadata:
                 f"step does not fit the static metadata: {n} seqs x {w} pages x {other.max_q_len} queries "
                 f"vs {self.num_seqs} x {self.block_tables.shape[1]} x {self.max_q_len}"
             )
+        if other.causal != self.causal:
+            raise ValueError("step and static metadata differ in causal (a captured graph bakes it in)")
         self.block_tables.zero_()
         self.block_tables[:n, :w].copy_(other.block_tables, non_blocking=True)
         self.seq_lens.zero_()

@@ -230,6 +230,8 @@ def attention(
     head counts), so a captured CUDA graph takes the same path every step.
 
     Arguments as :func:`prefill`. Returns ``out [num_tokens, num_q_heads, head_dim]``.
+    Rows of tokens past ``cu_seqlens_q[-1]`` (padding) are 0 on the decode path
+    and left untouched on the prefill path.
     """
     _check_tensor("attention", "q", q, 3)
     max_q_len = _check_max_q_len("attention", max_q_len)

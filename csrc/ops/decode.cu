@@ -3,6 +3,7 @@
 // (attention_kernel.cuh) with the decode work mapping for bf16 / fp16, the
 // CUDA-core kernel (attention_fp32.cuh) for fp32. Each block writes one
 // normalized fp32 partial + lse per row; `combine` merges the splits.
+#include <limits>
 #include <optional>
 #include <type_traits>
 
@@ -64,7 +65,13 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionParams p = make_attention_params("decode", s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, max_q_len, scale, causal);
-  if (T == 0 || H == 0 || s.num_seqs == 0 || max_q_len == 0) return;
+  if (T == 0 || H == 0) return;
+  if (s.num_seqs == 0 || max_q_len == 0) {
+    // No block runs, so no block marks the (all-padding) tokens: give them the
+    // neutral partial here, as the kernel would (combine then writes 0).
+    partial_lse.fill_(-std::numeric_limits<float>::infinity());
+    return;
+  }
 
   const at::Tensor q_c = rows_aligned16(q) ? q : q.contiguous();
   p.q = q_c.data_ptr();

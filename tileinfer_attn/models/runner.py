@@ -51,12 +51,10 @@ class PagedRunner:
         """Captures one decode step (1 token per slot, all max_seqs slots) in a CUDA graph."""
         b = self.max_seqs
         self._ids = torch.zeros(b, dtype=torch.long, device=self.device)
+        # Captured with every slot empty (static(): no queries, length 0), so the
+        # warm-up run writes nothing into the caches; each replay update_()s the
+        # buffers' contents with the real step.
         self._meta = AttentionMetadata.static(b, self.block_tables.shape[1], 1, self.device)
-        self._meta.block_tables.copy_(self.block_tables)
-        # Captured with every slot empty (no queries, length 0): the warm-up run
-        # then writes nothing into the caches; replays set the real lengths.
-        self._meta.cu_seqlens_q.zero_()
-        self._meta.seq_lens.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside the graph (allocations, lazy init)
@@ -70,16 +68,11 @@ class PagedRunner:
         """One decode token for each of the first len(tokens) slots, by graph replay.
         Unused slots are padded (length 0: no work, no NaN). Returns [len(tokens), vocab]."""
         b = len(tokens)
+        new_lens = [self.lens[i] + 1 for i in range(b)]
         ids = torch.zeros(self.max_seqs, dtype=torch.long)
         ids[:b] = torch.tensor(list(tokens))
-        lens = torch.zeros(self.max_seqs, dtype=torch.int32)
-        lens[:b] = torch.tensor([self.lens[i] + 1 for i in range(b)], dtype=torch.int32)
-        cu = torch.zeros(self.max_seqs + 1, dtype=torch.int32)
-        cu[1:b + 1] = torch.arange(1, b + 1, dtype=torch.int32)
-        cu[b + 1:] = b
         self._ids.copy_(ids)
-        self._meta.seq_lens.copy_(lens)
-        self._meta.cu_seqlens_q.copy_(cu)
+        self._meta.update_(AttentionMetadata.build(self.block_tables[:b], new_lens, [1] * b, self.device))
         self._graph.replay()
-        self.lens[:b] = [self.lens[i] + 1 for i in range(b)]
+        self.lens[:b] = new_lens
         return self._logits[:b].clone()
