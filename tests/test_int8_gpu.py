@@ -1,0 +1,465 @@
+"""GPU tests of attention over an int8 KV cache (SPEC section 6): CUDA prefill,
+decode (its partials merged in float64, and decode + combine) and the
+`attention` dispatcher, against float64 attention on the dequantized cache
+(reference.paged_attention(..., exact=True) with k_scale / v_scale / k_smooth);
+same bits run to run; an int8 decode step (quantizing cache_write + attention)
+captured in a CUDA graph and replayed while sequences grow; adversarial
+metadata (kept last: a fault kills the CUDA context).
+
+Numerics of the int8 kernels: queries multiplied by k_smooth in fp32 and
+rounded to q's dtype; int8 keys / values converted exactly to q's dtype (every
+int8 value is a bf16 / fp16 integer); each key's score multiplied by its
+k_scale; each probability multiplied by its value's v_scale in fp32 and rounded
+to q's dtype for the PV product on the tensor cores; fp32 accumulation.
+
+Every case draws fresh random inputs (a seed per test id; int8 values in
+[-127, 127] with random per-vector scales and smoothing factors, never zeros)
+and poisons outputs with NaN first, so unwritten elements fail.
+
+    python3 -m pytest -q -rs -n 8 tests/test_int8_gpu.py     # on a GPU machine
+"""
+import dataclasses
+import math
+import zlib
+
+import pytest
+import torch
+
+from op_helpers import has_cuda_kernel
+from tileinfer_attn import reference
+from tileinfer_attn.testing import make_problem, poison_, ulp_error
+
+pytestmark = pytest.mark.gpu
+
+ops = torch.ops.tileinfer_attn
+DEV = "cuda"
+DTYPES = [torch.bfloat16, torch.float16]  # q's dtype; an int8 cache takes bf16 / fp16 queries only
+# Output tolerance, in ulps of q's dtype at each row's magnitude: 6, where the
+# bf16 / fp16 caches get 4 (SPEC section 4). The int8 kernels round two products
+# to q's dtype that the float64 reference keeps exact: q * k_smooth (every query
+# channel gets up to half an ulp of error, which moves every score) and
+# p * v_scale before the PV product (the bf16 kernels round p alone; here the
+# product, the same relative error but on top of the score error). An
+# emulation of these roundings in PyTorch (single pass, no split) reached
+# 2.8 ulps with smoothing and 1.2 without over d 64-256, pages 16/64, lengths up
+# to 700; the kernels' online-softmax rescaling and the merge of splits add what
+# they add on the bf16 cache (within 4). 6 leaves that margin, and a real bug
+# (a scale applied twice or not at all, a wrong page, a missed mask) is off by
+# far more.
+ULPS = 6.0
+# lse (fp32), relative to max(1, |lse|), as for the bf16 caches
+# (tests/test_attention_gpu.py); with k_smooth plus twice the lse shift that
+# rounding q * k_smooth to q's dtype causes (computed in float64, see check_lse).
+LSE_REL = 1e-4
+
+
+def need(*names):
+    """Skips the test unless this build has CUDA kernels for all the ops named.
+    (A build whose kernels still refuse an int8 cache fails: that is what these
+    tests are for.)"""
+    missing = [n for n in names if not has_cuda_kernel(n)]
+    if missing:
+        pytest.skip(f"this build has no CUDA kernel for {', '.join('tileinfer_attn::' + n for n in missing)}")
+
+
+def need_attention():
+    need("prefill", "decode", "combine")  # `attention` itself is always registered; it calls these
+
+
+@pytest.fixture
+def seed(request):
+    """A different, reproducible seed for every test case."""
+    return zlib.crc32(request.node.nodeid.encode())
+
+
+# ------------------------------------------------------------------ problems and oracles
+def int8_problem(seq_lens, q_lens, hq, hkv, head_dim, page, dtype=torch.bfloat16, seed=0, smooth=True):
+    """testing.make_problem with an int8 cache (random int8 values, per-vector
+    scales in [0.005, 0.025], smoothing factors in [0.25, 2.25]); smooth=False
+    drops k_smooth (the ops then take none)."""
+    p = make_problem(seq_lens, q_lens, hq, hkv, head_dim, page, dtype=dtype, device=DEV, seed=seed, int8=True)
+    return p if smooth else dataclasses.replace(p, k_smooth=None)
+
+
+def exact_attention(p, causal, q=None, k_smooth="problem"):
+    """float64 (out, lse) on the dequantized cache. A sequence with queries but
+    no position (seq_lens <= 0) is given one position on no page, which the
+    reference treats the same way: its rows see nothing."""
+    lens = p.seq_lens.clone()
+    tables = p.block_tables.clone()
+    empty = lens <= 0
+    lens[empty] = 1
+    tables[empty] = -1
+    return reference.paged_attention(p.q if q is None else q, p.k_cache, p.v_cache, tables, lens, p.cu_seqlens_q,
+                                     p.scale, causal, k_scale=p.k_scale, v_scale=p.v_scale,
+                                     k_smooth=p.k_smooth if k_smooth == "problem" else k_smooth,
+                                     exact=True, return_lse=True)
+
+
+def smoothed_queries(p):
+    """q * k_smooth in fp32, rounded to q's dtype: the queries the kernels use
+    (each query head multiplied by its KV head's factors)."""
+    group = p.q.shape[1] // p.k_cache.shape[1]
+    return (p.q.float() * p.k_smooth.repeat_interleave(group, 0)[None]).to(p.q.dtype)
+
+
+def check_out(out, exact, dtype, what, ulps=ULPS):
+    err = ulp_error(out, exact, dtype)
+    assert err <= ulps, f"{what}: {err:.2f} ulps > {ulps}"
+    return err
+
+
+def check_lse(lse, exact_lse, p, causal, what):
+    """lse against float64, relative to max(1, |lse|). With k_smooth the scores
+    of the kernels are those of the rounded queries q * k_smooth (a shift of a
+    few 1e-3 for d 128, above the bf16 caches' 1e-4): twice the shift that
+    rounding causes in float64 is allowed on top, so a kernel that rounds and
+    one that does not both pass, and a wrong scale does not."""
+    lse = lse.double()
+    assert not torch.isnan(lse).any(), f"{what}: NaN in lse"
+    seen = torch.isfinite(exact_lse)
+    assert torch.equal(torch.isfinite(lse), seen), f"{what}: lse finite where exact is -inf (or the reverse)"
+    assert torch.all(lse[~seen] == float("-inf")), f"{what}: rows that see nothing must have lse = -inf"
+    if not seen.any():
+        return
+    tol = LSE_REL * exact_lse.abs().clamp_min(1.0)
+    if p.k_smooth is not None:
+        _, rounded_lse = exact_attention(p, causal, q=smoothed_queries(p), k_smooth=None)
+        tol = tol + 2 * torch.where(seen, (rounded_lse - exact_lse).abs(), torch.zeros_like(tol))
+    excess = ((lse - exact_lse).abs() - tol)[seen]
+    assert excess.max().item() <= 0, (f"{what}: lse error above tolerance by {excess.max().item():.3g} "
+                                      f"(largest error {(lse - exact_lse)[seen].abs().max().item():.3g})")
+
+
+def check_neutral_splits(po, pl, p, splits):
+    """Splits past a sequence's pages write the neutral partial: out 0, lse -inf."""
+    page = p.k_cache.shape[2]
+    cu = p.cu_seqlens_q.tolist()
+    for s, length in enumerate(p.seq_lens.tolist()):
+        pages = math.ceil(length / page)
+        per = math.ceil(pages / splits)
+        for i in range(splits):
+            if i * per >= pages:
+                rows = slice(cu[s], cu[s + 1])
+                assert torch.all(po[i, rows] == 0) and torch.all(pl[i, rows] == float("-inf")), \
+                    f"split {i} of sequence {s} has no pages but is not neutral"
+
+
+# ------------------------------------------------------------------ runners
+# The int8 arguments go in as keywords (prefill, attention) and positionally
+# (decode): both forms of the schema's optional trailing tensors.
+def run_prefill(p, causal, with_lse=True):
+    out = poison_(torch.empty_like(p.q))
+    lse = poison_(torch.empty(p.q.shape[:2], dtype=torch.float32, device=DEV)) if with_lse else None
+    ops.prefill(out, lse, *p.args(), p.scale, causal, k_scale=p.k_scale, v_scale=p.v_scale, k_smooth=p.k_smooth)
+    return out, lse
+
+
+def run_decode(p, causal, splits):
+    t, h, d = p.q.shape
+    po = poison_(torch.empty(splits, t, h, d, dtype=torch.float32, device=DEV))
+    pl = poison_(torch.empty(splits, t, h, dtype=torch.float32, device=DEV))
+    ops.decode(po, pl, *p.args(), p.scale, causal, p.k_scale, p.v_scale, p.k_smooth)
+    return po, pl
+
+
+def run_combine(po, pl, dtype, with_lse=True):
+    _, t, h, d = po.shape
+    out = poison_(torch.empty(t, h, d, dtype=dtype, device=po.device))
+    lse = poison_(torch.empty(t, h, dtype=torch.float32, device=po.device)) if with_lse else None
+    ops.combine(out, lse, po, pl)
+    return out, lse
+
+
+def run_attention(p, causal, positional=False):
+    out = poison_(torch.empty_like(p.q))
+    if positional:
+        ops.attention(out, *p.args(), p.scale, causal, p.k_scale, p.v_scale, p.k_smooth)
+    else:
+        ops.attention(out, *p.args(), p.scale, causal, k_scale=p.k_scale, v_scale=p.v_scale, k_smooth=p.k_smooth)
+    return out
+
+
+SMOOTH = [True, False]
+SMOOTH_IDS = ["smooth", "plain"]
+
+
+# ------------------------------------------------------------------ prefill
+@pytest.mark.parametrize("smooth", SMOOTH, ids=SMOOTH_IDS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("page", [16, 64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_int8_prefill(dtype, head_dim, page, causal, smooth, seed):
+    """Lengths 1, page - 1, page, page + 1 and several pages in one batch; full
+    prompts and chunked prefill (fewer queries than positions); GQA groups 1, 4
+    and 8 in turn."""
+    need("prefill")
+    group = (1, 4, 8)[(head_dim // 64 + page // 16) % 3]
+    seq_lens = [1, page - 1, page, page + 1, 3 * page + 7]
+    q_lens = [1, page - 1, page // 2, 1, 2 * page + 3]
+    p = int8_problem(seq_lens, q_lens, 2 * group, 2, head_dim, page, dtype, seed, smooth)
+    out, lse = run_prefill(p, causal)
+    exact, exact_lse = exact_attention(p, causal)
+    check_out(out, exact, dtype, f"int8 prefill (group {group})")
+    check_lse(lse, exact_lse, p, causal, f"int8 prefill lse (group {group})")
+
+
+def test_int8_prefill_long(seed):
+    """A 3000-position prompt next to a chunk of 200 queries at the end of 2500
+    positions: many key tiles, several query tiles per sequence."""
+    need("prefill")
+    p = int8_problem([3000, 2500], [3000, 200], 8, 2, 128, 64, seed=seed)
+    out, lse = run_prefill(p, True)
+    exact, exact_lse = exact_attention(p, True)
+    check_out(out, exact, torch.bfloat16, "int8 prefill long")
+    check_lse(lse, exact_lse, p, True, "int8 prefill long lse")
+
+
+# ------------------------------------------------------------------ decode: partials merged in float64
+# Per (dtype, head_dim, page): three of the nine (group, n) pairs of groups
+# 1/4/8 x n 1/4/16, rotated so that each dtype meets every pair; split counts
+# 1 / 5 / 32 (32: most splits neutral), causal and smoothing in turn.
+GROUP_N = [(g, n) for g in (1, 4, 8) for n in (1, 4, 16)]
+DECODE_CASES = []
+for _dtype in DTYPES:
+    for _j, (_d, _page) in enumerate((d, pg) for d in (64, 128, 256) for pg in (16, 64, 128)):
+        for _g, _n in GROUP_N[(3 * _j) % 9: (3 * _j) % 9 + 3]:
+            _c = len(DECODE_CASES)
+            _splits, _causal, _smooth = (1, 5, 32)[_c % 3], _c % 4 != 3, (_c // 3) % 2 == 0
+            DECODE_CASES.append(pytest.param(
+                _dtype, _d, _page, _g, _n, _splits, _causal, _smooth,
+                id=f"{str(_dtype).split('.')[-1]}-d{_d}-page{_page}-group{_g}-n{_n}-splits{_splits}"
+                   f"-{'causal' if _causal else 'full'}-{'smooth' if _smooth else 'plain'}"))
+
+
+@pytest.mark.parametrize("dtype,head_dim,page,group,n,splits,causal,smooth", DECODE_CASES)
+def test_int8_decode_partials(dtype, head_dim, page, group, n, splits, causal, smooth, seed):
+    """decode alone: its partials merged by reference.merge_partials in float64
+    (independent of the combine kernel); splits without pages are neutral."""
+    need("decode")
+    seq_lens = [n, max(n, page - 1), page, page + 1, 700]
+    p = int8_problem(seq_lens, [n] * len(seq_lens), 2 * group, 2, head_dim, page, dtype, seed, smooth)
+    po, pl = run_decode(p, causal, splits)
+    assert not torch.isnan(po).any() and not torch.isnan(pl).any(), "unwritten or NaN partials"
+    merged, merged_lse = reference.merge_partials(po, pl)
+    exact, exact_lse = exact_attention(p, causal)
+    check_out(merged, exact, dtype, "int8 decode merged")
+    check_lse(merged_lse, exact_lse, p, causal, "int8 decode merged lse")
+    check_neutral_splits(po, pl, p, splits)
+
+
+# ------------------------------------------------------------------ decode + combine
+@pytest.mark.parametrize("page", [16, 64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_int8_decode_combine(dtype, head_dim, page, seed):
+    """Plain decode (one query per sequence) through decode + combine, lengths
+    at and around page boundaries in one batch; smoothing on for half the cases."""
+    need("decode", "combine")
+    smooth = (head_dim // 64 + page // 16) % 2 == 0
+    p = int8_problem([1, page - 1, page, page + 1, 5 * page + 3], [1] * 5, 8, 2, head_dim, page, dtype, seed,
+                     smooth)
+    po, pl = run_decode(p, True, 4)
+    out, lse = run_combine(po, pl, dtype)
+    exact, exact_lse = exact_attention(p, True)
+    check_out(out, exact, dtype, f"int8 decode + combine (k_smooth: {smooth})")
+    check_lse(lse, exact_lse, p, True, f"int8 decode + combine lse (k_smooth: {smooth})")
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_int8_decode_steps(n, group, causal, seed):
+    """Steps of n queries per sequence (decode, speculative verify) for GQA
+    groups 1, 4, 8 through decode + combine; sequences of different lengths."""
+    need("decode", "combine")
+    p = int8_problem([n, 70, 300, 64 + n], [n] * 4, 2 * group, 2, 128, 64, seed=seed)
+    po, pl = run_decode(p, causal, 8 if n > 8 else 16)
+    out, lse = run_combine(po, pl, torch.bfloat16)
+    exact, exact_lse = exact_attention(p, causal)
+    check_out(out, exact, torch.bfloat16, f"int8 decode n={n} group={group}")
+    check_lse(lse, exact_lse, p, causal, f"int8 decode n={n} group={group} lse")
+
+
+# ------------------------------------------------------------------ attention dispatcher
+@pytest.mark.parametrize("max_q_len", [1, 4, 16, 17])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_int8_attention(dtype, group, max_q_len, seed):
+    """The dispatcher on an int8 cache: decode + combine for <= 16 queries and a
+    power-of-two group, prefill otherwise (group 3 always, 17 queries); causal
+    and not; smoothing on for half the cases."""
+    need_attention()
+    n = max_q_len
+    smooth = (group + max_q_len) % 2 == 1
+    p = int8_problem([n, n + 50, 64 + n, 900], [n, max(1, n // 2), n, 1], 2 * group, 2, 128, 64, dtype, seed,
+                     smooth)
+    for causal in (True, False):
+        out = run_attention(p, causal)
+        check_out(out, exact_attention(p, causal)[0], dtype,
+                  f"int8 attention causal={causal} k_smooth={smooth}")
+
+
+# ------------------------------------------------------------------ determinism
+@pytest.mark.parametrize("path", ["prefill", "decode", "attention"])
+def test_int8_deterministic(path, seed):
+    """Same inputs, same bits (fixed merge order, no atomics); for `attention`
+    also the same bits with the int8 arguments given positionally."""
+    need(*{"prefill": ["prefill"], "decode": ["decode", "combine"], "attention": ["prefill", "decode", "combine"]}[path])
+    q_lens = [600, 1, 77, 1000] if path == "prefill" else [1, 1, 4, 1]
+    p = int8_problem([2000, 3000, 77, 1000], q_lens, 16, 4, 128, 64, seed=seed)
+
+    def once(positional=False):
+        if path == "prefill":
+            return run_prefill(p, True)
+        if path == "decode":
+            return run_combine(*run_decode(p, True, 32), torch.bfloat16)
+        return run_attention(p, True, positional), torch.zeros(1)
+
+    (a, a_lse), (b, b_lse) = once(), once()
+    assert torch.isfinite(a).all()
+    assert torch.equal(a, b) and torch.equal(a_lse, b_lse), f"int8 {path}: two runs gave different bits"
+    if path == "attention":
+        c, _ = once(positional=True)
+        assert torch.equal(a, c), "int8 attention: keyword and positional int8 arguments gave different bits"
+
+
+# ------------------------------------------------------------------ CUDA graphs
+@pytest.mark.parametrize("group", [4, 3], ids=["decode_path", "prefill_path"])
+def test_int8_cuda_graph_decode_steps(group, seed):
+    """One int8 decode step (quantizing cache_write with k_smooth, then
+    attention) captured once with static block_tables / seq_lens /
+    cu_seqlens_q buffers, replayed for 40 steps while sequences grow across
+    page boundaries (the host only copies new page ids, lengths and this step's
+    q / k / v into the static buffers). Every replay must equal an eager step
+    on separate pools bit for bit (output, int8 pages and scales), and float64
+    attention on the dequantized cache every few steps."""
+    need_attention()
+    need("cache_write")
+    g = torch.Generator().manual_seed(seed)
+    dtype, page, kv_heads, d, steps = torch.bfloat16, 16, 2, 128, 40
+    hq = group * kv_heads
+    start = [page - 3, 2 * page - 1, 5]
+    num_seqs = len(start)
+    max_pages = math.ceil((max(start) + steps) / page) + 1
+    num_pages = num_seqs * max_pages + 3
+    shape = (num_pages, kv_heads, page, d)
+    # Cached positions before the first step: random int8 vectors and scales.
+    cache = [torch.randint(-127, 128, shape, generator=g, dtype=torch.int8),
+             torch.randint(-127, 128, shape, generator=g, dtype=torch.int8),
+             torch.rand(shape[:3], generator=g) * 0.02 + 0.005,
+             torch.rand(shape[:3], generator=g) * 0.02 + 0.005]
+    cache = [t.to(DEV) for t in cache]  # k_cache, v_cache, k_scale, v_scale
+    eager_cache = [t.clone() for t in cache]
+    k_smooth = (torch.rand(kv_heads, d, generator=g) * 2 + 0.25).to(DEV)
+    free = torch.randperm(num_pages, generator=g).tolist()
+    table = torch.full((num_seqs, max_pages), -1, dtype=torch.int32)  # host copy; -1: no page yet
+    lens = list(start)
+    for s, length in enumerate(lens):
+        for j in range(math.ceil(length / page)):
+            table[s, j] = free.pop()
+    scale = d ** -0.5
+
+    # Static buffers: the graph reads these addresses on every replay.
+    q = torch.empty(num_seqs, hq, d, dtype=dtype, device=DEV)
+    k = torch.empty(num_seqs, kv_heads, d, dtype=dtype, device=DEV)
+    v = torch.empty_like(k)
+    block_tables = table.to(DEV)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    cu_seqlens_q = torch.arange(num_seqs + 1, dtype=torch.int32, device=DEV)
+    out = torch.empty_like(q)
+
+    def step(pools, o, qq, kk, vv, bt, sl):
+        k_cache, v_cache, k_scale, v_scale = pools
+        ops.cache_write(k_cache, v_cache, kk, vv, bt, sl, cu_seqlens_q, k_scale, v_scale, k_smooth)
+        ops.attention(o, qq, k_cache, v_cache, bt, sl, cu_seqlens_q, 1, scale, True,
+                      k_scale=k_scale, v_scale=v_scale, k_smooth=k_smooth)
+
+    def next_step_inputs():
+        """Grows every sequence by one position (a new page when it crosses a
+        boundary), new random q / k / v, copied into the static buffers."""
+        for s in range(num_seqs):
+            if lens[s] % page == 0:
+                table[s, lens[s] // page] = free.pop()
+            lens[s] += 1
+        for dst in (q, k, v):
+            dst.copy_(torch.randn(dst.shape, generator=g).to(dtype))
+        block_tables.copy_(table)
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+
+    next_step_inputs()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(cache, out, q, k, v, block_tables, seq_lens)  # warm-up (writes this step's k / v: the same values)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(cache, out, q, k, v, block_tables, seq_lens)
+
+    crossed = 0
+    for i in range(steps):
+        if i > 0:
+            next_step_inputs()
+        crossed += sum(1 for x in lens if x % page == 1)
+        poison_(out)
+        graph.replay()
+        eager_out = poison_(torch.empty_like(out))
+        step(eager_cache, eager_out, q.clone(), k.clone(), v.clone(), block_tables.clone(), seq_lens.clone())
+        assert torch.isfinite(out).all(), f"step {i}: NaN / inf (or unwritten rows) in the replayed output"
+        assert torch.equal(out, eager_out), f"step {i}: graph replay differs from eager"
+        if i % 10 == 0 or i == steps - 1:
+            names = ("k_cache", "v_cache", "k_scale", "v_scale")
+            differ = [n for n, a, b in zip(names, cache, eager_cache) if not torch.equal(a, b)]
+            assert not differ, f"step {i}: the replayed step wrote different {differ} than eager"
+            exact = reference.paged_attention(q, cache[0], cache[1], block_tables, seq_lens, cu_seqlens_q, scale,
+                                              True, k_scale=cache[2], v_scale=cache[3], k_smooth=k_smooth,
+                                              exact=True)
+            check_out(out, exact, dtype, f"int8 graph step {i} (lengths {lens})")
+    assert crossed >= 3, "the sequences were meant to cross page boundaries"
+
+
+# ------------------------------------------------------------------ bad device data (keep last)
+def check_context_alive(seed):
+    """After bad metadata the CUDA context still works: a later int8 op runs and is right."""
+    torch.cuda.synchronize()
+    p = int8_problem([100, 33], [1, 1], 8, 2, 128, 16, seed=seed + 1)
+    out = run_attention(p, True)
+    check_out(out, exact_attention(p, True)[0], torch.bfloat16, "int8 attention after bad metadata")
+
+
+@pytest.mark.parametrize("path", ["prefill", "decode", "attention"])
+def test_int8_adversarial_metadata(path, seed):
+    """Out-of-range and negative page ids, a seq_len beyond what the table holds
+    and a negative one, on an int8 cache: no fault, finite output, the
+    untouched sequences exactly right, every row as the reference reads the
+    metadata (bad pages skipped, lengths clamped), and a later op still works."""
+    need_path = {"prefill": lambda: need("prefill"), "decode": lambda: need("decode", "combine"),
+                 "attention": need_attention}
+    need_path[path]()
+    need_attention()  # check_context_alive
+    q_lens = [5, 3, 20, 1, 7, 9] if path == "prefill" else [1, 2, 1, 1, 4, 1]
+    p = int8_problem([70, 40, 33, 20, 50, 90], q_lens, 8, 2, 64, 16, seed=seed)
+    num_pages, page = p.k_cache.shape[0], p.k_cache.shape[2]
+    bt, sl = p.block_tables, p.seq_lens
+    bt[0, 1] = num_pages + 5
+    bt[0, 2] = 2**31 - 1
+    bt[1, 0] = -3
+    sl[2] = bt.shape[1] * page + 1000  # beyond the table: clamped
+    sl[3] = -7  # negative: no position
+    good = slice(int(p.cu_seqlens_q[4]), int(p.cu_seqlens_q[6]))  # sequences 4 and 5 are untouched
+    if path == "prefill":
+        out, lse = run_prefill(p, True)
+    elif path == "decode":
+        out, lse = run_combine(*run_decode(p, True, 4), torch.bfloat16)
+    else:
+        out, lse = run_attention(p, True), None
+    torch.cuda.synchronize()  # a fault would raise here
+    assert torch.isfinite(out).all(), "NaN / inf with bad metadata"
+    exact, exact_lse = exact_attention(p, True)
+    check_out(out[good], exact[good], torch.bfloat16, f"int8 {path}: sequences with good metadata")
+    check_out(out, exact, torch.bfloat16, f"int8 {path} with bad metadata (as the reference reads it)")
+    if lse is not None:
+        check_lse(lse, exact_lse, p, True, f"int8 {path} with bad metadata lse")
+    check_context_alive(seed)
