@@ -285,14 +285,6 @@ def test_adversarial_metadata(op, dtype):
     torch.ones(4, device=DEV).sum().item()
 
 
-def test_int8_cache_not_implemented_yet():
-    _need("prefill")
-    prob = testing.make_problem([20], [4], 4, 2, 64, 16, dtype=torch.bfloat16, device=DEV, int8=True)
-    out = torch.empty_like(prob.q)
-    with pytest.raises(RuntimeError, match="int8 KV cache is not implemented on CUDA yet"):
-        ops.prefill(out, None, *prob.args(), prob.scale, True, **prob.int8_kwargs())
-
-
 # ---------------------------------------------------------------- CUDA graphs
 def test_decode_cuda_graph_replay_as_sequences_grow():
     """One decode step captured once, replayed while the sequences grow across

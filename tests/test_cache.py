@@ -158,9 +158,10 @@ def test_cache_with_ops_matches_reference(device, dtype):
 
     if device == "cuda":
         skip_unless_cuda_kernel("cache_write", "attention", "prefill", "decode", "combine")
-        if dtype == torch.int8:
-            pytest.skip("int8 attention kernels on CUDA are not implemented yet (issue 6)")
     qdt = torch.bfloat16
+    # ulps of bf16 against float64 (SPEC section 4); the CUDA int8 kernels also
+    # round q * k_smooth and p * v_scale to bf16: 6 (tests/test_int8_gpu.py says why).
+    tol = 6 if dtype == torch.int8 and device == "cuda" else 4
     c = PagedKVCache(2, 40, 2, 64, page_size=16, dtype=dtype, device=device, max_seqs=4)
     if dtype == torch.int8:
         c.k_smooth.uniform_(0.5, 2.0)
@@ -181,7 +182,7 @@ def test_cache_with_ops_matches_reference(device, dtype):
                                **kw)
             ref = R.paged_attention(q, k_cache, v_cache, md.block_tables, md.seq_lens, md.cu_seqlens_q, 0.125,
                                     exact=True, **kw)
-            assert ulp_error(out, ref, qdt) <= 4
+            assert ulp_error(out, ref, qdt) <= tol
             if dtype != torch.int8:
                 # the keys just written sit at the end of each sequence
                 last = md.cu_seqlens_q[1:].long() - 1
