@@ -66,6 +66,10 @@ def need_attention():
     need("prefill", "decode", "combine")  # `attention` itself is always registered; it calls these
 
 
+# The CUDA kernels behind each test path.
+PATH_KERNELS = {"prefill": ("prefill",), "decode": ("decode", "combine"), "attention": ("prefill", "decode", "combine")}
+
+
 @pytest.fixture
 def seed(request):
     """A different, reproducible seed for every test case."""
@@ -306,7 +310,7 @@ def test_int8_attention(dtype, group, max_q_len, seed):
 def test_int8_deterministic(path, seed):
     """Same inputs, same bits (fixed merge order, no atomics); for `attention`
     also the same bits with the int8 arguments given positionally."""
-    need(*{"prefill": ["prefill"], "decode": ["decode", "combine"], "attention": ["prefill", "decode", "combine"]}[path])
+    need(*PATH_KERNELS[path])
     q_lens = [600, 1, 77, 1000] if path == "prefill" else [1, 1, 4, 1]
     p = int8_problem([2000, 3000, 77, 1000], q_lens, 16, 4, 128, 64, seed=seed)
 
@@ -435,9 +439,7 @@ def test_int8_adversarial_metadata(path, seed):
     and a negative one, on an int8 cache: no fault, finite output, the
     untouched sequences exactly right, every row as the reference reads the
     metadata (bad pages skipped, lengths clamped), and a later op still works."""
-    need_path = {"prefill": lambda: need("prefill"), "decode": lambda: need("decode", "combine"),
-                 "attention": need_attention}
-    need_path[path]()
+    need(*PATH_KERNELS[path])
     need_attention()  # check_context_alive
     q_lens = [5, 3, 20, 1, 7, 9] if path == "prefill" else [1, 2, 1, 1, 4, 1]
     p = int8_problem([70, 40, 33, 20, 50, 90], q_lens, 8, 2, 64, 16, seed=seed)
