@@ -13,6 +13,8 @@ from pathlib import Path
 
 OURS_DECODE = "tileinfer decode (attention op)"
 OURS_PREFILL = "tileinfer prefill"
+INT8_DECODE, BF16_DECODE = "tileinfer int8 (attention op)", "tileinfer bf16 (attention op)"
+INT8_PREFILL, BF16_PREFILL = "tileinfer int8 prefill", "tileinfer bf16 prefill"
 
 
 def latest(results: Path, name: str):
@@ -28,6 +30,39 @@ def row(data, case, impl):
         if r.get("case") == case and r.get("impl") == impl:
             return r
     return None
+
+
+def find(rows, case, impl):
+    return next((r for r in rows or [] if r.get("case") == case and r.get("impl") == impl), None)
+
+
+def int8_lines(data) -> list:
+    """bench_int8.py: decode and prefill int8 vs bf16 (our ops), and the accuracy table."""
+    out = ["int8 decode (attention op; speedup = t_bf16 / t_int8; GB/s of int8 k+v + fp32 scales):"]
+    for case in dict.fromkeys(r.get("case") for r in data.get("rows", [])):
+        i8, b16 = find(data["rows"], case, INT8_DECODE), find(data["rows"], case, BF16_DECODE)
+        out.append(f"  {case:7s} int8 {f(i8 and i8['us'], '.1f'):>7s} us {f(i8 and i8.get('gbps')):>5s} GB/s "
+                   f"{f(i8 and i8.get('pct_copy')):>3s}% copy | bf16 {f(b16 and b16['us'], '.1f'):>7s} us | "
+                   f"speedup {ratio(b16, i8)}")
+    prefill = data.get("prefill", [])
+    if prefill:
+        out.append("int8 prefill TFLOP/s (causal), int8 | bf16:")
+        for case in dict.fromkeys(r.get("case") for r in prefill):
+            i8, b16 = find(prefill, case, INT8_PREFILL), find(prefill, case, BF16_PREFILL)
+            out.append(f"  {case:6s} int8 {f(i8 and i8.get('tflops')):>4s} | bf16 {f(b16 and b16.get('tflops')):>4s} "
+                       f"| speedup {ratio(b16, i8)}")
+    acc = data.get("accuracy", [])
+    if acc:
+        out.append("int8 accuracy, relative error vs float64 on the unquantized bf16 inputs "
+                   "(in parentheses: float64 on the dequantized cache, the quantization alone):")
+        for keys in dict.fromkeys(r.get("keys") for r in acc):
+            err = {r.get("impl"): r.get("rel_error") for r in acc if r.get("keys") == keys}
+            out.append(f"  {keys:16s} bf16 {f(err.get('bf16 cache (attention op)'), '.1e')} | int8 "
+                       f"{f(err.get('int8 cache (attention op)'), '.1e')} "
+                       f"({f(err.get('int8: float64 on the dequantized cache'), '.1e')}) | int8 smoothed "
+                       f"{f(err.get('int8 smoothed cache (attention op)'), '.1e')} "
+                       f"({f(err.get('int8 smoothed: float64 on the dequantized cache'), '.1e')})")
+    return out
 
 
 def f(x, spec=".0f"):
@@ -54,12 +89,12 @@ def main():
     p.add_argument("--tests-log", type=Path)
     p.add_argument("--build-status", default="")
     a = p.parse_args()
-    dec, pre, inp = (latest(a.results, n) for n in ("bench_decode", "bench_prefill", "bench_inputs"))
+    dec, pre, inp, i8 = (latest(a.results, n) for n in ("bench_decode", "bench_prefill", "bench_inputs", "bench_int8"))
     out = ["", "================ gpu_check summary ================"]
-    env = (dec or pre or inp or {}).get("env", {})
+    env = (dec or pre or inp or i8 or {}).get("env", {})
     out.append(f"card {env.get('card', '?')}  date {env.get('date', '?')}  torch {env.get('torch', '?')}"
                + (f"  build: {a.build_status}" if a.build_status else ""))
-    for name, data in (("decode", dec), ("prefill", pre), ("inputs", inp)):
+    for name, data in (("decode", dec), ("prefill", pre), ("inputs", inp), ("int8", i8)):
         ceil = (data or {}).get("ceilings") or {}
         if ceil.get("copy_gbps"):
             out.append(f"ceilings ({name} run): copy {f(ceil.get('copy_gbps'))} GB/s, "
@@ -97,7 +132,9 @@ def main():
         for r in rows[:8]:
             out.append(f"  {r.get('case', '?')} {r.get('impl', '?')}: {f(r.get('us'), '.1f')} us, "
                        f"{f(r.get('gbps'))} GB/s" + (f" ({f(r.get('pct_copy'))}% copy)" if r.get("pct_copy") else ""))
-    for name, data in (("decode", dec), ("prefill", pre), ("inputs", inp)):
+    if i8:
+        out += int8_lines(i8)
+    for name, data in (("decode", dec), ("prefill", pre), ("inputs", inp), ("int8", i8)):
         if data is None:
             out.append(f"{name}: no results")
         elif data.get("errors"):

@@ -8,7 +8,7 @@
 #   SKIP_BUILD=1     use the extension already built in place
 #   PYTEST_ARGS="-m gpu -n 8 tests"   what pytest runs (default: tests)
 #   SKIP_TESTS=1     no pytest            SKIP_SANITIZE=1  no scripts/sanitize.sh
-#   SKIP_BENCH=1     no benchmarks        BENCH_ONLY=decode,prefill,inputs  (subset)
+#   SKIP_BENCH=1     no benchmarks        BENCH_ONLY=decode,prefill,inputs,model,int8  (subset)
 #   FULL=1           full benchmark grids instead of --quick (several minutes more)
 #   BENCH_ARGS="..." extra flags for every benchmark, e.g. "--only 32k --no-plot"
 #   TILEINFER_NO_FLASHINFER=1   ignore a carried FlashInfer
@@ -34,7 +34,7 @@ step() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; collect_logs; }
 # One log file under $OUTDIR, rewritten after every step: a run stopped at its
 # time limit still brings back what it did.
 collect_logs() {
-  for part in flashinfer build tests sanitize bench_prefill bench_decode bench_inputs bench_model; do
+  for part in flashinfer build tests sanitize bench_prefill bench_decode bench_inputs bench_model bench_int8; do
     [ -f "$WORK/$part.log" ] || continue
     echo "=================================== $part.log"
     cat "$WORK/$part.log"
@@ -115,7 +115,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     step "flashinfer: using ${ok:-nothing}"
   fi
   flags="--quick"; [ -n "${FULL:-}" ] && flags=""
-  for b in prefill decode inputs model; do
+  for b in prefill decode inputs model int8; do
     f=benchmarks/bench_$b.py
     want_bench "$b" || continue
     [ -f "$f" ] || { step "$f absent"; continue; }
