@@ -14,7 +14,7 @@ for f in "$@"; do
   case "$f" in
     *.cu) nvcc $common -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo \
             -Xptxas=-v -Xcompiler -fPIC -c "$f" -o "$out/$(basename "$f").o" 2>&1 \
-            | grep -v -E "^ptxas info\s+: (Compiling|Function properties)" || exit 1 ;;
+            | grep -v -E "^ptxas info\s+: (Function properties|Compile time)" | sed -E "s/^ptxas info +: Compiling entry function .(_Z[^ ]*). for .*/\1/" | c++filt || exit 1 ;;
     *) g++ $common -fPIC -c "$f" -o "$out/$(basename "$f").o" || exit 1 ;;
   esac
   echo "compiled $f"

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "checks.h"
+#include "paged_params.h"
 #include "tileinfer/attention_fp32.cuh"
 #include "tileinfer/attention_kernel.cuh"
 #include "tileinfer/params.h"
@@ -31,14 +32,15 @@ inline bool rows_aligned16(const at::Tensor& t) {
   return aligned16(t.data_ptr()) && t.stride(0) % vec == 0 && t.stride(1) % vec == 0;
 }
 
-// Cache and metadata checks that only the CUDA kernels need, plus the int8
-// placeholder; fills the shared part of the params.
+// Cache and metadata checks that only the CUDA kernels need; fills the shared
+// part of the params.
 inline AttentionParams make_attention_params(const char* op, const PagedShape& s, const at::Tensor& q,
                                              const at::Tensor& k_cache, const at::Tensor& v_cache,
                                              const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                              const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
-                                             bool causal) {
-  TILEINFER_CHECK(!s.int8, op, ": int8 KV cache is not implemented on CUDA yet");
+                                             bool causal, const std::optional<at::Tensor>& k_scale,
+                                             const std::optional<at::Tensor>& v_scale,
+                                             const std::optional<at::Tensor>& k_smooth) {
   TILEINFER_CHECK(q.is_cuda(), op, ": q must be a CUDA tensor, got ", q.device());
   // Pool rows (page, head, slot) are int32 in the kernels.
   TILEINFER_CHECK(s.num_pages * s.num_kv_heads * s.page_size < (int64_t(1) << 31), op,
@@ -49,17 +51,7 @@ inline AttentionParams make_attention_params(const char* op, const PagedShape& s
               ": too many tokens for int32 token indices");
 
   AttentionParams p{};
-  p.kv.k_cache = k_cache.data_ptr();
-  p.kv.v_cache = v_cache.data_ptr();
-  p.kv.block_tables = block_tables.data_ptr<int32_t>();
-  p.kv.seq_lens = seq_lens.data_ptr<int32_t>();
-  p.kv.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
-  p.kv.num_seqs = static_cast<int>(s.num_seqs);
-  p.kv.max_pages = static_cast<int>(s.max_pages);
-  p.kv.num_pages = static_cast<int>(s.num_pages);
-  p.kv.num_kv_heads = static_cast<int>(s.num_kv_heads);
-  p.kv.page_size = static_cast<int>(s.page_size);
-  p.kv.head_dim = static_cast<int>(s.head_dim);
+  p.kv = paged_params(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
   p.q = q.data_ptr();
   p.q_stride_token = q.stride(0);
   p.q_stride_head = q.stride(1);

@@ -24,12 +24,15 @@ namespace {
 // into 16-key slices, merged at the end. Decode is a stream over the cache, so
 // three stages keep two tiles of copies in flight per block (d = 128: 100 KB,
 // two blocks per SM); d = 256 keeps two stages to fit.
-template <typename T, int D>
-using DecodeTileSmall = TileConfig<T, D, 1, 4, 1, 64, (D == 256 ? 2 : 3)>;
+// An int8 cache's stages are half the bytes: one more of them, next to the
+// converted tile, keeps the bytes in flight and the two blocks per SM of d = 128.
+template <typename T, int D, typename CacheT = T>
+using DecodeTileSmall =
+    TileConfig<T, D, 1, 4, 1, 64, (D == 256 ? 2 : 3) + (std::is_same_v<CacheT, int8_t> ? 1 : 0), CacheT>;
 // More packed rows (verify steps with large groups): 64-row tiles as prefill;
 // the grid adds a row-tile dimension and row tiles share the pages through L2.
-template <typename T, int D>
-using DecodeTileLarge = TileConfig<T, D, 4, 1, 1, (D == 256 ? 32 : 64), 2>;
+template <typename T, int D, typename CacheT = T>
+using DecodeTileLarge = TileConfig<T, D, 4, 1, 1, (D == 256 ? 32 : 64), 2, CacheT>;
 
 }  // namespace
 
@@ -64,7 +67,8 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
 
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionParams p = make_attention_params("decode", s, q, k_cache, v_cache, block_tables, seq_lens,
-                                            cu_seqlens_q, max_q_len, scale, causal);
+                                            cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
+                                            k_smooth);
   if (T == 0 || H == 0) return;
   if (s.num_seqs == 0 || max_q_len == 0) {
     // No block runs, so no block marks the (all-padding) tokens: give them the
@@ -88,6 +92,9 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
     TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "decode", [&] {
       if constexpr (std::is_same_v<scalar_t, float>) {
         launch_fp32<HEAD_DIM, DecodeWork>("decode", p, stream);
+      } else if (s.int8) {
+        if (small) return launch_tile<DecodeTileSmall<scalar_t, HEAD_DIM, int8_t>, DecodeWork>("decode", p, stream);
+        launch_tile<DecodeTileLarge<scalar_t, HEAD_DIM, int8_t>, DecodeWork>("decode", p, stream);
       } else if (small) {
         launch_tile<DecodeTileSmall<scalar_t, HEAD_DIM>, DecodeWork>("decode", p, stream);
       } else {

@@ -18,6 +18,7 @@
 
 #include "checks.h"
 #include "ops.h"
+#include "paged_params.h"
 #include "tileinfer/dispatch.h"
 #include "tileinfer/inputs.cuh"
 
@@ -60,28 +61,6 @@ at::ScalarType check_kv_inputs_aligned(const char* op, const PagedShape& s, cons
 
 // ---------------------------------------------------------------------------
 // Parameter filling.
-
-PagedKVParams paged_params(const PagedShape& s, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                           const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                           const at::Tensor& cu_seqlens_q, const std::optional<at::Tensor>& k_scale,
-                           const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth) {
-  PagedKVParams p{};
-  p.k_cache = k_cache.data_ptr();
-  p.v_cache = v_cache.data_ptr();
-  p.k_scale = s.int8 ? k_scale->data_ptr<float>() : nullptr;
-  p.v_scale = s.int8 ? v_scale->data_ptr<float>() : nullptr;
-  p.k_smooth = s.int8 && k_smooth.has_value() ? k_smooth->data_ptr<float>() : nullptr;
-  p.block_tables = block_tables.data_ptr<int32_t>();
-  p.seq_lens = seq_lens.data_ptr<int32_t>();
-  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
-  p.num_seqs = static_cast<int>(s.num_seqs);
-  p.max_pages = static_cast<int>(s.max_pages);
-  p.num_pages = static_cast<int>(s.num_pages);
-  p.num_kv_heads = static_cast<int>(s.num_kv_heads);
-  p.page_size = static_cast<int>(s.page_size);
-  p.head_dim = static_cast<int>(s.head_dim);
-  return p;
-}
 
 // The float4 path of the rotation needs rotary_dim / 2 to be a multiple of the
 // element vector and 16-byte aligned table rows.

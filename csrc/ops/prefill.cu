@@ -33,8 +33,12 @@ namespace {
 //   re-read from shared memory per tile. 32-key tiles keep it within 255
 //   registers without spills (64-key tiles spilled and ran 1-4% slower), three
 //   stages; ~102 KB of shared memory, two blocks per SM. d <= 128.
-template <typename T, int D>
-using PrefillTileSmall = TileConfig<T, D, 4, 1, 1, (D == 256 ? 32 : 64), 2>;
+// - int8 cache: 64-row tiles only (the converted K / V tile takes the shared
+//   memory that the 128-row tile's third stage needs); the int8 stages are half
+//   the bytes, so d <= 128 keeps three of them.
+template <typename T, int D, typename CacheT = T>
+using PrefillTileSmall = TileConfig<T, D, 4, 1, 1, (D == 256 ? 32 : 64),
+                                    (std::is_same_v<CacheT, int8_t> && D <= 128 ? 3 : 2), CacheT>;
 template <typename T, int D>
 using PrefillTileLarge = TileConfig<T, D, 4, 1, 2, 32, 3>;
 
@@ -67,7 +71,8 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
   }
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionParams p = make_attention_params("prefill", s, q, k_cache, v_cache, block_tables, seq_lens,
-                                            cu_seqlens_q, max_q_len, scale, causal);
+                                            cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
+                                            k_smooth);
   if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0 || max_q_len == 0) return;
 
   // Misaligned views (odd offsets or strides) go through aligned copies; rows
@@ -88,6 +93,8 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
     TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "prefill", [&] {
       if constexpr (std::is_same_v<scalar_t, float>) {
         launch_fp32<HEAD_DIM, PrefillWork<float>>("prefill", p, stream);
+      } else if (s.int8) {
+        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM, int8_t>, PrefillWork<scalar_t>>("prefill", p, stream);
       } else {
         if constexpr (HEAD_DIM <= 128) {
           if (large) return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM>, PrefillWork<scalar_t>>("prefill", p, stream);

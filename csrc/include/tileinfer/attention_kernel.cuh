@@ -20,13 +20,24 @@
 // the end (flash-decoding inside the block).
 // The epilogue normalizes, stages the output in shared memory as fp32 and writes
 // 16-byte vectors: `out` (prefill) or the fp32 partial (decode), plus the lse.
+//
+// INT8 cache (CacheT = int8_t, SPEC section 6): the int8 tiles and their
+// per-key fp32 scales are copied as above (half the bytes). Once a tile has
+// landed, the warps that read a key slice convert it exactly to the element type
+// in registers (int8.cuh) into one shared tile that the unchanged ldmatrix / mma
+// code reads: it holds the stored integers, not dequantized values. A key's scale
+// multiplies its column of scores, a value's scale its probabilities before P is
+// rounded for the P V product, and queries are multiplied by the keys' smoothing
+// factors when they are staged (which undoes the smoothing in the scores).
 #pragma once
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_work.cuh"
 #include "common.cuh"
+#include "int8.cuh"
 #include "mma.cuh"
 #include "params.h"
 #include "softmax.cuh"
@@ -36,9 +47,13 @@ namespace tileinfer {
 // kRowTiles: 16-row mma tiles per warp. Two (32 rows) halve the shared-memory
 // traffic per mma: every K / V fragment read by ldmatrix feeds both row tiles
 // (with one, ldmatrix bandwidth, not the tensor cores, bounds prefill).
-template <typename T_, int kHeadDim, int kWarpsM_, int kWarpsN_, int kRowTiles_, int kBlockN_, int kStages_>
+// CacheT: the pools' element type, T or int8_t.
+template <typename T_, int kHeadDim, int kWarpsM_, int kWarpsN_, int kRowTiles_, int kBlockN_, int kStages_,
+          typename CacheT_ = T_>
 struct TileConfig {
   using T = T_;
+  using CacheT = CacheT_;
+  static constexpr bool kInt8 = std::is_same_v<CacheT, int8_t>;
   static constexpr int D = kHeadDim;
   static constexpr int kWarpsM = kWarpsM_;
   static constexpr int kWarpsN = kWarpsN_;
@@ -50,6 +65,8 @@ struct TileConfig {
   static constexpr int kBlockM = kWarpRows * kWarpsM;
   static constexpr int kWarpN = kBlockN / kWarpsN;  // keys of a tile per warp
   static constexpr int kChunks = D / 8;             // 16-byte chunks per row of D elements
+  static constexpr int kRowBytes = D * static_cast<int>(sizeof(CacheT));  // one cached key / value row
+  static constexpr int kCacheChunks = kRowBytes / 16;
   // Q fragments stay in registers up to 32 registers (d = 128, one row tile);
   // beyond, next to the output accumulator, they would push the kernel past 255
   // registers, so they are re-read from shared memory (ldmatrix) per tile.
@@ -60,21 +77,28 @@ struct TileConfig {
   static_assert(kThreads == 128, "the kernels are written for 4 warps");
   static_assert(kWarpN % 16 == 0, "each warp needs whole 16-key slices (PV k-dimension)");
   static_assert(kBlockN % 32 == 0 && kBlockN <= kThreads, "one lookup thread per key, whole warps");
-  static_assert((kBlockN * kChunks) % kThreads == 0, "whole copy rounds per tile");
+  static_assert((kBlockN * kCacheChunks) % kThreads == 0, "whole copy rounds per tile");
+  static_assert(std::is_same_v<CacheT, T> || std::is_same_v<CacheT, int8_t>, "cache: the element type or int8");
+  static_assert(!kInt8 || (kWarpN * kCacheChunks) % (32 * kWarpsM) == 0, "whole conversion rounds per key slice");
   static_assert(kStages >= 2, "at least double buffering");
 
-  // Shared memory, in bytes. The K/V stages are dead once the last tile is done;
-  // the epilogue's fp32 output buffer reuses them.
-  static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V tile
+  // Shared memory, in bytes. The K/V stages (and the int8 cache's converted
+  // tile) are dead once the last tile is done; the epilogue's fp32 output
+  // buffer reuses them.
+  static constexpr int kTileBytes = kBlockN * kRowBytes;  // one staged K or V tile
   static constexpr int kKVBytes = kStages * 2 * kTileBytes;
+  static constexpr int kConvBytes = kInt8 ? 2 * kBlockN * D * 2 : 0;  // converted K and V tiles (int8)
   static constexpr int kOBytes = kWarpsN * kBlockM * kOStride * 4;
-  static constexpr int kMainBytes = kKVBytes > kOBytes ? kKVBytes : kOBytes;
+  static constexpr int kMainBytes = kKVBytes + kConvBytes > kOBytes ? kKVBytes + kConvBytes : kOBytes;
   static constexpr int kQBytes = kBlockM * D * 2;
-  static constexpr int kIntBytes = (kRowSlots * kBlockN          // key rows
-                                    + kRowSlots * (kBlockN / 32)  // "tile has skipped keys" flags
-                                    + 3 * kBlockM)                // row token / head / position
-                                   * 4;
-  static constexpr int kFloatBytes = (2 * kWarpsN * kBlockM + kBlockM) * 4;  // merge (m, l), lse
+  static constexpr int kIntBytes = ((kRowSlots * kBlockN          // key rows
+                                     + kRowSlots * (kBlockN / 32)  // "tile has skipped keys" flags
+                                     + 3 * kBlockM)                // row token / head / position
+                                        * 4 +
+                                    15) / 16 * 16;                 // the floats after it take float2 loads
+  static constexpr int kFloatBytes = (2 * kWarpsN * kBlockM + kBlockM      // merge (m, l), lse
+                                     + (kInt8 ? kStages * 2 * kBlockN : 0))  // int8: key / value scales
+                                    * 4;
   static constexpr int kSmemBytes = kMainBytes + kQBytes + kIntBytes + kFloatBytes;
 
   // Element offset of 16-byte chunk `ch` of row `row` in a [rows, D] tile. The
@@ -82,6 +106,12 @@ struct TileConfig {
   // (same logical chunk) land in 8 different bank groups, and cp.async writes
   // whole rows contiguously either way.
   __device__ static __forceinline__ int swz(int row, int ch) { return row * D + ((ch ^ (row & 7)) << 3); }
+  // The same for the staged cache rows, in bytes: identical to swz for a T
+  // cache; int8 rows of 64 elements have only 4 chunks to permute.
+  static constexpr int kStageSwizzle = (kCacheChunks < 8 ? kCacheChunks : 8) - 1;
+  __device__ static __forceinline__ int stage_offset(int row, int ch) {
+    return row * kRowBytes + ((ch ^ (row & kStageSwizzle)) << 4);
+  }
 };
 
 // Column offsets (elements) of chunks 2m + b, m = 0, 1, ..., in swizzled rows
@@ -111,8 +141,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
   constexpr int kFlags = BN / 32;
 
   extern __shared__ __align__(128) uint8_t smem[];
-  T* kv_s = reinterpret_cast<T*>(smem);         // [S][K, V][BN * D] swizzled
-  float* o_s = reinterpret_cast<float*>(smem);  // epilogue: [kWarpsN][BM][kOStride]
+  uint8_t* kv_s = smem;                                               // [S][K, V][BN rows] swizzled
+  T* conv_s = reinterpret_cast<T*>(smem + Cfg::kKVBytes);             // int8: [K, V][BN * D] swizzled
+  float* o_s = reinterpret_cast<float*>(smem);                        // epilogue: [kWarpsN][BM][kOStride]
   T* q_s = reinterpret_cast<T*>(smem + Cfg::kMainBytes);  // [BM * D] swizzled
   int* key_rows_s = reinterpret_cast<int*>(smem + Cfg::kMainBytes + Cfg::kQBytes);  // [kSlots][BN]
   int* flags_s = key_rows_s + kSlots * BN;                                           // [kSlots][kFlags]
@@ -121,6 +152,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
   int* row_qpos_s = row_head_s + BM;             // [BM] position of each row's query
   float* merge_s = reinterpret_cast<float*>(row_qpos_s + BM);  // [kWarpsN][BM][m, l]
   float* lse_s = merge_s + 2 * Cfg::kWarpsN * BM;               // [BM]
+  float* scale_s = lse_s + BM;  // int8: [S][K, V][BN] per-key scales, copied with their tile
 
   Work::mark_padding_rows(p);
   const WorkItem w = Work::template make<BM>(p);
@@ -132,8 +164,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
   const int warp_m = warp % Cfg::kWarpsM;
   const int warp_n = warp / Cfg::kWarpsM;
   const int page_shift = __ffs(p.kv.page_size) - 1;  // page sizes are powers of two (checked on the host)
-  const T* k_pool = static_cast<const T*>(p.kv.k_cache);
-  const T* v_pool = static_cast<const T*>(p.kv.v_cache);
+  const uint8_t* k_pool = static_cast<const uint8_t*>(p.kv.k_cache);
+  const uint8_t* v_pool = static_cast<const uint8_t*>(p.kv.v_cache);
   const T* q_ptr = static_cast<const T*>(p.q);
   const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
 
@@ -159,26 +191,38 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
   };
 
   auto load_tile = [&](int tile) {
-    T* k_dst = kv_s + (tile % S) * 2 * BN * D;
-    T* v_dst = k_dst + BN * D;
+    uint8_t* k_dst = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
+    uint8_t* v_dst = k_dst + Cfg::kTileBytes;
     const int* rows = key_rows_s + (tile % kSlots) * BN;
 #pragma unroll
-    for (int i = 0; i < BN * Cfg::kChunks / Cfg::kThreads; ++i) {
+    for (int i = 0; i < BN * Cfg::kCacheChunks / Cfg::kThreads; ++i) {
       const int c = tid + i * Cfg::kThreads;  // consecutive threads: consecutive 16 B of a key row
-      const int row = c / Cfg::kChunks;
-      const int ch = c % Cfg::kChunks;
+      const int row = c / Cfg::kCacheChunks;
+      const int ch = c % Cfg::kCacheChunks;
       const int pr = rows[row];
-      const int64_t src = static_cast<int64_t>(pr < 0 ? 0 : pr) * D + ch * 8;
-      const int dst = Cfg::swz(row, ch);
+      const int64_t src = static_cast<int64_t>(pr < 0 ? 0 : pr) * Cfg::kRowBytes + ch * 16;
+      const int dst = Cfg::stage_offset(row, ch);
       cp_async_16(k_dst + dst, k_pool + src, pr >= 0);
       cp_async_16(v_dst + dst, v_pool + src, pr >= 0);
+    }
+    if constexpr (Cfg::kInt8) {
+      // A pool row is also the index of its scale ([num_pages, num_kv_heads, page_size]).
+      if (tid < BN) {
+        const int pr = rows[tid];
+        float* dst = scale_s + (tile % S) * 2 * BN;
+        cp_async_4(dst + tid, p.kv.k_scale + (pr < 0 ? 0 : pr), pr >= 0);
+        cp_async_4(dst + BN + tid, p.kv.v_scale + (pr < 0 ? 0 : pr), pr >= 0);
+      }
     }
   };
 
   for (int j = 0; j < S && j < num_tiles; ++j) lookup_tile(j);
   __syncthreads();  // row table and the first lookups
 
-  for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {
+  // Queries times the int8 cache's key smoothing factors go through registers
+  // (after the first tiles' copies are on their way); all others are copied.
+  const bool q_smoothed = Cfg::kInt8 && p.kv.k_smooth != nullptr;
+  for (int c = tid; !q_smoothed && c < BM * Cfg::kChunks; c += Cfg::kThreads) {
     const int row = c / Cfg::kChunks;
     const int ch = c % Cfg::kChunks;
     const int token = row_token_s[row];
@@ -191,6 +235,25 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
   for (int j = 0; j < S - 1; ++j) {
     if (j < num_tiles) load_tile(j);
     cp_async_commit();  // empty groups keep the group count uniform
+  }
+  if constexpr (Cfg::kInt8) {
+    const float* smooth = p.kv.k_smooth + static_cast<int64_t>(w.kv_head) * D;
+    for (int c = tid; q_smoothed && c < BM * Cfg::kChunks; c += Cfg::kThreads) {
+      const int row = c / Cfg::kChunks;
+      const int ch = c % Cfg::kChunks;
+      const int token = row_token_s[row];
+      Vec16<T> v;
+      if (token >= 0) {
+        v = *reinterpret_cast<const Vec16<T>*>(q_ptr + token * p.q_stride_token + row_head_s[row] * p.q_stride_head +
+                                               ch * 8);
+#pragma unroll
+        for (int x = 0; x < 8; ++x) v.v[x] = from_float<T>(to_float(v.v[x]) * smooth[ch * 8 + x]);
+      } else {
+#pragma unroll
+        for (int x = 0; x < 8; ++x) v.v[x] = from_float<T>(0.f);
+      }
+      *reinterpret_cast<Vec16<T>*>(q_s + Cfg::swz(row, ch)) = v;
+    }
   }
 
   // This lane's rows: g and g + 8 of each of its warp's 16-row tiles (g = lane / 4);
@@ -225,6 +288,36 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
   const int k_row = (key0 + (lane >> 4) * 8 + (lane & 7)) * D;  // elements, within a K tile
   const int v_row = (key0 + (lane & 15)) * D;                   // elements, within a V tile
   const uint32_t kv_base = smem_addr(kv_s);
+  const uint32_t conv_base = smem_addr(conv_s);
+
+  // int8: converts this warp's key slice [key0, key0 + WN) of the staged tile
+  // to T in conv_s, together with the other warps that read the same slice.
+  auto convert_tile = [&](int tile) {
+    const uint8_t* k_src = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
+    const uint8_t* v_src = k_src + Cfg::kTileBytes;
+    constexpr int kGroupThreads = 32 * Cfg::kWarpsM;
+    const int gt = warp_m * 32 + lane;
+#pragma unroll
+    for (int it = 0; it < WN * Cfg::kCacheChunks / kGroupThreads; ++it) {
+      const int idx = gt + it * kGroupThreads;
+      const int row = key0 + idx % WN;  // consecutive lanes: consecutive rows, no bank conflicts either side
+      const int ch = idx / WN;          // 16 int8 = chunks 2 ch, 2 ch + 1 of the converted row
+      uint4 lo, hi;
+      int8x16_to<T>(*reinterpret_cast<const uint4*>(k_src + Cfg::stage_offset(row, ch)), lo, hi);
+      *reinterpret_cast<uint4*>(conv_s + Cfg::swz(row, 2 * ch)) = lo;
+      *reinterpret_cast<uint4*>(conv_s + Cfg::swz(row, 2 * ch + 1)) = hi;
+      int8x16_to<T>(*reinterpret_cast<const uint4*>(v_src + Cfg::stage_offset(row, ch)), lo, hi);
+      *reinterpret_cast<uint4*>(conv_s + BN * D + Cfg::swz(row, 2 * ch)) = lo;
+      *reinterpret_cast<uint4*>(conv_s + BN * D + Cfg::swz(row, 2 * ch + 1)) = hi;
+    }
+    if constexpr (Cfg::kWarpsM == 1) {
+      __syncwarp();
+    } else if constexpr (Cfg::kWarpsN == 1) {
+      __syncthreads();
+    } else {
+      asm volatile("bar.sync %0, %1;\n" ::"r"(1 + warp_n), "n"(kGroupThreads) : "memory");
+    }
+  };
 
   // A fragment (16 rows x 16 columns, columns 16kk..) of Q for row tile mt.
   auto q_frag_smem = [&](uint32_t (&a)[4], int mt, int kk) { ldmatrix_x4(a, q_row + 2 * (mt * 16 * D + cols_a(kk))); };
@@ -256,11 +349,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
     cp_async_commit();
     if (i + S < num_tiles) lookup_tile(i + S);  // into the slot tile i - 1 used
 
+    // Before the skip below: the warps converting a slice together all take part.
+    if constexpr (Cfg::kInt8) convert_tile(i);
+
     const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
     if (!warp_has_rows || (p.causal && tile_pos + key0 > qmax)) continue;  // warp-uniform: nothing visible
 
-    const uint32_t k_tile = kv_base + (i % S) * (2 * Cfg::kTileBytes);
-    const uint32_t v_tile = k_tile + Cfg::kTileBytes;
+    const uint32_t k_tile = Cfg::kInt8 ? conv_base : kv_base + (i % S) * (2 * Cfg::kTileBytes);
+    const uint32_t v_tile = k_tile + (Cfg::kInt8 ? BN * D * 2 : Cfg::kTileBytes);
 
     // S = Q K^T: s[R][2j + e] is row R, key key0 + 8j + 2(lane % 4) + e.
     float s[kR][WN / 4];
@@ -299,6 +395,19 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
 #pragma unroll
         for (int x = 0; x < WN / 4; ++x) s[R][x] *= scale_log2;
     }
+    // int8: each key's scale multiplies its column of scores (skipped keys: 0, masked below).
+    const float* tile_scales = scale_s + (i % S) * 2 * BN + key0 + 2 * quad;
+    if constexpr (Cfg::kInt8) {
+#pragma unroll
+      for (int j = 0; j < WN / 8; ++j) {
+        const float2 ks = *reinterpret_cast<const float2*>(tile_scales + 8 * j);
+#pragma unroll
+        for (int R = 0; R < kR; ++R) {
+          s[R][2 * j] *= ks.x;
+          s[R][2 * j + 1] *= ks.y;
+        }
+      }
+    }
 
     // Masks: only on tiles with skipped keys or overlapping the causal diagonal.
     const int slot = i % kSlots;
@@ -325,6 +434,18 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
     for (int R = 0; R < kR; ++R)
 #pragma unroll
       for (int x = 0; x < D / 4; ++x) o[R][x] *= factor[R];
+    // int8: each value's scale multiplies its probabilities (after the row sums took them).
+    if constexpr (Cfg::kInt8) {
+#pragma unroll
+      for (int j = 0; j < WN / 8; ++j) {
+        const float2 vs = *reinterpret_cast<const float2*>(tile_scales + BN + 8 * j);
+#pragma unroll
+        for (int R = 0; R < kR; ++R) {
+          s[R][2 * j] *= vs.x;
+          s[R][2 * j + 1] *= vs.y;
+        }
+      }
+    }
 
     // O += P V, P rounded to the element type; keys 16kk.. of the warp's slice.
 #pragma unroll

@@ -1,5 +1,5 @@
 // Tensor-core and async-copy primitives (sm_80+ PTX, used on Hopper as well):
-// 16-byte cp.async with zero fill, ldmatrix (plain and transposed) and
+// 16- and 4-byte cp.async with zero fill, ldmatrix (plain and transposed) and
 // mma.sync m16n8k16 for bf16 / fp16 inputs with fp32 accumulators.
 //
 // Fragment layouts of mma.m16n8k16 (lane = threadIdx.x % 32, g = lane / 4,
@@ -29,6 +29,15 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem_dst)),
                "l"(gmem_src), "r"(src_bytes)
+               : "memory");
+}
+
+// 4-byte variant (per-key scales of the int8 cache); .ca: the only caching
+// mode cp.async allows below 16 bytes.
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem_dst)), "l"(gmem_src),
+               "r"(src_bytes)
                : "memory");
 }
 
