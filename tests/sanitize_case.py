@@ -29,11 +29,11 @@ def has_cuda_kernel(op):
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"tileinfer_attn::{op}", "CUDA")
 
 
-def call(op, *args):
+def call(op, *args, **kwargs):
     """Calls an op; an argument-check error (a configuration this build rejects)
     is printed and skipped, anything from CUDA itself is raised."""
     try:
-        getattr(ops, op)(*args)
+        getattr(ops, op)(*args, **kwargs)
     except RuntimeError as e:
         if "CUDA" in str(e):
             raise
@@ -43,21 +43,22 @@ def call(op, *args):
 def run_attention_ops(p, splits=4):
     """prefill (with lse, both masks), decode + combine, attention."""
     t, h, d = p.q.shape
+    kw = p.int8_kwargs() if p.k_cache.dtype == torch.int8 else {}
     for causal in (True, False):
         if has_cuda_kernel("prefill"):
             out = poison_(torch.empty_like(p.q))
             lse = poison_(torch.empty(t, h, dtype=torch.float32, device=DEV))
-            call("prefill", out, lse, *p.args(), p.scale, causal)
+            call("prefill", out, lse, *p.args(), p.scale, causal, **kw)
         if has_cuda_kernel("decode") and p.max_q_len <= 16:
             po = poison_(torch.empty(splits, t, h, d, dtype=torch.float32, device=DEV))
             pl = poison_(torch.empty(splits, t, h, dtype=torch.float32, device=DEV))
-            call("decode", po, pl, *p.args(), p.scale, causal)
+            call("decode", po, pl, *p.args(), p.scale, causal, **kw)
             if has_cuda_kernel("combine"):
                 out = poison_(torch.empty_like(p.q))
                 lse = poison_(torch.empty(t, h, dtype=torch.float32, device=DEV))
                 call("combine", out, lse, po, pl)
         if all(has_cuda_kernel(n) for n in ("prefill", "decode", "combine")):
-            call("attention", poison_(torch.empty_like(p.q)), *p.args(), p.scale, causal)
+            call("attention", poison_(torch.empty_like(p.q)), *p.args(), p.scale, causal, **kw)
 
 
 def run_input_ops(p):
@@ -67,35 +68,39 @@ def run_input_ops(p):
     k = torch.randn(t, kv_heads, d, device=DEV).to(p.q.dtype)
     v = torch.randn(t, kv_heads, d, device=DEV).to(p.q.dtype)
     meta = (p.block_tables, p.seq_lens, p.cu_seqlens_q)
+    kw = p.int8_kwargs() if p.k_cache.dtype == torch.int8 else {}
     if has_cuda_kernel("cache_write"):
-        call("cache_write", p.k_cache, p.v_cache, k, v, *meta)
+        call("cache_write", p.k_cache, p.v_cache, k, v, *meta, **kw)
     if has_cuda_kernel("attention_inputs"):
         cos_sin = torch.randn(4096, d, device=DEV)
         w = torch.randn(d, device=DEV).to(p.q.dtype)
         call("attention_inputs", poison_(torch.empty_like(p.q)), p.k_cache, p.v_cache, p.q, k, v, *meta, cos_sin, d,
-             w, w, 1e-6)
+             w, w, 1e-6, **kw)
 
 
 def clean_cases():
     """bf16 at every head dim (with its own page size), fp32 (a separate CUDA-core
-    kernel) at one; per shape: decode steps, verify-sized steps and full prompts,
+    kernel) and an int8 cache at one; per shape: decode steps, verify-sized steps and full prompts,
     alternating a power-of-two group (decode path) and a group of 3 (prefill path)."""
     seed = 0
-    for dtype, head_dim, page in ((torch.bfloat16, 64, 16), (torch.bfloat16, 128, 64), (torch.bfloat16, 256, 128),
-                                  (torch.float32, 128, 32)):
+    for dtype, head_dim, page, int8 in ((torch.bfloat16, 64, 16, False), (torch.bfloat16, 128, 64, False),
+                                        (torch.bfloat16, 256, 128, False), (torch.float32, 128, 32, False),
+                                        (torch.bfloat16, 128, 32, True)):
         lens = [1, page - 1, page + 1, 3 * page + 5, 0]  # one position, page +- 1, several pages, a padded slot
         for i, q_lens in enumerate(([1, 1, 1, 1, 0], [1, 5, 16, 3, 0], lens)):
             seed += 1
             group = 4 if i % 2 == 0 else 3
-            yield make_problem(lens, q_lens, 2 * group, 2, head_dim, page, dtype=dtype, device=DEV, seed=seed)
+            yield make_problem(lens, q_lens, 2 * group, 2, head_dim, page, dtype=dtype, device=DEV, seed=seed,
+                               int8=int8)
 
 
 def bad_cases():
     """Out-of-range and negative page ids, a length beyond the table, a negative
     length; then the same with garbage cu_seqlens_q. Decode- and prefill-sized steps."""
-    for dtype, q_lens in ((torch.bfloat16, [1, 2, 1, 1]), (torch.bfloat16, [5, 3, 20, 1]),
-                          (torch.float32, [1, 2, 1, 1])):
-        p = make_problem([70, 40, 33, 20], q_lens, 8, 2, 64, 16, dtype=dtype, device=DEV, seed=99)
+    for dtype, q_lens, int8 in ((torch.bfloat16, [1, 2, 1, 1], False), (torch.bfloat16, [5, 3, 20, 1], False),
+                                (torch.float32, [1, 2, 1, 1], False), (torch.bfloat16, [1, 2, 1, 1], True),
+                                (torch.bfloat16, [5, 3, 20, 1], True)):
+        p = make_problem([70, 40, 33, 20], q_lens, 8, 2, 64, 16, dtype=dtype, device=DEV, seed=99, int8=int8)
         num_pages = p.k_cache.shape[0]
         p.block_tables[0, 1] = num_pages + 5
         p.block_tables[1, 0] = -3
