@@ -31,7 +31,9 @@ def token_positions(seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, num_toke
     """Position of every token of the step ([num_tokens] int64); -1 for tokens of no sequence."""
     tok = torch.arange(num_tokens, device=cu_seqlens_q.device)
     cu = cu_seqlens_q.long()
-    seq = torch.searchsorted(cu[1:], tok, right=True)
+    # The sequence of token t: how many of cu[1:] are <= t. Counted over the whole
+    # of cu (minus cu[0]'s share): inductor cannot lower searchsorted on a slice.
+    seq = torch.searchsorted(cu, tok, right=True) - (cu[0] <= tok).long()
     valid = seq < seq_lens.numel()
     seq_c = seq.clamp(max=max(seq_lens.numel() - 1, 0))
     n = cu[seq_c + 1] - cu[seq_c]

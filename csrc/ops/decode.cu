@@ -24,15 +24,14 @@ namespace {
 // into 16-key slices, merged at the end. Decode is a stream over the cache, so
 // three stages keep two tiles of copies in flight per block (d = 128: 100 KB,
 // two blocks per SM); d = 256 keeps two stages to fit.
-// An int8 cache's stages are half the bytes: one more of them, next to the
-// converted tile, keeps the bytes in flight and the two blocks per SM of d = 128.
+// An int8 cache's stages are half the bytes: with three of them and one
+// converted tile, three blocks share an SM at d <= 128 (72 KB each).
 template <typename T, int D, typename CacheT = T>
-using DecodeTileSmall =
-    TileConfig<T, D, 1, 4, 1, 64, (D == 256 ? 2 : 3) + (std::is_same_v<CacheT, int8_t> ? 1 : 0), CacheT>;
+using DecodeTileSmall = TileConfig<TileElement<T, CacheT>, D, 1, 4, 1, 64, (D == 256 ? 2 : 3), CacheT, T>;
 // More packed rows (verify steps with large groups): 64-row tiles as prefill;
 // the grid adds a row-tile dimension and row tiles share the pages through L2.
 template <typename T, int D, typename CacheT = T>
-using DecodeTileLarge = TileConfig<T, D, 4, 1, 1, (D == 256 ? 32 : 64), 2, CacheT>;
+using DecodeTileLarge = TileConfig<TileElement<T, CacheT>, D, 4, 1, 1, (D == 256 ? 32 : 64), 2, CacheT, T>;
 
 }  // namespace
 

@@ -37,8 +37,8 @@ namespace {
 //   memory that the 128-row tile's third stage needs); the int8 stages are half
 //   the bytes, so d <= 128 keeps three of them.
 template <typename T, int D, typename CacheT = T>
-using PrefillTileSmall = TileConfig<T, D, 4, 1, 1, (D == 256 ? 32 : 64),
-                                    (std::is_same_v<CacheT, int8_t> && D <= 128 ? 3 : 2), CacheT>;
+using PrefillTileSmall = TileConfig<TileElement<T, CacheT>, D, 4, 1, 1, (D == 256 ? 32 : 64),
+                                    (std::is_same_v<CacheT, int8_t> && D <= 128 ? 3 : 2), CacheT, T>;
 template <typename T, int D>
 using PrefillTileLarge = TileConfig<T, D, 4, 1, 2, 32, 3>;
 

@@ -23,12 +23,20 @@
 //
 // INT8 cache (CacheT = int8_t, SPEC section 6): the int8 tiles and their
 // per-key fp32 scales are copied as above (half the bytes). Once a tile has
-// landed, the warps that read a key slice convert it exactly to the element type
-// in registers (int8.cuh) into one shared tile that the unchanged ldmatrix / mma
+// landed, the warps that read a key slice convert it exactly to fp16 in
+// registers (int8.cuh) into one shared tile that the unchanged ldmatrix / mma
 // code reads: it holds the stored integers, not dequantized values. A key's scale
 // multiplies its column of scores, a value's scale its probabilities before P is
 // rounded for the P V product, and queries are multiplied by the keys' smoothing
 // factors when they are staged (which undoes the smoothing in the scores).
+// The int8 kernels compute in fp16 whatever q's type (QT): the int8 -> fp16
+// conversion takes half the instructions of int8 -> bf16 (the int8 decode loop is
+// instruction-bound), and fp16 keeps 3 more mantissa bits. Its range is handled
+// by powers of two: queries are scaled so the block's largest |q * smooth| is
+// about 2^14 (the softmax scale divides it out), and each warp's probabilities
+// are divided by the largest value scale seen so far (vmax, a running maximum;
+// the accumulator is rescaled when it grows, the epilogue multiplies it back),
+// so P * v_scale stays in [0, 1] instead of underflowing.
 #pragma once
 
 #include <climits>
@@ -47,12 +55,14 @@ namespace tileinfer {
 // kRowTiles: 16-row mma tiles per warp. Two (32 rows) halve the shared-memory
 // traffic per mma: every K / V fragment read by ldmatrix feeds both row tiles
 // (with one, ldmatrix bandwidth, not the tensor cores, bounds prefill).
-// CacheT: the pools' element type, T or int8_t.
+// T: the tensor cores' element type; CacheT: the pools' (T or int8_t); QT: the
+// queries' (T, or bf16 / fp16 with an int8 cache, where T is fp16).
 template <typename T_, int kHeadDim, int kWarpsM_, int kWarpsN_, int kRowTiles_, int kBlockN_, int kStages_,
-          typename CacheT_ = T_>
+          typename CacheT_ = T_, typename QT_ = T_>
 struct TileConfig {
   using T = T_;
   using CacheT = CacheT_;
+  using QT = QT_;
   static constexpr bool kInt8 = std::is_same_v<CacheT, int8_t>;
   static constexpr int D = kHeadDim;
   static constexpr int kWarpsM = kWarpsM_;
@@ -79,6 +89,7 @@ struct TileConfig {
   static_assert(kBlockN % 32 == 0 && kBlockN <= kThreads, "one lookup thread per key, whole warps");
   static_assert((kBlockN * kCacheChunks) % kThreads == 0, "whole copy rounds per tile");
   static_assert(std::is_same_v<CacheT, T> || std::is_same_v<CacheT, int8_t>, "cache: the element type or int8");
+  static_assert(kInt8 ? std::is_same_v<T, __half> : std::is_same_v<QT, T>, "int8: fp16 math; else q is T");
   static_assert(!kInt8 || (kWarpN * kCacheChunks) % (32 * kWarpsM) == 0, "whole conversion rounds per key slice");
   static_assert(kStages >= 2, "at least double buffering");
 
@@ -87,19 +98,31 @@ struct TileConfig {
   // buffer reuses them.
   static constexpr int kTileBytes = kBlockN * kRowBytes;  // one staged K or V tile
   static constexpr int kKVBytes = kStages * 2 * kTileBytes;
-  static constexpr int kConvBytes = kInt8 ? 2 * kBlockN * D * 2 : 0;  // converted K and V tiles (int8)
+  // int8: converted tiles. When each warp reads a key slice of its own
+  // (kWarpsM == 1, decode), K and V take turns in one tile, converted before
+  // the S and the P V products: the 16 KB saved let three blocks share an SM.
+  static constexpr int kConvTiles = kInt8 ? (kWarpsM == 1 ? 1 : 2) : 0;
+  static constexpr int kConvBytes = kConvTiles * kBlockN * D * 2;
   static constexpr int kOBytes = kWarpsN * kBlockM * kOStride * 4;
   static constexpr int kMainBytes = kKVBytes + kConvBytes > kOBytes ? kKVBytes + kConvBytes : kOBytes;
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kIntBytes = ((kRowSlots * kBlockN          // key rows
+                                     + kStages * kBlockN           // their block-table entries
                                      + kRowSlots * (kBlockN / 32)  // "tile has skipped keys" flags
-                                     + 3 * kBlockM)                // row token / head / position
+                                     + 3 * kBlockM                 // row token / head / position
+                                     + 1)                          // int8: the block's max |q * smooth|
                                         * 4 +
                                     15) / 16 * 16;                 // the floats after it take float2 loads
   static constexpr int kFloatBytes = (2 * kWarpsN * kBlockM + kBlockM      // merge (m, l), lse
                                      + (kInt8 ? kStages * 2 * kBlockN : 0))  // int8: key / value scales
                                     * 4;
   static constexpr int kSmemBytes = kMainBytes + kQBytes + kIntBytes + kFloatBytes;
+  // Blocks per SM the register allocation must allow: the int8 decode loop is
+  // instruction-bound, and a third block (where shared memory fits it) gives the
+  // schedulers more warps to choose from. Others: whatever the registers allow.
+  static constexpr int kSmemPerSM = 227 * 1024;
+  static constexpr int kMinBlocks =
+      kInt8 && kWarpsM == 1 ? (kSmemPerSM / (kSmemBytes + 1024) < 3 ? 1 : 3) : 1;
 
   // Element offset of 16-byte chunk `ch` of row `row` in a [rows, D] tile. The
   // chunk index is XORed with row % 8, so the 8 rows an ldmatrix phase reads
@@ -113,6 +136,10 @@ struct TileConfig {
     return row * kRowBytes + ((ch ^ (row & kStageSwizzle)) << 4);
   }
 };
+
+// The tensor cores' element type for queries of type QT over a CacheT cache.
+template <typename QT, typename CacheT>
+using TileElement = std::conditional_t<std::is_same_v<CacheT, int8_t>, __half, QT>;
 
 // Column offsets (elements) of chunks 2m + b, m = 0, 1, ..., in swizzled rows
 // with row % 8 == x. Every ldmatrix row address of the kernel has row % 8 ==
@@ -129,7 +156,7 @@ struct SwizzleCols {
 };
 
 template <class Cfg, class Work>
-__global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __grid_constant__ AttentionParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile_kernel(const __grid_constant__ AttentionParams p) {
   using T = typename Cfg::T;
   using OutT = typename Work::OutT;
   constexpr int D = Cfg::D;
@@ -150,7 +177,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
   int* row_token_s = flags_s + kSlots * kFlags;  // [BM] token of each row, -1: padding
   int* row_head_s = row_token_s + BM;            // [BM] query head of each row
   int* row_qpos_s = row_head_s + BM;             // [BM] position of each row's query
-  float* merge_s = reinterpret_cast<float*>(row_qpos_s + BM);  // [kWarpsN][BM][m, l]
+  int* entries_s = row_qpos_s + BM;              // [S][BN] block-table entry of each key's page
+  int* qmax_s = entries_s + S * BN;              // int8: max |q * smooth| of the block, as float bits
+  // [kWarpsN][BM][m, l], then the lse and the int8 scales (float2 loads: kIntBytes keeps 16-byte alignment)
+  float* merge_s = reinterpret_cast<float*>(smem + Cfg::kMainBytes + Cfg::kQBytes + Cfg::kIntBytes);
   float* lse_s = merge_s + 2 * Cfg::kWarpsN * BM;               // [BM]
   float* scale_s = lse_s + BM;  // int8: [S][K, V][BN] per-key scales, copied with their tile
 
@@ -166,7 +196,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
   const int page_shift = __ffs(p.kv.page_size) - 1;  // page sizes are powers of two (checked on the host)
   const uint8_t* k_pool = static_cast<const uint8_t*>(p.kv.k_cache);
   const uint8_t* v_pool = static_cast<const uint8_t*>(p.kv.v_cache);
-  const T* q_ptr = static_cast<const T*>(p.q);
+  const typename Cfg::QT* q_ptr = static_cast<const typename Cfg::QT*>(p.q);
   const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
 
   for (int r = tid; r < BM; r += Cfg::kThreads) {
@@ -177,16 +207,33 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
     row_head_s[r] = w.head0 + rr % w.group;
     row_qpos_s[r] = valid ? w.seq_len - w.q_count + t : INT_MAX;  // padding rows never mask
   }
+  if (tid == 0) *qmax_s = 0;
 
   // Pool rows of the keys of tile `tile` (thread k < BN looks up key k), and
-  // whether any of them is skipped (then the tile takes the masked path).
-  auto lookup_tile = [&](int tile) {
+  // whether any of them is skipped (then the tile takes the masked path). The
+  // first kStages tiles read the block table directly; later ones take the
+  // entries that fetch_entries copied with the K / V tile kStages before them,
+  // so the main loop never waits on a block-table load (that wait, once per
+  // tile, had cost a fifth of the decode time at 32k positions).
+  auto lookup_tile = [&](int tile, bool prefetched) {
     if (tid < BN) {
       const int slot = tile % kSlots;
-      const int row = pool_row(p.kv, w.seq, w.kv_head, w.key_begin + tile * BN + tid, w.key_end, page_shift);
+      const int pos = w.key_begin + tile * BN + tid;
+      const int row = !prefetched ? pool_row(p.kv, w.seq, w.kv_head, pos, w.key_end, page_shift)
+                      : pos < w.key_end ? pool_row_on_page(p.kv, entries_s[(tile % S) * BN + tid], w.kv_head, pos)
+                                        : -1;
       key_rows_s[slot * BN + tid] = row;
       const unsigned skipped = __ballot_sync(0xffffffffu, row < 0);
       if (lane == 0) flags_s[slot * kFlags + warp] = skipped != 0u;
+    }
+  };
+  // Block-table entries of the keys of tile `tile`, copied asynchronously by
+  // the thread that will look them up (so no barrier is needed before it does).
+  auto fetch_entries = [&](int tile) {
+    const int pos = w.key_begin + tile * BN + tid;
+    if (tid < BN && pos < w.key_end) {
+      cp_async_4(entries_s + (tile % S) * BN + tid,
+                 p.kv.block_tables + static_cast<int64_t>(w.seq) * p.kv.max_pages + (pos >> page_shift), true);
     }
   };
 
@@ -205,6 +252,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
       cp_async_16(k_dst + dst, k_pool + src, pr >= 0);
       cp_async_16(v_dst + dst, v_pool + src, pr >= 0);
     }
+    fetch_entries(tile + S);  // lands with this tile, kStages tiles before its lookup
     if constexpr (Cfg::kInt8) {
       // A pool row is also the index of its scale ([num_pages, num_kv_heads, page_size]).
       if (tid < BN) {
@@ -216,19 +264,21 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
     }
   };
 
-  for (int j = 0; j < S && j < num_tiles; ++j) lookup_tile(j);
+  for (int j = 0; j < S && j < num_tiles; ++j) lookup_tile(j, false);
   __syncthreads();  // row table and the first lookups
 
-  // Queries times the int8 cache's key smoothing factors go through registers
-  // (after the first tiles' copies are on their way); all others are copied.
-  const bool q_smoothed = Cfg::kInt8 && p.kv.k_smooth != nullptr;
-  for (int c = tid; !q_smoothed && c < BM * Cfg::kChunks; c += Cfg::kThreads) {
-    const int row = c / Cfg::kChunks;
-    const int ch = c % Cfg::kChunks;
-    const int token = row_token_s[row];
-    const T* src = q_ptr + ch * 8;
-    if (token >= 0) src += token * p.q_stride_token + row_head_s[row] * p.q_stride_head;
-    cp_async_16(q_s + Cfg::swz(row, ch), src, token >= 0);  // padding rows: zeros
+  // Queries: copied as they are; with an int8 cache they go through registers
+  // instead (times the key smoothing factors, then a power-of-two scale into
+  // fp16), after the first tiles' copies are on their way.
+  if constexpr (!Cfg::kInt8) {
+    for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {
+      const int row = c / Cfg::kChunks;
+      const int ch = c % Cfg::kChunks;
+      const int token = row_token_s[row];
+      const T* src = q_ptr + ch * 8;
+      if (token >= 0) src += token * p.q_stride_token + row_head_s[row] * p.q_stride_head;
+      cp_async_16(q_s + Cfg::swz(row, ch), src, token >= 0);  // padding rows: zeros
+    }
   }
   cp_async_commit();
 #pragma unroll
@@ -236,23 +286,44 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
     if (j < num_tiles) load_tile(j);
     cp_async_commit();  // empty groups keep the group count uniform
   }
+  float q_scale = 1.f;  // int8: the queries' power-of-two scale (the softmax divides it out)
   if constexpr (Cfg::kInt8) {
-    const float* smooth = p.kv.k_smooth + static_cast<int64_t>(w.kv_head) * D;
-    for (int c = tid; q_smoothed && c < BM * Cfg::kChunks; c += Cfg::kThreads) {
+    const float* smooth = p.kv.k_smooth == nullptr ? nullptr : p.kv.k_smooth + static_cast<int64_t>(w.kv_head) * D;
+    // Chunk c of the block's queries times the smoothing factors, in fp32 (0 for padding rows).
+    auto smoothed = [&](int c, float (&x)[8]) {
       const int row = c / Cfg::kChunks;
       const int ch = c % Cfg::kChunks;
       const int token = row_token_s[row];
-      Vec16<T> v;
-      if (token >= 0) {
-        v = *reinterpret_cast<const Vec16<T>*>(q_ptr + token * p.q_stride_token + row_head_s[row] * p.q_stride_head +
-                                               ch * 8);
+      if (token < 0) {
 #pragma unroll
-        for (int x = 0; x < 8; ++x) v.v[x] = from_float<T>(to_float(v.v[x]) * smooth[ch * 8 + x]);
-      } else {
-#pragma unroll
-        for (int x = 0; x < 8; ++x) v.v[x] = from_float<T>(0.f);
+        for (int e = 0; e < 8; ++e) x[e] = 0.f;
+        return;
       }
-      *reinterpret_cast<Vec16<T>*>(q_s + Cfg::swz(row, ch)) = v;
+      const Vec16<typename Cfg::QT> v = *reinterpret_cast<const Vec16<typename Cfg::QT>*>(
+          q_ptr + token * p.q_stride_token + row_head_s[row] * p.q_stride_head + ch * 8);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = to_float(v.v[e]) * (smooth == nullptr ? 1.f : smooth[ch * 8 + e]);
+    };
+    float amax = 0.f;
+    for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {
+      float x[8];
+      smoothed(c, x);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(x[e]));
+    }
+    amax = warp_max(amax);
+    if (lane == 0) atomicMax(qmax_s, __float_as_int(amax));  // non-negative floats order as ints
+    __syncthreads();
+    const float block_max = __int_as_float(*qmax_s);
+    // 2^(14 - e) with block_max in [2^(e-1), 2^e): the largest value lands in [2^13, 2^14).
+    if (block_max > 0.f && block_max < INFINITY) q_scale = exp2f(14.f - ceilf(log2f(block_max)));
+    for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {  // the second pass reads L1
+      float x[8];
+      smoothed(c, x);
+      Vec16<T> v;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v.v[e] = from_float<T>(x[e] * q_scale);
+      *reinterpret_cast<Vec16<T>*>(q_s + Cfg::swz(c / Cfg::kChunks, c % Cfg::kChunks)) = v;
     }
   }
 
@@ -287,14 +358,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
   const int key0 = warp_n * WN;  // this warp's keys within a tile: [key0, key0 + WN)
   const int k_row = (key0 + (lane >> 4) * 8 + (lane & 7)) * D;  // elements, within a K tile
   const int v_row = (key0 + (lane & 15)) * D;                   // elements, within a V tile
-  const uint32_t kv_base = smem_addr(kv_s);
   const uint32_t conv_base = smem_addr(conv_s);
 
-  // int8: converts this warp's key slice [key0, key0 + WN) of the staged tile
-  // to T in conv_s, together with the other warps that read the same slice.
-  auto convert_tile = [&](int tile) {
-    const uint8_t* k_src = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
-    const uint8_t* v_src = k_src + Cfg::kTileBytes;
+  // int8: converts this warp's key slice [key0, key0 + WN) of a staged K or V
+  // tile to T, together with the other warps that read the same slice.
+  auto convert_slice = [&](const uint8_t* src, T* dst) {
     constexpr int kGroupThreads = 32 * Cfg::kWarpsM;
     const int gt = warp_m * 32 + lane;
 #pragma unroll
@@ -303,19 +371,19 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
       const int row = key0 + idx % WN;  // consecutive lanes: consecutive rows, no bank conflicts either side
       const int ch = idx / WN;          // 16 int8 = chunks 2 ch, 2 ch + 1 of the converted row
       uint4 lo, hi;
-      int8x16_to<T>(*reinterpret_cast<const uint4*>(k_src + Cfg::stage_offset(row, ch)), lo, hi);
-      *reinterpret_cast<uint4*>(conv_s + Cfg::swz(row, 2 * ch)) = lo;
-      *reinterpret_cast<uint4*>(conv_s + Cfg::swz(row, 2 * ch + 1)) = hi;
-      int8x16_to<T>(*reinterpret_cast<const uint4*>(v_src + Cfg::stage_offset(row, ch)), lo, hi);
-      *reinterpret_cast<uint4*>(conv_s + BN * D + Cfg::swz(row, 2 * ch)) = lo;
-      *reinterpret_cast<uint4*>(conv_s + BN * D + Cfg::swz(row, 2 * ch + 1)) = hi;
+      int8x16_to<T>(*reinterpret_cast<const uint4*>(src + Cfg::stage_offset(row, ch)), lo, hi);
+      *reinterpret_cast<uint4*>(dst + Cfg::swz(row, 2 * ch)) = lo;
+      *reinterpret_cast<uint4*>(dst + Cfg::swz(row, 2 * ch + 1)) = hi;
     }
+  };
+  // Orders the conversions of a slice with its readers (and the next conversion).
+  auto slice_barrier = [&]() {
     if constexpr (Cfg::kWarpsM == 1) {
       __syncwarp();
     } else if constexpr (Cfg::kWarpsN == 1) {
       __syncthreads();
     } else {
-      asm volatile("bar.sync %0, %1;\n" ::"r"(1 + warp_n), "n"(kGroupThreads) : "memory");
+      asm volatile("bar.sync %0, %1;\n" ::"r"(1 + warp_n), "n"(32 * Cfg::kWarpsM) : "memory");
     }
   };
 
@@ -336,7 +404,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
   for (int R = 0; R < kR; ++R)
 #pragma unroll
     for (int x = 0; x < D / 4; ++x) o[R][x] = 0.f;
-  const float scale_log2 = p.scale * kLog2e;
+  const float scale_log2 = p.scale * kLog2e / q_scale;
+  float vmax = 0.f, inv_vmax = 0.f;  // int8: the warp's running maximum of value scales, and 1 / it
   // With a positive scale the softmax takes raw scores and folds the scale into
   // its exp2 argument (one FFMA per score); otherwise scores are scaled first.
   const bool fold_scale = scale_log2 > 0.f;
@@ -347,16 +416,25 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
     __syncthreads();         // ... everyone's, and everyone is done with tile i - 1
     if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
     cp_async_commit();
-    if (i + S < num_tiles) lookup_tile(i + S);  // into the slot tile i - 1 used
+    if (i + S < num_tiles) lookup_tile(i + S, true);  // into the slot tile i - 1 used
 
-    // Before the skip below: the warps converting a slice together all take part.
-    if constexpr (Cfg::kInt8) convert_tile(i);
+    const uint8_t* k_stage = kv_s + (i % S) * 2 * Cfg::kTileBytes;
+    const uint8_t* v_stage = k_stage + Cfg::kTileBytes;
+    if constexpr (Cfg::kConvTiles == 2) {  // before the skip below: warps converting a slice together all take part
+      convert_slice(k_stage, conv_s);
+      convert_slice(v_stage, conv_s + BN * D);
+      slice_barrier();
+    }
 
     const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
     if (!warp_has_rows || (p.causal && tile_pos + key0 > qmax)) continue;  // warp-uniform: nothing visible
 
-    const uint32_t k_tile = Cfg::kInt8 ? conv_base : kv_base + (i % S) * (2 * Cfg::kTileBytes);
-    const uint32_t v_tile = k_tile + (Cfg::kInt8 ? BN * D * 2 : Cfg::kTileBytes);
+    if constexpr (Cfg::kConvTiles == 1) {
+      convert_slice(k_stage, conv_s);
+      slice_barrier();
+    }
+    const uint32_t k_tile = Cfg::kInt8 ? conv_base : smem_addr(k_stage);
+    const uint32_t v_tile = Cfg::kInt8 ? conv_base + (Cfg::kConvTiles - 1) * BN * D * 2 : smem_addr(v_stage);
 
     // S = Q K^T: s[R][2j + e] is row R, key key0 + 8j + 2(lane % 4) + e.
     float s[kR][WN / 4];
@@ -388,6 +466,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
           mma_16816<T>(s0[4 * np + 2], s0[4 * np + 3], s1[4 * np + 2], s1[4 * np + 3], a[mt], b[2], b[3]);
         }
       }
+    }
+    if constexpr (Cfg::kConvTiles == 1) {  // V into the tile K used (its ldmatrix reads are done)
+      slice_barrier();
+      convert_slice(v_stage, conv_s);
+      slice_barrier();
     }
     if (!fold_scale) {
 #pragma unroll
@@ -430,21 +513,48 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
 
     float factor[kR];
     sm.update(s, fold_scale ? scale_log2 : 1.f, factor);  // s now holds the probabilities
-#pragma unroll
-    for (int R = 0; R < kR; ++R)
-#pragma unroll
-      for (int x = 0; x < D / 4; ++x) o[R][x] *= factor[R];
-    // int8: each value's scale multiplies its probabilities (after the row sums took them).
+    // int8: each value's scale, divided by the warp's running vmax (of |scale|), multiplies
+    // its probabilities (after the row sums took them); a larger vmax rescales
+    // the accumulator like a larger row maximum does.
     if constexpr (Cfg::kInt8) {
+      float vs[WN / 8][2];
+      float tile_vmax = 0.f;
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j) {
-        const float2 vs = *reinterpret_cast<const float2*>(tile_scales + BN + 8 * j);
+        const float2 v2 = *reinterpret_cast<const float2*>(tile_scales + BN + 8 * j);
+        vs[j][0] = v2.x;
+        vs[j][1] = v2.y;
+        tile_vmax = fmaxf(tile_vmax, fmaxf(fabsf(v2.x), fabsf(v2.y)));
+      }
+      tile_vmax = warp_max<4>(tile_vmax);  // a quad holds all the warp's keys (each quad the same)
+      if (tile_vmax > vmax) {  // warp-uniform
+        const float grow = vmax / tile_vmax;
+#pragma unroll
+        for (int R = 0; R < kR; ++R) factor[R] *= grow;
+        vmax = tile_vmax;
+        inv_vmax = 1.f / vmax;
+      }
+#pragma unroll
+      for (int j = 0; j < WN / 8; ++j) {
+        const float v0 = vs[j][0] * inv_vmax;
+        const float v1 = vs[j][1] * inv_vmax;
 #pragma unroll
         for (int R = 0; R < kR; ++R) {
-          s[R][2 * j] *= vs.x;
-          s[R][2 * j + 1] *= vs.y;
+          s[R][2 * j] *= v0;
+          s[R][2 * j + 1] *= v1;
         }
       }
+    }
+    // Rescale the accumulator only when some row's maximum (or vmax) grew: in
+    // long decode walks most tiles leave every factor at exactly 1.
+    bool rescale = false;
+#pragma unroll
+    for (int R = 0; R < kR; ++R) rescale |= factor[R] != 1.f;
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int R = 0; R < kR; ++R)
+#pragma unroll
+        for (int x = 0; x < D / 4; ++x) o[R][x] *= factor[R];
     }
 
     // O += P V, P rounded to the element type; keys 16kk.. of the warp's slice.
@@ -511,6 +621,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_tile_kernel(const __g
       out_scale[R] = fast_exp2(sm.row[R].m - total.offset()) * res.inv_sum;
       if (warp_n == 0 && quad == 0) lse_s[row_of(R)] = res.lse;
     }
+  }
+  if constexpr (Cfg::kInt8) {
+#pragma unroll
+    for (int R = 0; R < kR; ++R) out_scale[R] *= vmax;  // the accumulator is in units of vmax
   }
 #pragma unroll
   for (int R = 0; R < kR; ++R) {

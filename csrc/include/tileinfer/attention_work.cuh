@@ -43,6 +43,13 @@ __device__ __forceinline__ int causal_key_end(int seq_len, int q_count, int last
   return end < 0 ? 0 : (end < seq_len ? end : seq_len);
 }
 
+// Pool row of position `pos` (see pool_row) from its page's block-table entry, -1
+// for an entry outside the pool.
+__device__ __forceinline__ int pool_row_on_page(const PagedKVParams& kv, int page, int kv_head, int pos) {
+  if (page < 0 || page >= kv.num_pages) return -1;
+  return (page * kv.num_kv_heads + kv_head) * kv.page_size + (pos & (kv.page_size - 1));
+}
+
 // Row of key position `pos` in a pool viewed as [num_pages * num_kv_heads *
 // page_size, head_dim], or -1 when the position is skipped: at or past key_end,
 // or on a page whose id is outside the pool. Fits in int32: the launchers check
@@ -50,9 +57,8 @@ __device__ __forceinline__ int causal_key_end(int seq_len, int q_count, int last
 __device__ __forceinline__ int pool_row(const PagedKVParams& kv, int seq, int kv_head, int pos, int key_end,
                                         int page_shift) {
   if (pos >= key_end) return -1;  // also keeps block_tables reads inside the sequence's row
-  const int page = page_of(kv, seq, pos >> page_shift);
-  if (page < 0) return -1;
-  return (page * kv.num_kv_heads + kv_head) * kv.page_size + (pos & (kv.page_size - 1));
+  return pool_row_on_page(kv, kv.block_tables[static_cast<int64_t>(seq) * kv.max_pages + (pos >> page_shift)],
+                          kv_head, pos);
 }
 
 // Prefill: grid (num_q_heads, num_seqs, query tiles). The tile index is the
