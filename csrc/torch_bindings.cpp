@@ -66,7 +66,8 @@ TORCH_LIBRARY(tileinfer_attn, m) {
 
   // The split count attention gives decode on a device of num_sms multiprocessors
   // (<= 0: the CPU path). Shapes only, never context length.
-  m.def("decode_num_splits(int num_sms, int num_seqs, int num_kv_heads, int max_q_len) -> int",
+  m.def("decode_num_splits(int num_sms, int num_seqs, int num_kv_heads, int max_q_len, int group_size=1, "
+        "int head_dim=128, bool int8=False) -> int",
         &tileinfer::decode_num_splits_for);
 
   // Per-head RMSNorm over the last dim, as Qwen3's q_norm / k_norm:

@@ -33,14 +33,14 @@ namespace {
 //   re-read from shared memory per tile. 32-key tiles keep it within 255
 //   registers without spills (64-key tiles spilled and ran 1-4% slower), three
 //   stages; ~102 KB of shared memory, two blocks per SM. d <= 128.
-// - int8 cache: 64-row tiles only (the converted K / V tile takes the shared
-//   memory that the 128-row tile's third stage needs); the int8 stages are half
-//   the bytes, so d <= 128 keeps three of them.
+// - int8 cache: the same two shapes (fp16 math; the 128-row tile converts each
+//   K / V tile once for twice the rows); the int8 stages are half the bytes, so
+//   the 64-row tile keeps three of them at d <= 128.
 template <typename T, int D, typename CacheT = T>
 using PrefillTileSmall = TileConfig<TileElement<T, CacheT>, D, 4, 1, 1, (D == 256 ? 32 : 64),
                                     (std::is_same_v<CacheT, int8_t> && D <= 128 ? 3 : 2), CacheT, T>;
-template <typename T, int D>
-using PrefillTileLarge = TileConfig<T, D, 4, 1, 2, 32, 3>;
+template <typename T, int D, typename CacheT = T>
+using PrefillTileLarge = TileConfig<TileElement<T, CacheT>, D, 4, 1, 2, 32, 3, CacheT, T>;
 
 // Shapes only (the same choice on every call of a captured graph): 128-row
 // tiles from 2048 queries on (measured crossover between 1k and 2k, above).
@@ -94,6 +94,12 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
       if constexpr (std::is_same_v<scalar_t, float>) {
         launch_fp32<HEAD_DIM, PrefillWork<float>>("prefill", p, stream);
       } else if (s.int8) {
+        if constexpr (HEAD_DIM <= 128) {
+          if (large) {
+            return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM, int8_t>, PrefillWork<scalar_t>>("prefill", p,
+                                                                                                     stream);
+          }
+        }
         launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM, int8_t>, PrefillWork<scalar_t>>("prefill", p, stream);
       } else {
         if constexpr (HEAD_DIM <= 128) {
