@@ -212,15 +212,20 @@ def test_int8_prefill(dtype, head_dim, page, causal, smooth, seed):
     check_lse(lse, exact_lse, p, causal, f"int8 prefill lse (group {group})")
 
 
-def test_int8_prefill_long(seed):
+@pytest.mark.parametrize("rows", ["64", "128"])
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float16, 64)], ids=["bf16-128", "fp16-64"])
+def test_int8_prefill_long(dtype, head_dim, rows, seed, monkeypatch):
     """A 3000-position prompt next to a chunk of 200 queries at the end of 2500
-    positions: many key tiles, several query tiles per sequence."""
+    positions: many key tiles, several query tiles per sequence; both tile
+    shapes (TILEINFER_PREFILL_ROWS forces one: 128-row tiles are the default
+    from 2048 queries on)."""
     need("prefill")
-    p = int8_problem([3000, 2500], [3000, 200], 8, 2, 128, 64, seed=seed)
+    monkeypatch.setenv("TILEINFER_PREFILL_ROWS", rows)
+    p = int8_problem([3000, 2500], [3000, 200], 8, 2, head_dim, 64, dtype, seed=seed)
     out, lse = run_prefill(p, True)
     exact, exact_lse = exact_attention(p, True)
-    check_out(out, exact, torch.bfloat16, "int8 prefill long")
-    check_lse(lse, exact_lse, p, True, "int8 prefill long lse")
+    check_out(out, exact, dtype, f"int8 prefill long ({rows}-row tiles)")
+    check_lse(lse, exact_lse, p, True, f"int8 prefill long lse ({rows}-row tiles)")
 
 
 # ------------------------------------------------------------------ decode: partials merged in float64
