@@ -126,12 +126,14 @@ def main():
                 continue
             out.append(f"  {case:6s} ours {f(o and o['tflops']):>4s} | flash {f(fl and fl['tflops']):>4s} "
                        f"({ratio(fl, o)}) | cudnn {f(cu and cu['tflops']):>4s} ({ratio(cu, o)})")
-    if inp:
-        rows = [r for r in inp.get("rows", []) if r.get("gbps") is not None]
-        out.append("inputs (GB/s):" + ("" if rows else " no rows with gbps"))
+    if inp:  # bench_inputs.py: one row per step size, fused / unfused / eager times (graph replays)
+        rows = [r for r in inp.get("rows", []) if r.get("fused_us") is not None]
+        out.append("inputs (attention_inputs, graph replay; ratio = t_unfused / t_fused):" + ("" if rows else " no rows"))
         for r in rows[:8]:
-            out.append(f"  {r.get('case', '?')} {r.get('impl', '?')}: {f(r.get('us'), '.1f')} us, "
-                       f"{f(r.get('gbps'))} GB/s" + (f" ({f(r.get('pct_copy'))}% copy)" if r.get("pct_copy") else ""))
+            pct = r.get("fused_of_copy")
+            out.append(f"  {r.get('case', '?'):15s} fused {f(r.get('fused_us'), '.1f'):>6s} us "
+                       f"{f(r.get('fused_gbps')):>5s} GB/s {f(pct and 100 * pct):>3s}% copy | unfused "
+                       f"{f(r.get('unfused_us'), '.1f'):>6s} us ({f(r.get('unfused_over_fused'), '.2f')}x)")
     if i8:
         out += int8_lines(i8)
     for name, data in (("decode", dec), ("prefill", pre), ("inputs", inp), ("int8", i8)):
