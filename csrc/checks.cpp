@@ -95,8 +95,9 @@ PagedShape check_paged_cache(const char* op, const at::Tensor& k_cache, const at
   check_on(op, "block_tables", block_tables, device);
   s.num_seqs = block_tables.size(0);
   s.max_pages = block_tables.size(1);
-  TILEINFER_CHECK(s.max_pages * s.page_size < (int64_t(1) << 31), op,
-              ": block_tables holds too many positions for int32 lengths");
+  // The kernels compute key positions a few tiles past the end in int32: keep 2^16 of margin.
+  TILEINFER_CHECK(s.max_pages * s.page_size <= (int64_t(1) << 31) - (int64_t(1) << 16), op,
+              ": block_tables holds too many positions for int32 lengths (max_pages * page_size must be <= 2^31 - 2^16)");
   check_int32_vector(op, "seq_lens", seq_lens, s.num_seqs, device);
   check_int32_vector(op, "cu_seqlens_q", cu_seqlens_q, s.num_seqs + 1, device);
 

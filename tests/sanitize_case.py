@@ -15,6 +15,7 @@ those rows are unspecified), which initcheck would report.
 """
 import argparse
 import dataclasses
+import os
 
 import torch
 
@@ -80,12 +81,12 @@ def run_input_ops(p):
 
 def clean_cases():
     """bf16 at every head dim (with its own page size), fp32 (a separate CUDA-core
-    kernel) and an int8 cache at one; per shape: decode steps, verify-sized steps and full prompts,
+    kernel) and int8 caches at two; per shape: decode steps, verify-sized steps and full prompts,
     alternating a power-of-two group (decode path) and a group of 3 (prefill path)."""
     seed = 0
     for dtype, head_dim, page, int8 in ((torch.bfloat16, 64, 16, False), (torch.bfloat16, 128, 64, False),
                                         (torch.bfloat16, 256, 128, False), (torch.float32, 128, 32, False),
-                                        (torch.bfloat16, 128, 32, True)):
+                                        (torch.bfloat16, 128, 32, True), (torch.float16, 256, 16, True)):
         lens = [1, page - 1, page + 1, 3 * page + 5, 0]  # one position, page +- 1, several pages, a padded slot
         for i, q_lens in enumerate(([1, 1, 1, 1, 0], [1, 5, 16, 3, 0], lens)):
             seed += 1
@@ -123,6 +124,12 @@ def main():
     for p in cases:
         run_attention_ops(p)
         run_input_ops(p)
+    # The 128-row prefill tile (the default from 2048 queries on), forced on
+    # small problems: bf16 and int8 caches.
+    os.environ["TILEINFER_PREFILL_ROWS"] = "128"
+    for int8 in (False, True):
+        run_attention_ops(make_problem([300, 70], [300, 3], 4, 2, 128, 64, device=DEV, seed=7, int8=int8))
+    del os.environ["TILEINFER_PREFILL_ROWS"]
     torch.cuda.synchronize()
     print(f"sanitize_case: ok ({len(cases)} problems)", flush=True)
 

@@ -337,6 +337,28 @@ def test_int8_deterministic(path, seed):
         assert torch.equal(a, c), "int8 attention: keyword and positional int8 arguments gave different bits"
 
 
+@pytest.mark.parametrize("path", ["prefill", "decode"])
+def test_int8_value_scale_outlier(path, seed):
+    """One key's value scale 1e5 times the others' (an attention sink with large
+    values), masked for most rows by the causal diagonal: the kernels divide
+    value scales by the largest one a warp has seen, and the other keys'
+    probabilities times their scales must not sink into fp16's subnormals
+    (they would lose most of their bits: tens of ulps). Prefill: 128 queries,
+    the outlier at position 63; decode (the attention op's path, 16 queries of
+    one sequence, group 1): the outlier at the last position."""
+    need(*PATH_KERNELS["attention" if path == "decode" else "prefill"])
+    length, outlier = (128, 63) if path == "prefill" else (16, 15)
+    p = int8_problem([length], [length], 2, 2, 128, 16, seed=seed, smooth=False)
+    page = p.block_tables[0, outlier // 16].item()
+    p.v_scale[page, :, outlier % 16] = 1000.0  # the others: 0.005-0.025
+    if path == "prefill":
+        out, _ = run_prefill(p, True)
+    else:
+        out = run_attention(p, True)
+    exact, _ = exact_attention(p, True)
+    check_out(out, exact, torch.bfloat16, f"int8 {path}, one value scale 1e5x the others")
+
+
 # ------------------------------------------------------------------ CUDA graphs
 @pytest.mark.parametrize("group", [4, 3], ids=["decode_path", "prefill_path"])
 def test_int8_cuda_graph_decode_steps(group, seed):

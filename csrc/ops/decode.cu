@@ -28,6 +28,11 @@ namespace {
 // converted tile, three blocks share an SM at d <= 128 (72 KB each).
 template <typename T, int D, typename CacheT = T>
 using DecodeTileSmall = TileConfig<TileElement<T, CacheT>, D, 1, 4, 1, 64, (D == 256 ? 2 : 3), CacheT, T>;
+// decode_num_splits (csrc/attention.cpp) sizes the int8 splits for these residencies.
+static_assert(DecodeTileSmall<__nv_bfloat16, 64, int8_t>::kMinBlocks == 3 &&
+                  DecodeTileSmall<__nv_bfloat16, 128, int8_t>::kMinBlocks == 3 &&
+                  DecodeTileSmall<__nv_bfloat16, 256, int8_t>::kMinBlocks == 1,
+              "int8 decode blocks per SM no longer match the split rule in csrc/attention.cpp");
 // More packed rows (verify steps with large groups): 64-row tiles as prefill;
 // the grid adds a row-tile dimension and row tiles share the pages through L2.
 template <typename T, int D, typename CacheT = T>

@@ -32,11 +32,14 @@
 // The int8 kernels compute in fp16 whatever q's type (QT): the int8 -> fp16
 // conversion takes half the instructions of int8 -> bf16 (the int8 decode loop is
 // instruction-bound), and fp16 keeps 3 more mantissa bits. Its range is handled
-// by powers of two: queries are scaled so the block's largest |q * smooth| is
-// about 2^14 (the softmax scale divides it out), and each warp's probabilities
-// are divided by the largest value scale seen so far (vmax, a running maximum;
-// the accumulator is rescaled when it grows, the epilogue multiplies it back),
-// so P * v_scale stays in [0, 1] instead of underflowing.
+// by powers of two: queries are scaled so the block's largest finite
+// |q * smooth| is in [2^13, 2^14) (the softmax scale divides it out), and each
+// warp's probabilities are multiplied by v_scale * 2^15 / vmax, vmax being the
+// largest |v_scale| seen so far (a running maximum; the accumulator is rescaled
+// when it grows, the epilogue multiplies it back). So P * v_scale stays below
+// fp16's maximum, and the 2^15 of headroom keeps it out of fp16's subnormals
+// down to 2^-29 of vmax: one key with a huge value scale (an attention sink's
+// large values, say) does not wipe out the precision of all the others.
 #pragma once
 
 #include <climits>
@@ -85,6 +88,7 @@ struct TileConfig {
   static constexpr int kRowSlots = kStages + 1;  // key-row lookups run one tile ahead of the copies
 
   static_assert(kThreads == 128, "the kernels are written for 4 warps");
+  static_assert(kWarpsM == 1 || kWarpsN == 1, "warps split either rows or keys (int8 conversion barriers)");
   static_assert(kWarpN % 16 == 0, "each warp needs whole 16-key slices (PV k-dimension)");
   static_assert(kBlockN % 32 == 0 && kBlockN <= kThreads, "one lookup thread per key, whole warps");
   static_assert((kBlockN * kCacheChunks) % kThreads == 0, "whole copy rounds per tile");
@@ -310,14 +314,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       float x[8];
       smoothed(c, x);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(x[e]));
+      for (int e = 0; e < 8; ++e) {  // finite values only: a row holding inf must not rescale the others
+        if (isfinite(x[e])) amax = fmaxf(amax, fabsf(x[e]));
+      }
     }
     amax = warp_max(amax);
     if (lane == 0) atomicMax(qmax_s, __float_as_int(amax));  // non-negative floats order as ints
     __syncthreads();
     const float block_max = __int_as_float(*qmax_s);
-    // 2^(14 - e) with block_max in [2^(e-1), 2^e): the largest value lands in [2^13, 2^14).
-    if (block_max > 0.f && block_max < INFINITY) q_scale = exp2f(14.f - ceilf(log2f(block_max)));
+    // 2^(14 - e) with block_max in [2^(e-1), 2^e): the largest value lands in
+    // [2^13, 2^14). The exponent is capped so that tiny (even subnormal) queries
+    // get a finite scale.
+    if (block_max > 0.f) {
+      const int e = ((__float_as_int(block_max) >> 23) & 0xff) - 126;  // frexp's exponent (subnormals: -126)
+      q_scale = __int_as_float((127 + min(14 - e, 126)) << 23);        // 2^(14 - e), a normal float
+    }
     for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {  // the second pass reads L1
       float x[8];
       smoothed(c, x);
@@ -381,10 +392,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   auto slice_barrier = [&]() {
     if constexpr (Cfg::kWarpsM == 1) {
       __syncwarp();
-    } else if constexpr (Cfg::kWarpsN == 1) {
-      __syncthreads();
     } else {
-      asm volatile("bar.sync %0, %1;\n" ::"r"(1 + warp_n), "n"(32 * Cfg::kWarpsM) : "memory");
+      __syncthreads();  // kWarpsN == 1: all warps read the whole tile
     }
   };
 
@@ -406,7 +415,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 #pragma unroll
     for (int x = 0; x < D / 4; ++x) o[R][x] = 0.f;
   const float scale_log2 = p.scale * kLog2e / q_scale;
-  float vmax = 0.f, inv_vmax = 0.f;  // int8: the warp's running maximum of value scales, and 1 / it
+  // int8: the warp's running maximum of |value scale|, and the probabilities' factor 2^15 / vmax.
+  constexpr float kPHeadroom = 32768.f;
+  float vmax = 0.f, p_factor = 0.f;
   // With a positive scale the softmax takes raw scores and folds the scale into
   // its exp2 argument (one FFMA per score); otherwise scores are scaled first.
   const bool fold_scale = scale_log2 > 0.f;
@@ -529,16 +540,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       }
       tile_vmax = warp_max<4>(tile_vmax);  // a quad holds all the warp's keys (each quad the same)
       if (tile_vmax > vmax) {  // warp-uniform
-        const float grow = vmax / tile_vmax;
+        const float next = fmaxf(tile_vmax, 0x1p-100f);  // keeps 2^15 / vmax finite for subnormal scales
+        const float grow = vmax / next;
 #pragma unroll
         for (int R = 0; R < kR; ++R) factor[R] *= grow;
-        vmax = tile_vmax;
-        inv_vmax = 1.f / vmax;
+        vmax = next;
+        p_factor = kPHeadroom * (1.f / vmax);  // a reciprocal, not a full division (registers)
       }
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j) {
-        const float v0 = vs[j][0] * inv_vmax;
-        const float v1 = vs[j][1] * inv_vmax;
+        const float v0 = vs[j][0] * p_factor;
+        const float v1 = vs[j][1] * p_factor;
 #pragma unroll
         for (int R = 0; R < kR; ++R) {
           s[R][2 * j] *= v0;
@@ -625,7 +637,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   }
   if constexpr (Cfg::kInt8) {
 #pragma unroll
-    for (int R = 0; R < kR; ++R) out_scale[R] *= vmax;  // the accumulator is in units of vmax
+    for (int R = 0; R < kR; ++R) out_scale[R] *= vmax * (1.f / kPHeadroom);  // the accumulator is in units of vmax / 2^15
   }
 #pragma unroll
   for (int R = 0; R < kR; ++R) {

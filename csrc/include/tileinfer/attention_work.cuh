@@ -46,7 +46,7 @@ __device__ __forceinline__ int causal_key_end(int seq_len, int q_count, int last
 // Pool row of position `pos` (see pool_row) from its page's block-table entry, -1
 // for an entry outside the pool.
 __device__ __forceinline__ int pool_row_on_page(const PagedKVParams& kv, int page, int kv_head, int pos) {
-  if (page < 0 || page >= kv.num_pages) return -1;
+  if (!page_in_pool(kv, page)) return -1;
   return (page * kv.num_kv_heads + kv_head) * kv.page_size + (pos & (kv.page_size - 1));
 }
 

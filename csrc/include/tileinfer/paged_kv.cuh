@@ -18,10 +18,15 @@ __device__ __forceinline__ int seq_len_of(const PagedKVParams& p, int seq) {
   return len < 0 ? 0 : (len > cap ? cap : len);
 }
 
+// Whether a block-table entry names a page of the pool.
+__device__ __forceinline__ bool page_in_pool(const PagedKVParams& p, int page) {
+  return page >= 0 && page < p.num_pages;
+}
+
 // Page id of the j-th page of a sequence, or -1 when the entry is outside the pool.
 __device__ __forceinline__ int page_of(const PagedKVParams& p, int seq, int j) {
   int page = p.block_tables[static_cast<int64_t>(seq) * p.max_pages + j];
-  return (page >= 0 && page < p.num_pages) ? page : -1;
+  return page_in_pool(p, page) ? page : -1;
 }
 
 // Element offset of (page, kv_head, slot, 0) in a pool.
