@@ -1,6 +1,9 @@
 // The attention op: picks decode + combine or prefill from shapes alone, so a
 // captured CUDA graph takes the same path on every step, and calls them through
 // the dispatcher (the same code serves CPU and CUDA).
+#include <array>
+#include <atomic>
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -52,8 +55,14 @@ int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t nu
   int64_t sms = 0;
 #ifdef TILEINFER_WITH_CUDA
   if (device.is_cuda()) {
-    int count = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device.index()));
+    // Read once per device: this runs on every eager decode step.
+    static std::array<std::atomic<int>, 64> sm_counts{};  // 0: not read yet
+    const int index = device.index();
+    int count = index >= 0 && index < 64 ? sm_counts[index].load(std::memory_order_relaxed) : 0;
+    if (count == 0) {
+      C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, index));
+      if (index >= 0 && index < 64) sm_counts[index].store(count, std::memory_order_relaxed);
+    }
     sms = count;
   }
 #endif

@@ -36,6 +36,29 @@ void check_scale(const char* op, const char* name, const std::optional<at::Tenso
   check_on(op, name, *t, device);
 }
 
+// partial_out [num_splits, num_tokens, num_q_heads, head_dim] fp32, contiguous.
+void check_partial_out(const char* op, const at::Tensor& partial_out) {
+  TILEINFER_CHECK(partial_out.scalar_type() == at::kFloat, op, ": partial_out must be float32, got ",
+              partial_out.scalar_type());
+  TILEINFER_CHECK(partial_out.dim() == 4, op,
+              ": partial_out must be 4-D [num_splits, num_tokens, num_q_heads, head_dim], got shape ",
+              partial_out.sizes());
+  TILEINFER_CHECK(partial_out.size(0) >= 1, op, ": partial_out must hold at least one split (dim 0)");
+  TILEINFER_CHECK(partial_out.is_contiguous(), op, ": partial_out must be contiguous");
+}
+
+// partial_lse [num_splits, num_tokens, num_q_heads] fp32, matching partial_out.
+void check_partial_lse(const char* op, const at::Tensor& partial_lse, const at::Tensor& partial_out) {
+  TILEINFER_CHECK(partial_lse.scalar_type() == at::kFloat, op, ": partial_lse must be float32, got ",
+              partial_lse.scalar_type());
+  TILEINFER_CHECK(partial_lse.dim() == 3 && partial_lse.sizes() == partial_out.sizes().slice(0, 3), op,
+              ": partial_lse must have shape ", partial_out.sizes().slice(0, 3),
+              " (num_splits, num_tokens, num_q_heads), got ", partial_lse.sizes());
+  TILEINFER_CHECK(partial_lse.is_contiguous(), op, ": partial_lse must be contiguous");
+  TILEINFER_CHECK(partial_lse.device() == partial_out.device(), op, ": partial_lse must be on ",
+              partial_out.device(), ", got ", partial_lse.device());
+}
+
 }  // namespace
 
 void check_token_tensor(const char* op, const char* name, const at::Tensor& t, int64_t num_tokens,
@@ -52,6 +75,41 @@ void check_token_tensor(const char* op, const char* name, const at::Tensor& t, i
   TILEINFER_CHECK(t.size(2) <= 1 || t.stride(2) == 1, op, ": ", name,
               " must have a contiguous last dim (stride 1), got strides ", t.strides());
   check_on(op, name, t, device);
+}
+
+void check_lse(const char* op, const char* name, const at::Tensor& lse, int64_t num_tokens, int64_t heads,
+               const at::Device& device) {
+  TILEINFER_CHECK(lse.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ", lse.scalar_type());
+  TILEINFER_CHECK(lse.dim() == 2 && lse.size(0) == num_tokens && lse.size(1) == heads, op, ": ", name,
+              " must have shape [", num_tokens, ", ", heads, "] (num_tokens, num_q_heads), got ", lse.sizes());
+  TILEINFER_CHECK(lse.is_contiguous(), op, ": ", name, " must be contiguous");
+  TILEINFER_CHECK(lse.device() == device, op, ": ", name, " must be on ", device, ", got ", lse.device());
+}
+
+void check_decode_partials(const char* op, const at::Tensor& partial_out, const at::Tensor& partial_lse,
+                           const at::Tensor& q, int64_t head_dim) {
+  check_partial_out(op, partial_out);
+  TILEINFER_CHECK(partial_out.size(1) == q.size(0) && partial_out.size(2) == q.size(1) &&
+                      partial_out.size(3) == head_dim,
+                  op, ": partial_out must have shape [num_splits, ", q.size(0), ", ", q.size(1), ", ", head_dim,
+                  "] (num_splits, num_tokens, num_q_heads, head_dim), got ", partial_out.sizes());
+  TILEINFER_CHECK(partial_out.device() == q.device(), op, ": partial_out must be on ", q.device(), ", got ",
+                  partial_out.device());
+  check_partial_lse(op, partial_lse, partial_out);
+}
+
+void check_combine(const char* op, const at::Tensor& out, const std::optional<at::Tensor>& lse,
+                   const at::Tensor& partial_out, const at::Tensor& partial_lse) {
+  check_partial_out(op, partial_out);
+  check_partial_lse(op, partial_lse, partial_out);
+  const int64_t num_tokens = partial_out.size(1), heads = partial_out.size(2), d = partial_out.size(3);
+  TILEINFER_CHECK(d == 64 || d == 128 || d == 256, op, ": unsupported head_dim ", d,
+                  " (dim 3 of partial_out; expected 64, 128 or 256)");
+  TILEINFER_CHECK(out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf ||
+                      out.scalar_type() == at::kFloat,
+                  op, ": out must be bfloat16, float16 or float32, got ", out.scalar_type());
+  check_token_tensor(op, "out", out, num_tokens, heads, d, out.scalar_type(), partial_out.device());
+  if (lse.has_value()) check_lse(op, "lse", *lse, num_tokens, heads, partial_out.device());
 }
 
 PagedShape check_paged_cache(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache,

@@ -44,6 +44,22 @@ PagedShape check_paged_attention(const char* op, const at::Tensor& q, const at::
                                  const std::optional<at::Tensor>& v_scale,
                                  const std::optional<at::Tensor>& k_smooth);
 
+// An lse output [num_tokens, num_q_heads] fp32, contiguous.
+void check_lse(const char* op, const char* name, const at::Tensor& lse, int64_t num_tokens, int64_t heads,
+               const at::Device& device);
+
+// Decode's partials for queries q: partial_out [num_splits >= 1, num_tokens,
+// num_q_heads, head_dim] and partial_lse [num_splits, num_tokens, num_q_heads],
+// fp32, contiguous, on q's device.
+void check_decode_partials(const char* op, const at::Tensor& partial_out, const at::Tensor& partial_lse,
+                           const at::Tensor& q, int64_t head_dim);
+
+// combine's arguments, all fixed by partial_out [num_splits, num_tokens,
+// num_q_heads, head_dim]: partial_lse, out (bf16/fp16/fp32 token tensor) and
+// the optional lse, on partial_out's device.
+void check_combine(const char* op, const at::Tensor& out, const std::optional<at::Tensor>& lse,
+                   const at::Tensor& partial_out, const at::Tensor& partial_lse);
+
 // Decode serves steps of 1..kMaxDecodeQueries queries per sequence (plain decode
 // and speculative verify); longer steps go to prefill.
 constexpr int64_t kMaxDecodeQueries = 16;

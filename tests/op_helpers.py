@@ -1,8 +1,21 @@
 """Helpers of the CPU/GPU op tests (not a test module)."""
+import math
+
 import pytest
 import torch
 
 from tileinfer_attn.testing import make_problem
+
+
+# Parametrization of tests that run on both devices: CUDA cases are gpu-marked
+# and skip without a device.
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    ]),
+]
 
 
 def has_cuda_kernel(op: str) -> bool:
@@ -63,3 +76,17 @@ def sample_args(op: str, device: str, int8: bool = False) -> dict:
         return dict(q_out=torch.empty_like(p.q), q=p.q, **kv, **cache, cos_sin_cache=cos_sin, rotary_dim=d,
                     q_norm_weight=w, k_norm_weight=w, eps=1e-6)
     raise AssertionError(op)
+
+
+def check_neutral_splits(po, pl, p, splits):
+    """Splits past a sequence's pages write the neutral partial: out 0, lse -inf."""
+    page = p.k_cache.shape[2]
+    cu = p.cu_seqlens_q.tolist()
+    for s, length in enumerate(p.seq_lens.tolist()):
+        pages = math.ceil(length / page)
+        per = math.ceil(pages / splits)
+        for i in range(splits):
+            if i * per >= pages:
+                rows = slice(cu[s], cu[s + 1])
+                assert torch.all(po[i, rows] == 0) and torch.all(pl[i, rows] == float("-inf")), \
+                    f"split {i} of sequence {s} has no pages but is not neutral"

@@ -8,13 +8,11 @@ mechanism: masks on the causal diagonal, pages of several sizes per key tile,
 empty splits, GQA packing, padded rows, adversarial metadata, determinism.
 Outputs are poisoned with NaN first; inputs are fresh random data.
 """
-import math
-
 import pytest
 import torch
 
 from tileinfer_attn import reference, testing
-from op_helpers import has_cuda_kernel
+from op_helpers import check_neutral_splits, has_cuda_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -224,16 +222,7 @@ def test_decode_partials_match_exact(dtype, head_dim, page, group, n, splits, ca
                                                  exact=True, return_lse=True)
     _check_out(merged, exact, dtype, "decode merged")
     _check_lse(merged_lse.float(), exact_lse, dtype, "decode lse")
-    # Splits past a sequence's pages are neutral: out 0, lse -inf.
-    cu = prob.cu_seqlens_q.tolist()
-    for s, length in enumerate(seq_lens):
-        pages = math.ceil(length / page)
-        per = math.ceil(pages / splits)
-        for i in range(splits):
-            if i * per >= pages:
-                rows = slice(cu[s], cu[s + 1])
-                assert torch.all(po[i, rows] == 0) and torch.all(pl[i, rows] == float("-inf")), \
-                    f"split {i} of sequence {s} has no pages but is not neutral"
+    check_neutral_splits(po, pl, prob, splits)
 
 
 def test_decode_deterministic_and_padded_slots():

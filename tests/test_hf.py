@@ -6,6 +6,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 import tileinfer_attn  # noqa: E402,F401
 import tileinfer_attn.hf  # noqa: E402
+from op_helpers import DEVICES  # noqa: E402
 
 
 def _has_kernel(op, key):
@@ -17,15 +18,6 @@ def _use(model, impl):
         model.set_attn_implementation(impl)
     else:
         model.config._attn_implementation = impl
-
-
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    ]),
-]
 
 
 @pytest.mark.parametrize("device", DEVICES)

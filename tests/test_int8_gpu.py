@@ -25,7 +25,7 @@ import zlib
 import pytest
 import torch
 
-from op_helpers import has_cuda_kernel
+from op_helpers import check_neutral_splits, has_cuda_kernel
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
 
@@ -136,20 +136,6 @@ def check_lse(lse, exact_lse, p, causal, what):
     excess = ((lse - exact_lse).abs() - tol)[seen]
     assert excess.max().item() <= 0, (f"{what}: lse error above tolerance by {excess.max().item():.3g} "
                                       f"(largest error {(lse - exact_lse)[seen].abs().max().item():.3g})")
-
-
-def check_neutral_splits(po, pl, p, splits):
-    """Splits past a sequence's pages write the neutral partial: out 0, lse -inf."""
-    page = p.k_cache.shape[2]
-    cu = p.cu_seqlens_q.tolist()
-    for s, length in enumerate(p.seq_lens.tolist()):
-        pages = math.ceil(length / page)
-        per = math.ceil(pages / splits)
-        for i in range(splits):
-            if i * per >= pages:
-                rows = slice(cu[s], cu[s + 1])
-                assert torch.all(po[i, rows] == 0) and torch.all(pl[i, rows] == float("-inf")), \
-                    f"split {i} of sequence {s} has no pages but is not neutral"
 
 
 # ------------------------------------------------------------------ runners

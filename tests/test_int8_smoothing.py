@@ -9,14 +9,7 @@ import torch
 
 import tileinfer_attn as ti
 from tileinfer_attn.testing import rel_error
-
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    ]),
-]
+from op_helpers import DEVICES
 
 
 def int8_attention_error(device, smooth: bool) -> float:

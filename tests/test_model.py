@@ -9,6 +9,7 @@ import torch
 import tileinfer_attn  # noqa: F401
 from tileinfer_attn.models.qwen3 import Qwen3Config, Qwen3Model
 from tileinfer_attn.models.runner import PagedRunner
+from op_helpers import DEVICES
 
 
 def _has_cuda_kernels():
@@ -16,13 +17,6 @@ def _has_cuda_kernels():
                for op in ("prefill", "decode", "combine", "attention_inputs"))
 
 
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    ]),
-]
 CFG = Qwen3Config(vocab_size=512, hidden_size=256, num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
                   intermediate_size=512, max_position=512)
 

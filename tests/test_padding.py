@@ -6,17 +6,9 @@ import pytest
 import torch
 
 import tileinfer_attn  # noqa: F401
-from op_helpers import has_cuda_kernel
+from op_helpers import DEVICES, has_cuda_kernel
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
-
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    ]),
-]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -174,38 +174,6 @@ void attend_pages(const HostKV& kv, int64_t seq, int64_t kv_head, int64_t len, i
 
 int64_t pages_for(int64_t len, int64_t page_size) { return (len + page_size - 1) / page_size; }
 
-void check_lse(const char* op, const char* name, const at::Tensor& lse, int64_t num_tokens, int64_t heads,
-               const at::Device& device) {
-  TILEINFER_CHECK(lse.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ", lse.scalar_type());
-  TILEINFER_CHECK(lse.dim() == 2 && lse.size(0) == num_tokens && lse.size(1) == heads, op, ": ", name,
-              " must have shape [", num_tokens, ", ", heads, "] (num_tokens, num_q_heads), got ", lse.sizes());
-  TILEINFER_CHECK(lse.is_contiguous(), op, ": ", name, " must be contiguous");
-  TILEINFER_CHECK(lse.device() == device, op, ": ", name, " must be on ", device, ", got ", lse.device());
-}
-
-// partial_out [num_splits, num_tokens, num_q_heads, head_dim] fp32, contiguous.
-void check_partial_out(const char* op, const at::Tensor& partial_out) {
-  TILEINFER_CHECK(partial_out.scalar_type() == at::kFloat, op, ": partial_out must be float32, got ",
-              partial_out.scalar_type());
-  TILEINFER_CHECK(partial_out.dim() == 4, op,
-              ": partial_out must be 4-D [num_splits, num_tokens, num_q_heads, head_dim], got shape ",
-              partial_out.sizes());
-  TILEINFER_CHECK(partial_out.size(0) >= 1, op, ": partial_out must hold at least one split (dim 0)");
-  TILEINFER_CHECK(partial_out.is_contiguous(), op, ": partial_out must be contiguous");
-}
-
-// partial_lse [num_splits, num_tokens, num_q_heads] fp32, matching partial_out.
-void check_partial_lse(const char* op, const at::Tensor& partial_lse, const at::Tensor& partial_out) {
-  TILEINFER_CHECK(partial_lse.scalar_type() == at::kFloat, op, ": partial_lse must be float32, got ",
-              partial_lse.scalar_type());
-  TILEINFER_CHECK(partial_lse.dim() == 3 && partial_lse.sizes() == partial_out.sizes().slice(0, 3), op,
-              ": partial_lse must have shape ", partial_out.sizes().slice(0, 3),
-              " (num_splits, num_tokens, num_q_heads), got ", partial_lse.sizes());
-  TILEINFER_CHECK(partial_lse.is_contiguous(), op, ": partial_lse must be contiguous");
-  TILEINFER_CHECK(partial_lse.device() == partial_out.device(), op, ": partial_lse must be on ",
-              partial_out.device(), ", got ", partial_lse.device());
-}
-
 // One unit of parallel work: some tokens of one sequence, one KV head, one split.
 struct WorkItem {
   int64_t seq, kv_head, split, tok_begin, tok_end;
@@ -339,14 +307,7 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
   check_decode_max_q_len(op, max_q_len);
-  check_partial_out(op, partial_out);
-  TILEINFER_CHECK(partial_out.size(1) == q.size(0) && partial_out.size(2) == q.size(1) &&
-                  partial_out.size(3) == s.head_dim,
-              op, ": partial_out must have shape [num_splits, ", q.size(0), ", ", q.size(1), ", ", s.head_dim,
-              "] (num_splits, num_tokens, num_q_heads, head_dim), got ", partial_out.sizes());
-  TILEINFER_CHECK(partial_out.device() == q.device(), op, ": partial_out must be on ", q.device(), ", got ",
-              partial_out.device());
-  check_partial_lse(op, partial_lse, partial_out);
+  check_decode_partials(op, partial_out, partial_lse, q, s.head_dim);
   check_metadata_values_on_host(op, s, seq_lens, cu_seqlens_q, q.size(0), max_q_len);
   const HostKV kv = detail::host_kv(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
                                     k_smooth);
@@ -360,18 +321,11 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
 void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,
              const at::Tensor& partial_lse) {
   const char* op = "combine";
-  check_partial_out(op, partial_out);
-  check_partial_lse(op, partial_lse, partial_out);
+  check_combine(op, out, lse, partial_out, partial_lse);
   const int64_t splits = partial_out.size(0);
   const int64_t num_tokens = partial_out.size(1);
   const int64_t heads = partial_out.size(2);
   const int64_t d = partial_out.size(3);
-  TILEINFER_CHECK(d == 64 || d == 128 || d == 256, op, ": unsupported head_dim ", d, " (expected 64, 128 or 256)");
-  TILEINFER_CHECK(out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf ||
-                  out.scalar_type() == at::kFloat,
-              op, ": out must be bfloat16, float16 or float32, got ", out.scalar_type());
-  check_token_tensor(op, "out", out, num_tokens, heads, d, out.scalar_type(), partial_out.device());
-  if (lse.has_value()) check_lse(op, "lse", *lse, num_tokens, heads, partial_out.device());
   const float* po = partial_out.data_ptr<float>();
   const float* pl = partial_lse.data_ptr<float>();
   float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;

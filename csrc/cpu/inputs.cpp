@@ -258,46 +258,38 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
   check_positions_in_cache(op, pos, cos_sin_cache.size(0));
   const float* cs = cos_sin_cache.data_ptr<float>();
   const float feps = static_cast<float>(eps);
-  const int64_t num_tokens = q.size(0), hq = q.size(1), hkv = s.num_kv_heads;
+  const int64_t num_tokens = q.size(0), hkv = s.num_kv_heads;
 
   TILEINFER_CPU_DISPATCH_FLOAT(dtype, op, [&] {
     const scalar_t* qw = q_norm_weight.has_value() ? q_norm_weight->data_ptr<scalar_t>() : nullptr;
     const scalar_t* kw = k_norm_weight.has_value() ? k_norm_weight->data_ptr<scalar_t>() : nullptr;
-    // Queries: norm (rounded to the element type, as the rms_norm op's output
-    // is), then rotation into q_out. Tokens of no sequence are not written.
-    const scalar_t* qp = q.data_ptr<scalar_t>();
-    scalar_t* qo = q_out.data_ptr<scalar_t>();
-    at::parallel_for(0, num_tokens * hq, 64, [&](int64_t b, int64_t e) {
-      std::vector<scalar_t> tmp(d);
-      for (int64_t r = b; r < e; ++r) {
-        const int64_t t = r / hq, h = r % hq;
-        if (seq_of[t] < 0) continue;
-        const scalar_t* src = qp + t * q.stride(0) + h * q.stride(1);
-        if (qw) {
-          rms_norm_row(tmp.data(), src, qw, d, feps);
-          src = tmp.data();
+    // Each head of x [num_tokens, heads, d] of a token in a sequence: norm
+    // (rounded to the element type, as the rms_norm op's output is) when w is
+    // given, then rotation into dst(t, h). Tokens of no sequence are skipped.
+    auto norm_rope = [&](const at::Tensor& x, const scalar_t* w, auto dst) {
+      const int64_t heads = x.size(1);
+      const scalar_t* xp = x.data_ptr<scalar_t>();
+      at::parallel_for(0, num_tokens * heads, 64, [&](int64_t b, int64_t e) {
+        std::vector<scalar_t> tmp(d);
+        for (int64_t r = b; r < e; ++r) {
+          const int64_t t = r / heads, h = r % heads;
+          if (seq_of[t] < 0) continue;
+          const scalar_t* src = xp + t * x.stride(0) + h * x.stride(1);
+          if (w) {
+            rms_norm_row(tmp.data(), src, w, d, feps);
+            src = tmp.data();
+          }
+          rope_row(dst(t, h), src, cs + pos[t] * rotary_dim, rotary_dim, d);
         }
-        rope_row(qo + t * q_out.stride(0) + h * q_out.stride(1), src, cs + pos[t] * rotary_dim, rotary_dim, d);
-      }
-    });
-    // Keys: norm, rotation, then into the cache with the values, exactly as
+      });
+    };
+    scalar_t* qo = q_out.data_ptr<scalar_t>();
+    norm_rope(q, qw, [&](int64_t t, int64_t h) { return qo + t * q_out.stride(0) + h * q_out.stride(1); });
+    // Keys: the same, then into the cache with the values, exactly as
     // rms_norm + rope + cache_write would (same helpers, same roundings).
     // Rotated keys are staged in a [num_tokens, num_kv_heads, head_dim] buffer.
     std::vector<scalar_t> k_rot(static_cast<size_t>(num_tokens * hkv * d));
-    const scalar_t* kp = k.data_ptr<scalar_t>();
-    at::parallel_for(0, num_tokens * hkv, 64, [&](int64_t b, int64_t e) {
-      std::vector<scalar_t> tmp(d);
-      for (int64_t r = b; r < e; ++r) {
-        const int64_t t = r / hkv, g = r % hkv;
-        if (seq_of[t] < 0) continue;
-        const scalar_t* src = kp + t * k.stride(0) + g * k.stride(1);
-        if (kw) {
-          rms_norm_row(tmp.data(), src, kw, d, feps);
-          src = tmp.data();
-        }
-        rope_row(k_rot.data() + r * d, src, cs + pos[t] * rotary_dim, rotary_dim, d);
-      }
-    });
+    norm_rope(k, kw, [&](int64_t t, int64_t g) { return k_rot.data() + (t * hkv + g) * d; });
     write_tokens<scalar_t>(kv, k_cache.data_ptr(), v_cache.data_ptr(),
                            s.int8 ? k_scale->data_ptr<float>() : nullptr,
                            s.int8 ? v_scale->data_ptr<float>() : nullptr, pos, seq_of, k_rot.data(),

@@ -67,9 +67,9 @@ inline AttentionParams make_attention_params(const char* op, const PagedShape& s
 
 // Above 48 KB a kernel must opt in to its dynamic shared memory, once per
 // device (a driver call per launch costs microseconds of host time at decode).
-// One instance per kernel: a static inside each launcher instantiation (all
-// kernels share one function-pointer type, so a static keyed on that type
-// would let one kernel's opt-in stand for another's).
+// One instance per kernel: a static inside launch_attention, instantiated per
+// kernel (all kernels share one function-pointer type, so a static keyed on
+// that type would let one kernel's opt-in stand for another's).
 class SmemOptIn {
  public:
   template <typename Kernel>
@@ -90,27 +90,27 @@ inline void check_grid(const char* op, const dim3& grid) {
               ") exceeds CUDA's limits (too many sequences, heads or query tiles)");
 }
 
-template <class Cfg, class Work>
-void launch_tile(const char* op, const AttentionParams& p, cudaStream_t stream) {
+// Launches one attention kernel (a tile or fp32 kernel instantiation) with its
+// work mapping's grid. `kKernel` as a template argument gives each kernel its
+// own static opt-in.
+template <auto kKernel, class Cfg, class Work>
+void launch_attention(const char* op, const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid = Work::template grid<Cfg::kBlockM>(p);
   check_grid(op, grid);
-  auto kernel = attention_tile_kernel<Cfg, Work>;
   static SmemOptIn opt_in;
-  opt_in.ensure(kernel, Cfg::kSmemBytes);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  opt_in.ensure(kKernel, Cfg::kSmemBytes);
+  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <class Cfg, class Work>
+void launch_tile(const char* op, const AttentionParams& p, cudaStream_t stream) {
+  launch_attention<attention_tile_kernel<Cfg, Work>, Cfg, Work>(op, p, stream);
 }
 
 template <int kHeadDim, class Work>
 void launch_fp32(const char* op, const AttentionParams& p, cudaStream_t stream) {
-  using Cfg = Fp32Config<kHeadDim>;
-  const dim3 grid = Work::template grid<Cfg::kBlockM>(p);
-  check_grid(op, grid);
-  auto kernel = attention_fp32_kernel<kHeadDim, Work>;
-  static SmemOptIn opt_in;
-  opt_in.ensure(kernel, Cfg::kSmemBytes);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_attention<attention_fp32_kernel<kHeadDim, Work>, Fp32Config<kHeadDim>, Work>(op, p, stream);
 }
 
 }  // namespace tileinfer::cuda

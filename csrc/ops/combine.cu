@@ -21,55 +21,17 @@ namespace {
 
 constexpr const char* kOp = "combine";
 
-// Checks shapes, dtypes and devices of the four arguments against partial_out,
-// which fixes [num_splits, num_tokens, num_q_heads, head_dim].
+// The shared checks (checks.cpp) plus what the kernel needs: a CUDA tensor,
+// 16-byte aligned partials (16-byte loads), int32 row and split counts.
 void check_combine_inputs(const at::Tensor& out, const std::optional<at::Tensor>& lse,
                           const at::Tensor& partial_out, const at::Tensor& partial_lse) {
   TILEINFER_CHECK(partial_out.is_cuda(), kOp, ": partial_out must be a CUDA tensor, got ", partial_out.device());
-  TILEINFER_CHECK(partial_out.dim() == 4, kOp,
-              ": partial_out must be 4-D [num_splits, num_tokens, num_q_heads, head_dim], got shape ",
-              partial_out.sizes());
-  TILEINFER_CHECK(partial_out.scalar_type() == at::kFloat, kOp, ": partial_out must be float32, got ",
-              partial_out.scalar_type());
-  TILEINFER_CHECK(partial_out.is_contiguous(), kOp, ": partial_out must be contiguous");
-  // The kernel reads partials with 16-byte loads.
+  check_combine(kOp, out, lse, partial_out, partial_lse);
   TILEINFER_CHECK(reinterpret_cast<uintptr_t>(partial_out.data_ptr()) % 16 == 0, kOp,
               ": partial_out must be 16-byte aligned");
-  const at::Device device = partial_out.device();
-  const int64_t splits = partial_out.size(0), tokens = partial_out.size(1), heads = partial_out.size(2),
-                head_dim = partial_out.size(3);
-  TILEINFER_CHECK(splits >= 1, kOp, ": partial_out must hold at least one split (dim 0), got ", splits);
-  TILEINFER_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256, kOp, ": unsupported head_dim ", head_dim,
-              " (dim 3 of partial_out; expected 64, 128 or 256)");
+  const int64_t splits = partial_out.size(0), tokens = partial_out.size(1), heads = partial_out.size(2);
   TILEINFER_CHECK(tokens * heads <= std::numeric_limits<int32_t>::max() && splits <= std::numeric_limits<int32_t>::max(),
               kOp, ": partial_out is too large (num_tokens * num_q_heads and num_splits must fit in int32)");
-
-  TILEINFER_CHECK(partial_lse.device() == device, kOp, ": partial_lse must be on ", device,
-              " (the device of partial_out), got ", partial_lse.device());
-  TILEINFER_CHECK(partial_lse.scalar_type() == at::kFloat, kOp, ": partial_lse must be float32, got ",
-              partial_lse.scalar_type());
-  TILEINFER_CHECK(partial_lse.dim() == 3 && partial_lse.size(0) == splits && partial_lse.size(1) == tokens &&
-                  partial_lse.size(2) == heads,
-              kOp, ": partial_lse must have shape [", splits, ", ", tokens, ", ", heads,
-              "] (num_splits, num_tokens, num_q_heads of partial_out), got ", partial_lse.sizes());
-  TILEINFER_CHECK(partial_lse.is_contiguous(), kOp, ": partial_lse must be contiguous");
-
-  TILEINFER_CHECK(out.device() == device, kOp, ": out must be on ", device, " (the device of partial_out), got ",
-              out.device());
-  const at::ScalarType dt = out.scalar_type();
-  TILEINFER_CHECK(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat, kOp,
-              ": out must be bfloat16, float16 or float32, got ", dt);
-  check_token_tensor(kOp, "out", out, tokens, heads, head_dim, dt, device);
-
-  if (lse.has_value()) {
-    TILEINFER_CHECK(lse->device() == device, kOp, ": lse must be on ", device, " (the device of partial_out), got ",
-                lse->device());
-    TILEINFER_CHECK(lse->scalar_type() == at::kFloat, kOp, ": lse must be float32, got ", lse->scalar_type());
-    TILEINFER_CHECK(lse->dim() == 2 && lse->size(0) == tokens && lse->size(1) == heads, kOp,
-                ": lse must have shape [", tokens, ", ", heads, "] (num_tokens, num_q_heads), got ",
-                lse->sizes());
-    TILEINFER_CHECK(lse->is_contiguous(), kOp, ": lse must be contiguous");
-  }
 }
 
 }  // namespace

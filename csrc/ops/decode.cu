@@ -49,22 +49,7 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
                                              max_q_len, k_scale, v_scale, k_smooth);
   check_decode_max_q_len("decode", max_q_len);
   const int64_t T = q.size(0), H = q.size(1);
-  TILEINFER_CHECK(partial_out.scalar_type() == at::kFloat, "decode: partial_out must be float32, got ",
-              partial_out.scalar_type());
-  TILEINFER_CHECK(partial_out.dim() == 4 && partial_out.size(0) >= 1 && partial_out.size(1) == T &&
-                  partial_out.size(2) == H && partial_out.size(3) == s.head_dim,
-              "decode: partial_out must have shape [num_splits >= 1, ", T, ", ", H, ", ", s.head_dim,
-              "] (num_splits, num_tokens, num_q_heads, head_dim), got ", partial_out.sizes());
-  TILEINFER_CHECK(partial_out.is_contiguous(), "decode: partial_out must be contiguous");
-  TILEINFER_CHECK(partial_lse.scalar_type() == at::kFloat, "decode: partial_lse must be float32, got ",
-              partial_lse.scalar_type());
-  TILEINFER_CHECK(partial_lse.dim() == 3 && partial_lse.size(0) == partial_out.size(0) && partial_lse.size(1) == T &&
-                  partial_lse.size(2) == H,
-              "decode: partial_lse must have shape [", partial_out.size(0), ", ", T, ", ", H,
-              "] (num_splits, num_tokens, num_q_heads), got ", partial_lse.sizes());
-  TILEINFER_CHECK(partial_lse.is_contiguous(), "decode: partial_lse must be contiguous");
-  TILEINFER_CHECK(partial_out.device() == q.device() && partial_lse.device() == q.device(),
-              "decode: partial_out and partial_lse must be on ", q.device());
+  check_decode_partials("decode", partial_out, partial_lse, q, s.head_dim);
   TILEINFER_CHECK(partial_out.size(0) <= (int64_t(1) << 31) - 1 && partial_out.numel() < (int64_t(1) << 62),
               "decode: too many splits");
   TILEINFER_CHECK(aligned16(partial_out.data_ptr()), "decode: partial_out must start at a 16-byte aligned address");

@@ -61,14 +61,7 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
   const PagedShape s = check_paged_attention("prefill", q, k_cache, v_cache, block_tables, seq_lens,
                                              cu_seqlens_q, max_q_len, k_scale, v_scale, k_smooth);
   check_token_tensor("prefill", "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
-  if (lse.has_value()) {
-    TILEINFER_CHECK(lse->scalar_type() == at::kFloat, "prefill: lse must be float32, got ", lse->scalar_type());
-    TILEINFER_CHECK(lse->dim() == 2 && lse->size(0) == q.size(0) && lse->size(1) == q.size(1),
-                "prefill: lse must have shape [", q.size(0), ", ", q.size(1), "] (num_tokens, num_q_heads), got ",
-                lse->sizes());
-    TILEINFER_CHECK(lse->is_contiguous(), "prefill: lse must be contiguous");
-    TILEINFER_CHECK(lse->device() == q.device(), "prefill: lse must be on ", q.device(), ", got ", lse->device());
-  }
+  if (lse.has_value()) check_lse("prefill", "lse", *lse, q.size(0), q.size(1), q.device());
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionParams p = make_attention_params("prefill", s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,

@@ -490,18 +490,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 #pragma unroll
         for (int x = 0; x < WN / 4; ++x) s[R][x] *= scale_log2;
     }
-    // int8: each key's scale multiplies its column of scores (skipped keys: 0, masked below).
+    // int8: this lane's key scales (keys key0 + 8j + 2 quad + e at [j][e]; 0 for
+    // skipped keys), and the multiplication of score / probability columns by them.
     const float* tile_scales = scale_s + (i % S) * 2 * BN + key0 + 2 * quad;
-    if constexpr (Cfg::kInt8) {
+    auto lane_scales = [&](const float* scales, float (&f)[WN / 8][2]) {
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j) {
-        const float2 ks = *reinterpret_cast<const float2*>(tile_scales + 8 * j);
+        const float2 f2 = *reinterpret_cast<const float2*>(scales + 8 * j);
+        f[j][0] = f2.x;
+        f[j][1] = f2.y;
+      }
+    };
+    auto scale_columns = [&](const float (&f)[WN / 8][2]) {
+#pragma unroll
+      for (int j = 0; j < WN / 8; ++j)
 #pragma unroll
         for (int R = 0; R < kR; ++R) {
-          s[R][2 * j] *= ks.x;
-          s[R][2 * j + 1] *= ks.y;
+          s[R][2 * j] *= f[j][0];
+          s[R][2 * j + 1] *= f[j][1];
         }
-      }
+    };
+    if constexpr (Cfg::kInt8) {  // each key's scale multiplies its column of scores (skipped keys masked below)
+      float ks[WN / 8][2];
+      lane_scales(tile_scales, ks);
+      scale_columns(ks);
     }
 
     // Masks: only on tiles with skipped keys or overlapping the causal diagonal.
@@ -530,14 +542,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     // the accumulator like a larger row maximum does.
     if constexpr (Cfg::kInt8) {
       float vs[WN / 8][2];
+      lane_scales(tile_scales + BN, vs);
       float tile_vmax = 0.f;
 #pragma unroll
-      for (int j = 0; j < WN / 8; ++j) {
-        const float2 v2 = *reinterpret_cast<const float2*>(tile_scales + BN + 8 * j);
-        vs[j][0] = v2.x;
-        vs[j][1] = v2.y;
-        tile_vmax = fmaxf(tile_vmax, fmaxf(fabsf(v2.x), fabsf(v2.y)));
-      }
+      for (int j = 0; j < WN / 8; ++j) tile_vmax = fmaxf(tile_vmax, fmaxf(fabsf(vs[j][0]), fabsf(vs[j][1])));
       tile_vmax = warp_max<4>(tile_vmax);  // a quad holds all the warp's keys (each quad the same)
       if (tile_vmax > vmax) {  // warp-uniform
         const float next = fmaxf(tile_vmax, 0x1p-100f);  // keeps 2^15 / vmax finite for subnormal scales
@@ -549,14 +557,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       }
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j) {
-        const float v0 = vs[j][0] * p_factor;
-        const float v1 = vs[j][1] * p_factor;
-#pragma unroll
-        for (int R = 0; R < kR; ++R) {
-          s[R][2 * j] *= v0;
-          s[R][2 * j + 1] *= v1;
-        }
+        vs[j][0] *= p_factor;
+        vs[j][1] *= p_factor;
       }
+      scale_columns(vs);
     }
     // Rescale the accumulator only when some row's maximum (or vmax) grew: in
     // long decode walks most tiles leave every factor at exactly 1.
