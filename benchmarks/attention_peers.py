@@ -139,6 +139,29 @@ def ours_attention(p: Problem, causal: bool = True):
     return fn, (out, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
 
 
+def ours_decode_combine_no_pdl(p: Problem, causal: bool = True):
+    """The attention op's decode path as it was before programmatic dependent
+    launch and the single-split direct write: decode into fp32 partials (the
+    dispatcher's split count), then combine launched the ordinary way."""
+    ops = torch.ops.tileinfer_attn
+    sms = torch.cuda.get_device_properties(p.q.device).multi_processor_count
+    splits = ops.decode_num_splits(sms, len(p.lens), p.hkv, p.max_q_len, p.hq // p.hkv, p.d, False)
+    t, h, d = p.q.shape
+    out = torch.empty_like(p.q)
+    po = torch.empty(splits, t, h, d, dtype=torch.float32, device=p.q.device)
+    pl = torch.empty(splits, t, h, dtype=torch.float32, device=p.q.device)
+
+    def fn(out, po, pl, q, kc, vc, bt, sl, cu):
+        ops.decode(po, pl, q, kc, vc, bt, sl, cu, p.max_q_len, p.scale, causal)
+        os.environ["TILEINFER_NO_PDL"] = "1"  # read by combine's launch (and recorded by a graph capture)
+        try:
+            ops.combine(out, None, po, pl)
+        finally:
+            del os.environ["TILEINFER_NO_PDL"]
+        return out
+    return fn, (out, po, pl, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
+
+
 # ----------------------------------------------------------------------------- peers
 
 SDPA_BACKENDS = {

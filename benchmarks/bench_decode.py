@@ -53,6 +53,8 @@ VERIFY_QUICK_N = [4, 16]
 VERIFY_QUICK_L = [256, 512, 2048, 8192]
 
 OURS = "tileinfer decode (attention op)"
+# v2's path (decode + combine, no early launch, partials even for one split): what v3 changed.
+OURS_BEFORE = "tileinfer decode+combine, v2 path"
 # Outputs are compared with the first of these that ran (a sanity check).
 BASE = ["sdpa flash (contiguous)", "sdpa cudnn (contiguous)", "eager reference"]
 VERIFY_DECODE = "decode path (attention op)"
@@ -80,6 +82,7 @@ def run_case(label, batch, ctx, cfg, args, ceil, errors, status):
         impls.append(("flashinfer paged decode", lambda p: ap.flashinfer_decode(p), True))
     # Ours last: a kernel that breaks the CUDA context then costs no peer of this case.
     if status["decode"][0]:
+        impls.append((OURS_BEFORE, lambda p: ap.ours_decode_combine_no_pdl(p), True))
         impls.append((OURS, lambda p: ap.ours_attention(p), True))
 
     def metrics(t):

@@ -87,6 +87,13 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
                                  .typed<decltype(cpu::combine)>();
     const int64_t splits =
         decode_num_splits(q.device(), s.num_seqs, s.num_kv_heads, max_q_len, group, s.head_dim, s.int8);
+#ifdef TILEINFER_WITH_CUDA
+    if (splits == 1 && q.is_cuda()) {  // nothing to merge: no partials, no combine launch
+      cuda::decode_single_split(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
+                                causal, k_scale, v_scale, k_smooth);
+      return;
+    }
+#endif
     const auto f32 = q.options().dtype(at::kFloat);
     at::Tensor partial_out = at::empty({splits, q.size(0), q.size(1), s.head_dim}, f32);
     at::Tensor partial_lse = at::empty({splits, q.size(0), q.size(1)}, f32);

@@ -44,9 +44,22 @@
                         const std::optional<at::Tensor>& k_smooth);
 
 namespace tileinfer {
+struct PagedShape;  // checks.h
+
 // The CPU and CUDA implementations have the same signatures: one list, two namespaces.
 namespace cpu { TILEINFER_DECLARE_OPS }
-namespace cuda { TILEINFER_DECLARE_OPS }
+namespace cuda {
+TILEINFER_DECLARE_OPS
+// The attention op's decode step when it has one split: the decode kernel
+// writes `out` itself, the bits that decode + combine would give. The
+// arguments were checked by the caller (attention), which passes their shape.
+void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
+                         const at::Tensor& v_cache, const at::Tensor& block_tables,
+                         const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len,
+                         double scale, bool causal, const std::optional<at::Tensor>& k_scale,
+                         const std::optional<at::Tensor>& v_scale,
+                         const std::optional<at::Tensor>& k_smooth);
+}  // namespace cuda
 
 // attention: decode + combine or prefill, chosen from shapes only (same choice
 // on every step of a captured graph). Registered for CPU and CUDA.

@@ -279,6 +279,48 @@ def test_decode_split_counts(dtype, splits, seed):
     check_lse(lse, exact_lse, dtype, f"decode {splits} splits lse")
 
 
+@pytest.mark.parametrize("misaligned_out", [False, True], ids=["out", "misaligned-out"])
+@pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("int8", [False, True], ids=["cache", "int8-cache"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_attention_single_split_writes_out(dtype, head_dim, int8, n, misaligned_out, seed):
+    """A batch large enough for one decode split per (sequence, KV head): the
+    attention op has the decode kernel write `out` itself (no partials, no
+    combine). It must give the bits of decode with one split + combine, 0 on
+    padding tokens and on empty batch slots, and write through a misaligned view."""
+    need_attention()
+    if int8 and dtype == torch.float32:
+        pytest.skip("the int8 cache takes bf16 / fp16 queries")
+    kv_heads, group = 4, 4
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    seqs = next(b for b in range(1, 4096)
+                if ops.decode_num_splits(sms, b, kv_heads, n, group, head_dim, int8) == 1)
+    g = torch.Generator().manual_seed(seed)
+    lens = [0, 1, 15, 16, 17, 63, 64, 65, n] + torch.randint(n, 700, (seqs - 9,), generator=g).tolist()
+    q_lens = [min(n, L) for L in lens]
+    p = make_problem(lens, q_lens, kv_heads * group, kv_heads, head_dim, 16, dtype=dtype, device=DEV, seed=seed,
+                     int8=int8)
+    p = dataclasses.replace(with_padding_tokens(p, 3), max_q_len=n)
+    t, h, d = p.q.shape
+    if misaligned_out:  # one element past a 16-byte boundary: the op goes through an aligned copy
+        out = poison_(torch.empty(t * h * d + 1, dtype=dtype, device=DEV))[1:].view(t, h, d)
+    else:
+        out = poison_(torch.empty_like(p.q))
+    ops.attention(out, *p.args(), p.scale, True, **p.int8_kwargs())
+
+    po = poison_(torch.empty(1, t, h, d, dtype=torch.float32, device=DEV))
+    pl = poison_(torch.empty(1, t, h, dtype=torch.float32, device=DEV))
+    ops.decode(po, pl, *p.args(), p.scale, True, **p.int8_kwargs())
+    expected, _ = run_combine(po, pl, dtype)
+    assert torch.equal(out, expected), "attention (single split) differs from decode + combine"
+    assert torch.all(out[real_rows(p):] == 0), "padding tokens must get 0"
+    if not int8:
+        exact, _ = exact_attention(p, True)
+        r = real_rows(p)
+        check_out(out[:r], exact[:r], dtype, "attention, single split")
+
+
 # ------------------------------------------------------------------ combine alone
 def random_partials(splits, tokens, heads, head_dim, g):
     """Partials with a spread of lse values (weights from ~1 down to underflow),

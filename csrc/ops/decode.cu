@@ -2,7 +2,9 @@
 // steps of a few queries per sequence, GQA-packed. The tensor-core tile kernel
 // (attention_kernel.cuh) with the decode work mapping for bf16 / fp16, the
 // CUDA-core kernel (attention_fp32.cuh) for fp32. Each block writes one
-// normalized fp32 partial + lse per row; `combine` merges the splits.
+// normalized fp32 partial + lse per row; `combine` merges the splits. With a
+// single split the attention op has the blocks write the output directly
+// (decode_single_split).
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -40,6 +42,38 @@ using DecodeTileLarge = TileConfig<TileElement<T, CacheT>, D, 4, 1, 1, (D == 256
 
 }  // namespace
 
+namespace {
+
+// Launches the decode kernel for p (partials or, with p.partial_out null, `out`
+// itself); q is made 16-byte aligned here.
+void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, const at::Tensor& q,
+                   int64_t max_q_len) {
+  const at::Tensor q_c = rows_aligned16(q) ? q : q.contiguous();
+  p.q = q_c.data_ptr();
+  p.q_stride_token = q_c.stride(0);
+  p.q_stride_head = q_c.stride(1);
+  TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), op, ": group size * max_q_len must fit in int32");
+  const bool small = p.group_size * max_q_len <= 16;
+
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  TILEINFER_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
+    TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, op, [&] {
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        launch_fp32<HEAD_DIM, DecodeWork>(op, p, stream);
+      } else if (s.int8) {
+        if (small) return launch_tile<DecodeTileSmall<scalar_t, HEAD_DIM, int8_t>, DecodeWork>(op, p, stream);
+        launch_tile<DecodeTileLarge<scalar_t, HEAD_DIM, int8_t>, DecodeWork>(op, p, stream);
+      } else if (small) {
+        launch_tile<DecodeTileSmall<scalar_t, HEAD_DIM>, DecodeWork>(op, p, stream);
+      } else {
+        launch_tile<DecodeTileLarge<scalar_t, HEAD_DIM>, DecodeWork>(op, p, stream);
+      }
+    });
+  });
+}
+
+}  // namespace
+
 void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q, const at::Tensor& k_cache,
             const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
@@ -65,32 +99,33 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
     partial_lse.fill_(-std::numeric_limits<float>::infinity());
     return;
   }
-
-  const at::Tensor q_c = rows_aligned16(q) ? q : q.contiguous();
-  p.q = q_c.data_ptr();
-  p.q_stride_token = q_c.stride(0);
-  p.q_stride_head = q_c.stride(1);
   p.partial_out = partial_out.data_ptr<float>();
   p.partial_lse = partial_lse.data_ptr<float>();
   p.num_splits = static_cast<int>(partial_out.size(0));
-  TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), "decode: group size * max_q_len must fit in int32");
-  const bool small = p.group_size * max_q_len <= 16;
+  launch_decode("decode", p, s, q, max_q_len);
+}
 
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  TILEINFER_DISPATCH_FLOAT(q.scalar_type(), "decode", [&] {
-    TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "decode", [&] {
-      if constexpr (std::is_same_v<scalar_t, float>) {
-        launch_fp32<HEAD_DIM, DecodeWork>("decode", p, stream);
-      } else if (s.int8) {
-        if (small) return launch_tile<DecodeTileSmall<scalar_t, HEAD_DIM, int8_t>, DecodeWork>("decode", p, stream);
-        launch_tile<DecodeTileLarge<scalar_t, HEAD_DIM, int8_t>, DecodeWork>("decode", p, stream);
-      } else if (small) {
-        launch_tile<DecodeTileSmall<scalar_t, HEAD_DIM>, DecodeWork>("decode", p, stream);
-      } else {
-        launch_tile<DecodeTileLarge<scalar_t, HEAD_DIM>, DecodeWork>("decode", p, stream);
-      }
-    });
-  });
+void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
+                         const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                         const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
+                         const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                         const std::optional<at::Tensor>& k_smooth) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  AttentionParams p = make_attention_params("attention", s, q, k_cache, v_cache, block_tables, seq_lens,
+                                            cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
+                                            k_smooth);
+  if (q.size(0) == 0 || q.size(1) == 0) return;
+  if (s.num_seqs == 0 || max_q_len == 0) {  // every token is padding: combine would write 0
+    out.zero_();
+    return;
+  }
+  // A misaligned view of out goes through an aligned copy (every row is written).
+  at::Tensor target = rows_aligned16(out) ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
+  p.out = target.data_ptr();
+  p.o_stride_token = target.stride(0);
+  p.o_stride_head = target.stride(1);
+  launch_decode("attention", p, s, q, max_q_len);  // p.partial_out stays null: the kernel writes out
+  if (!target.is_same(out)) out.copy_(target);
 }
 
 }  // namespace tileinfer::cuda

@@ -85,20 +85,20 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), "prefill", [&] {
     TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "prefill", [&] {
       if constexpr (std::is_same_v<scalar_t, float>) {
-        launch_fp32<HEAD_DIM, PrefillWork<float>>("prefill", p, stream);
+        launch_fp32<HEAD_DIM, PrefillWork>("prefill", p, stream);
       } else if (s.int8) {
         if constexpr (HEAD_DIM <= 128) {
           if (large) {
-            return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM, int8_t>, PrefillWork<scalar_t>>("prefill", p,
+            return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM, int8_t>, PrefillWork>("prefill", p,
                                                                                                      stream);
           }
         }
-        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM, int8_t>, PrefillWork<scalar_t>>("prefill", p, stream);
+        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM, int8_t>, PrefillWork>("prefill", p, stream);
       } else {
         if constexpr (HEAD_DIM <= 128) {
-          if (large) return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM>, PrefillWork<scalar_t>>("prefill", p, stream);
+          if (large) return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM>, PrefillWork>("prefill", p, stream);
         }
-        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM>, PrefillWork<scalar_t>>("prefill", p, stream);
+        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM>, PrefillWork>("prefill", p, stream);
       }
     });
   });

@@ -43,8 +43,6 @@ struct Fp32Config {
 template <int kHeadDim, class Work>
 __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_constant__ AttentionParams p) {
   using Cfg = Fp32Config<kHeadDim>;
-  using OutT = typename Work::OutT;
-  static_assert(std::is_same_v<OutT, float>, "fp32 path: fp32 outputs");
   constexpr int D = Cfg::D;
   constexpr int BM = Cfg::kBlockM;
   constexpr int BN = Cfg::kBlockN;
@@ -60,7 +58,8 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
   int* row_head_s = row_token_s + BM;   // [BM]
   int* row_qpos_s = row_head_s + BM;    // [BM]
 
-  Work::mark_padding_rows(p);
+  allow_dependent_launch();  // combine's blocks may be scheduled now (they wait for this grid)
+  Work::template mark_padding_rows<float>(p);
   const WorkItem w = Work::template make<BM>(p);
   if (!w.active) return;
 
@@ -171,7 +170,10 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
   const SoftmaxResult res = softmax_result(sm.row[0].m, sm.row[0].l);
   const int token = row_token_s[row];
   if (token < 0) return;
-  OutT* out = Work::out_row(p, w, token, row_head_s[row]);
+  float* out = output_row<float>(p, token, row_head_s[row]);  // partials or `out`: both fp32 here
+  if constexpr (Work::kPartials) {
+    if (Work::writes_partials(p)) out = Work::partial_row(p, w, token, row_head_s[row]);
+  }
 #pragma unroll
   for (int i = 0; i < Cfg::kChunksPerLane; ++i) {
     const float4 x = make_float4(acc[i].x * res.inv_sum, acc[i].y * res.inv_sum, acc[i].z * res.inv_sum,

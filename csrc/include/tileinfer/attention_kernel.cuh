@@ -162,7 +162,7 @@ struct SwizzleCols {
 template <class Cfg, class Work>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile_kernel(const __grid_constant__ AttentionParams p) {
   using T = typename Cfg::T;
-  using OutT = typename Work::OutT;
+  using QT = typename Cfg::QT;  // also the output's element type
   constexpr int D = Cfg::D;
   constexpr int BM = Cfg::kBlockM;
   constexpr int BN = Cfg::kBlockN;
@@ -188,7 +188,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   float* lse_s = merge_s + 2 * Cfg::kWarpsN * BM;               // [BM]
   float* scale_s = lse_s + BM;  // int8: [S][K, V][BN] per-key scales, copied with their tile
 
-  Work::mark_padding_rows(p);
+  allow_dependent_launch();  // combine's blocks may be scheduled now (they wait for this grid)
+  Work::template mark_padding_rows<QT>(p);
   const WorkItem w = Work::template make<BM>(p);
   if (!w.active) return;  // block-uniform
 
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   const int page_shift = __ffs(p.kv.page_size) - 1;  // page sizes are powers of two (checked on the host)
   const uint8_t* k_pool = static_cast<const uint8_t*>(p.kv.k_cache);
   const uint8_t* v_pool = static_cast<const uint8_t*>(p.kv.v_cache);
-  const typename Cfg::QT* q_ptr = static_cast<const typename Cfg::QT*>(p.q);
+  const QT* q_ptr = static_cast<const QT*>(p.q);
   const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
 
   for (int r = tid; r < BM; r += Cfg::kThreads) {
@@ -304,7 +305,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
         for (int e = 0; e < 8; ++e) x[e] = 0.f;
         return;
       }
-      const Vec16<typename Cfg::QT> v = *reinterpret_cast<const Vec16<typename Cfg::QT>*>(
+      const Vec16<QT> v = *reinterpret_cast<const Vec16<QT>*>(
           q_ptr + token * p.q_stride_token + row_head_s[row] * p.q_stride_head + ch * 8);
 #pragma unroll
       for (int e = 0; e < 8; ++e) x[e] = to_float(v.v[e]) * (smooth == nullptr ? 1.f : smooth[ch * 8 + e]);
@@ -652,34 +653,45 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   }
   __syncthreads();
 
-  // 16-byte stores of whole rows; the key-slice warps' parts add up in a fixed order.
-  constexpr int kVec = 16 / sizeof(OutT);
-  for (int idx = tid; idx < BM * (D / kVec); idx += Cfg::kThreads) {
-    const int row = idx / (D / kVec);
-    const int col = (idx % (D / kVec)) * kVec;
-    const int token = row_token_s[row];
-    if (token < 0) continue;
-    float v[kVec];
+  // 16-byte stores of whole rows of elements O at row_ptr(token, head); the
+  // key-slice warps' parts add up in a fixed order.
+  auto store_rows = [&](auto row_ptr) {
+    using O = std::remove_pointer_t<decltype(row_ptr(0, 0))>;
+    constexpr int kVec = Vec16<O>::kSize;
+    for (int idx = tid; idx < BM * (D / kVec); idx += Cfg::kThreads) {
+      const int row = idx / (D / kVec);
+      const int col = (idx % (D / kVec)) * kVec;
+      const int token = row_token_s[row];
+      if (token < 0) continue;
+      float v[kVec];
 #pragma unroll
-    for (int x = 0; x < kVec; x += 4) {
-      float4 acc = *reinterpret_cast<const float4*>(o_s + row * Cfg::kOStride + col + x);
+      for (int x = 0; x < kVec; x += 4) {
+        float4 acc = *reinterpret_cast<const float4*>(o_s + row * Cfg::kOStride + col + x);
 #pragma unroll
-      for (int wn = 1; wn < Cfg::kWarpsN; ++wn) {
-        const float4 part = *reinterpret_cast<const float4*>(o_s + (wn * BM + row) * Cfg::kOStride + col + x);
-        acc.x += part.x;
-        acc.y += part.y;
-        acc.z += part.z;
-        acc.w += part.w;
+        for (int wn = 1; wn < Cfg::kWarpsN; ++wn) {
+          const float4 part = *reinterpret_cast<const float4*>(o_s + (wn * BM + row) * Cfg::kOStride + col + x);
+          acc.x += part.x;
+          acc.y += part.y;
+          acc.z += part.z;
+          acc.w += part.w;
+        }
+        v[x] = acc.x;
+        v[x + 1] = acc.y;
+        v[x + 2] = acc.z;
+        v[x + 3] = acc.w;
       }
-      v[x] = acc.x;
-      v[x + 1] = acc.y;
-      v[x + 2] = acc.z;
-      v[x + 3] = acc.w;
-    }
-    Vec16<OutT> vec;
+      Vec16<O> vec;
 #pragma unroll
-    for (int x = 0; x < kVec; ++x) vec.v[x] = from_float<OutT>(v[x]);
-    *reinterpret_cast<Vec16<OutT>*>(Work::out_row(p, w, token, row_head_s[row]) + col) = vec;
+      for (int x = 0; x < kVec; ++x) vec.v[x] = from_float<O>(v[x]);
+      *reinterpret_cast<Vec16<O>*>(row_ptr(token, row_head_s[row]) + col) = vec;
+    }
+  };
+  bool partials = false;
+  if constexpr (Work::kPartials) partials = Work::writes_partials(p);
+  if (partials) {
+    if constexpr (Work::kPartials) store_rows([&](int token, int head) { return Work::partial_row(p, w, token, head); });
+  } else {
+    store_rows([&](int token, int head) { return output_row<QT>(p, token, head); });
   }
   if (tid < BM && row_token_s[tid] >= 0) {
     float* lse = Work::lse_at(p, w, row_token_s[tid], row_head_s[tid]);

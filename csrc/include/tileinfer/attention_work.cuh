@@ -61,14 +61,22 @@ __device__ __forceinline__ int pool_row(const PagedKVParams& kv, int seq, int kv
                           kv_head, pos);
 }
 
+// Row (token, head) of the output `out` (elements of type O), and its lse (null
+// when none was asked for).
+template <typename O>
+__device__ __forceinline__ O* output_row(const AttentionParams& p, int token, int head) {
+  return static_cast<O*>(p.out) + token * p.o_stride_token + head * p.o_stride_head;
+}
+__device__ __forceinline__ float* output_lse(const AttentionParams& p, int token, int head) {
+  return p.lse == nullptr ? nullptr : p.lse + static_cast<int64_t>(token) * p.num_q_heads + head;
+}
+
 // Prefill: grid (num_q_heads, num_seqs, query tiles). The tile index is the
 // slowest grid dimension and reversed, so that the last query tiles, the
 // heaviest under causal masking, are dispatched first for every head and
 // sequence (less tail at the end of the launch); the heads of one GQA group are
 // neighbours in the launch order and share their K/V pages through L2.
-template <typename OutT_>
 struct PrefillWork {
-  using OutT = OutT_;
 
   template <int kBlockM>
   static dim3 grid(const AttentionParams& p) {
@@ -98,14 +106,14 @@ struct PrefillWork {
     return w;
   }
 
+  static constexpr bool kPartials = false;  // always writes `out` itself
+
   // Prefill leaves the rows of tokens that belong to no sequence untouched.
+  template <typename OutElem>
   __device__ static void mark_padding_rows(const AttentionParams&) {}
 
-  __device__ static OutT* out_row(const AttentionParams& p, const WorkItem&, int token, int head) {
-    return static_cast<OutT*>(p.out) + token * p.o_stride_token + head * p.o_stride_head;
-  }
   __device__ static float* lse_at(const AttentionParams& p, const WorkItem&, int token, int head) {
-    return p.lse == nullptr ? nullptr : p.lse + static_cast<int64_t>(token) * p.num_q_heads + head;
+    return output_lse(p, token, head);
   }
 };
 
@@ -114,8 +122,14 @@ struct PrefillWork {
 // heads). Split i of a sequence of P pages walks pages [i * ceil(P/S),
 // (i+1) * ceil(P/S)); a split past the end walks nothing and writes the neutral
 // partial (out 0, lse -inf).
+//
+// With a single split and no partials given (p.partial_out null), the blocks
+// write the output and its lse themselves, exactly what combine would have
+// made of that one partial (the same fp32 values, rounded once): large batches
+// need no split, and this saves them the combine launch and the partial traffic.
 struct DecodeWork {
-  using OutT = float;
+  static constexpr bool kPartials = true;  // partials, or `out` when p.partial_out is null
+  __device__ static bool writes_partials(const AttentionParams& p) { return p.partial_out != nullptr; }
 
   template <int kBlockM>
   static dim3 grid(const AttentionParams& p) {
@@ -157,7 +171,9 @@ struct DecodeWork {
   // Tokens past cu_seqlens_q[num_seqs] (the padding of a batch captured larger
   // than it runs) belong to no block. The row-tile-0 blocks of the last sequence
   // give them a neutral lse in their split, so combine writes 0 there instead of
-  // merging stale workspace (which could hold NaN). Costs nothing without padding.
+  // merging stale workspace (which could hold NaN); without partials they write
+  // the 0 rows (OutElem) and -inf lse themselves. Costs nothing without padding.
+  template <typename OutElem>
   __device__ static void mark_padding_rows(const AttentionParams& p) {
     const int row_tiles = gridDim.y / p.kv.num_kv_heads;
     if (blockIdx.z != gridDim.z - 1 || blockIdx.y % row_tiles != 0) return;
@@ -165,19 +181,40 @@ struct DecodeWork {
     int first = p.kv.cu_seqlens_q[p.kv.num_seqs];
     first = first < 0 ? 0 : (first > p.num_tokens ? p.num_tokens : first);
     const int n = (p.num_tokens - first) * p.group_size;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const int token = first + i / p.group_size;
-      const int head = kv_head * p.group_size + i % p.group_size;
-      p.partial_lse[(static_cast<int64_t>(blockIdx.x) * p.num_tokens + token) * p.num_q_heads + head] = -INFINITY;
+    if (writes_partials(p)) {
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int token = first + i / p.group_size;
+        const int head = kv_head * p.group_size + i % p.group_size;
+        *lse_at(p, blockIdx.x, token, head) = -INFINITY;
+      }
+      return;
+    }
+    constexpr int kVec = Vec16<OutElem>::kSize;
+    const int chunks = p.kv.head_dim / kVec;
+    for (int i = threadIdx.x; i < n * chunks; i += blockDim.x) {
+      const int r = i / chunks;
+      const int token = first + r / p.group_size;
+      const int head = kv_head * p.group_size + r % p.group_size;
+      Vec16<OutElem> zero;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) zero.v[e] = from_float<OutElem>(0.f);
+      *reinterpret_cast<Vec16<OutElem>*>(output_row<OutElem>(p, token, head) + (i % chunks) * kVec) = zero;
+      float* lse = output_lse(p, token, head);
+      if (lse != nullptr && i % chunks == 0) *lse = -INFINITY;
     }
   }
 
-  __device__ static float* out_row(const AttentionParams& p, const WorkItem& w, int token, int head) {
+  // The split's fp32 partial row (writes_partials), or where lse goes.
+  __device__ static float* partial_row(const AttentionParams& p, const WorkItem& w, int token, int head) {
     return p.partial_out +
            ((static_cast<int64_t>(w.split) * p.num_tokens + token) * p.num_q_heads + head) * p.kv.head_dim;
   }
   __device__ static float* lse_at(const AttentionParams& p, const WorkItem& w, int token, int head) {
-    return p.partial_lse + (static_cast<int64_t>(w.split) * p.num_tokens + token) * p.num_q_heads + head;
+    return lse_at(p, w.split, token, head);
+  }
+  __device__ static float* lse_at(const AttentionParams& p, int split, int token, int head) {
+    if (!writes_partials(p)) return output_lse(p, token, head);
+    return p.partial_lse + (static_cast<int64_t>(split) * p.num_tokens + token) * p.num_q_heads + head;
   }
 };
 

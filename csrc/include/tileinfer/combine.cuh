@@ -118,6 +118,7 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   constexpr int C = Traits::kChannelsPerLane;
   constexpr int V = Traits::kVecsPerLane;
   constexpr int B = Traits::kSplitBatch;
+  wait_for_prior_grids();  // launched early behind the decode kernel (programmatic dependent launch)
 
   const int lane = threadIdx.x % R;  // lane within the row's group
   const int64_t num_rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
@@ -199,14 +200,26 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   if (p.lse != nullptr && lane == 0) p.lse[row] = den > 0.f ? run_max + logf(den) : -INFINITY;
 }
 
-// Launches combine_kernel on `stream`; no-op for an empty output.
+// Launches combine_kernel on `stream`; no-op for an empty output. `early`:
+// as a programmatic dependent launch (Hopper on), so that its blocks are
+// scheduled while the previous kernel (decode, which allows it at its start)
+// still runs and wait in wait_for_prior_grids: the launch latency between the
+// two kernels is hidden, in streams and in captured CUDA graphs alike.
 template <typename scalar_t, int HEAD_DIM>
-void launch_combine(const AttentionParams& p, cudaStream_t stream) {
+cudaError_t launch_combine(const AttentionParams& p, cudaStream_t stream, bool early) {
   using Traits = CombineTraits<HEAD_DIM>;
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
-  if (rows == 0) return;
-  const int64_t blocks = ceil_div<int64_t>(rows, Traits::kRowsPerBlock);
-  combine_kernel<scalar_t, HEAD_DIM><<<static_cast<unsigned>(blocks), Traits::kThreads, 0, stream>>>(p);
+  if (rows == 0) return cudaSuccess;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(ceil_div<int64_t>(rows, Traits::kRowsPerBlock)));
+  config.blockDim = dim3(Traits::kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = early ? 1 : 0;
+  return cudaLaunchKernelEx(&config, combine_kernel<scalar_t, HEAD_DIM>, p);
 }
 
 }  // namespace tileinfer

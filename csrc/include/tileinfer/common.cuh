@@ -49,6 +49,22 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
+// Programmatic dependent launch (sm_90 on; no-ops before): a kernel that lets
+// the next one start early calls allow_dependent_launch; the dependent kernel
+// calls wait_for_prior_grids before its first read of what the previous grid
+// wrote (it returns once that grid has finished and its writes are visible;
+// at once when the kernel was launched the ordinary way).
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // 16-byte vector of elements: the unit of every global load/store in the kernels.
 template <typename T>
 struct alignas(16) Vec16 {
