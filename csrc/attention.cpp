@@ -3,6 +3,7 @@
 // the dispatcher (the same code serves CPU and CUDA).
 #include <array>
 #include <atomic>
+#include <cstdlib>
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -40,10 +41,18 @@ bool use_decode_path(int64_t max_q_len, int64_t group_size) {
 // 16-row tile runs three blocks per SM (its loop is instruction-bound and gains
 // from the extra warps): splits for three. (Up to 48 splits made one sequence
 // at 32k positions 4% faster but 1k-4k positions 10-15% slower: the cap stays 32.)
+// EXPERIMENT (removed once measured): TILEINFER_INT8_WIDE=1 runs the int8
+// decode of d <= 128 with 128-key tiles and two stages (two blocks per SM).
+bool int8_wide_decode() {
+  const char* v = std::getenv("TILEINFER_INT8_WIDE");
+  return v != nullptr && v[0] == '1';
+}
+
 int64_t decode_num_splits_for(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
                               int64_t group_size, int64_t head_dim, bool int8) {
   const int64_t sms = num_sms > 0 ? num_sms : 8;  // 8: the CPU path's "SMs" (threads it splits over)
-  const int64_t per_sm = int8 && head_dim <= 128 && group_size * max_q_len <= 16 && num_sms > 0 ? 3 : 2;
+  const int64_t per_sm =
+      int8 && head_dim <= 128 && group_size * max_q_len <= 16 && num_sms > 0 ? (int8_wide_decode() ? 2 : 3) : 2;
   const int64_t max_splits = max_q_len > 8 ? 8 : 32;
   const int64_t work = std::max<int64_t>(1, num_seqs * num_kv_heads);
   const int64_t want = (per_sm * sms) / work;

@@ -69,6 +69,8 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                double scale, bool causal, const std::optional<at::Tensor>& k_scale,
                const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth);
 
+bool int8_wide_decode();  // EXPERIMENT, see attention.cpp
+
 // The dispatcher's rule, exposed for tests and benchmarks.
 bool use_decode_path(int64_t max_q_len, int64_t group_size);
 int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,

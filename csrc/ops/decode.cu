@@ -35,6 +35,9 @@ static_assert(DecodeTileSmall<__nv_bfloat16, 64, int8_t>::kMinBlocks == 3 &&
                   DecodeTileSmall<__nv_bfloat16, 128, int8_t>::kMinBlocks == 3 &&
                   DecodeTileSmall<__nv_bfloat16, 256, int8_t>::kMinBlocks == 1,
               "int8 decode blocks per SM no longer match the split rule in csrc/attention.cpp");
+// EXPERIMENT (TILEINFER_INT8_WIDE=1): 128-key tiles, two stages, two blocks per SM.
+template <typename T, int D>
+using DecodeTileInt8Wide = TileConfig<TileElement<T, int8_t>, D, 1, 4, 1, 128, 2, int8_t, T>;
 // More packed rows (verify steps with large groups): 64-row tiles as prefill;
 // the grid adds a row-tile dimension and row tiles share the pages through L2.
 template <typename T, int D, typename CacheT = T>
@@ -61,6 +64,11 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
       if constexpr (std::is_same_v<scalar_t, float>) {
         launch_fp32<HEAD_DIM, DecodeWork>(op, p, stream);
       } else if (s.int8) {
+        if constexpr (HEAD_DIM <= 128) {
+          if (small && int8_wide_decode()) {
+            return launch_tile<DecodeTileInt8Wide<scalar_t, HEAD_DIM>, DecodeWork>(op, p, stream);
+          }
+        }
         if (small) return launch_tile<DecodeTileSmall<scalar_t, HEAD_DIM, int8_t>, DecodeWork>(op, p, stream);
         launch_tile<DecodeTileLarge<scalar_t, HEAD_DIM, int8_t>, DecodeWork>(op, p, stream);
       } else if (small) {
