@@ -120,17 +120,24 @@ struct TokenPlace {
 // -1 for a token of no sequence. seq_lens is taken as it is (not clamped), so
 // positions match the reference; callers range-check what they use it for.
 __device__ __forceinline__ int64_t token_position(const PagedKVParams& p, int token, int* seq_out) {
-  // Decode steps (one token per sequence) have token t in sequence t: check
-  // that guess first, one round of loads instead of the binary search's
-  // log2(num_seqs) dependent ones. With non-decreasing cu_seqlens_q only one
-  // sequence holds the token, so the guess, when it holds, is the search's answer.
-  int seq = -1;
-  if (token < p.num_seqs && p.cu_seqlens_q[token] <= token && token < p.cu_seqlens_q[token + 1]) seq = token;
-  if (seq < 0) seq = seq_of_token(p, token);
+  *seq_out = -1;
+  if (p.num_seqs <= 0) return -1;
+  // Decode steps (one token per sequence) have token t in sequence t: that
+  // guess first. With non-decreasing cu_seqlens_q only one sequence holds the
+  // token, so the guess, when it holds, is the search's answer. A candidate's
+  // bounds and seq_lens entry are read in one round, before it is known to
+  // hold the token: a decode token's position costs one round of loads, a
+  // prefill token's the search's log2(num_seqs) plus one.
+  const bool guess = token < p.num_seqs;
+  int seq = guess ? token : seq_search(p, token);
+  int begin = p.cu_seqlens_q[seq], end = p.cu_seqlens_q[seq + 1], len = p.seq_lens[seq];
+  if (guess && !(begin <= token && token < end)) {
+    seq = seq_search(p, token);
+    begin = p.cu_seqlens_q[seq], end = p.cu_seqlens_q[seq + 1], len = p.seq_lens[seq];
+  }
+  if (!(begin <= token && token < end)) return -1;
   *seq_out = seq;
-  if (seq < 0) return -1;
-  const int64_t begin = p.cu_seqlens_q[seq], end = p.cu_seqlens_q[seq + 1];
-  return static_cast<int64_t>(p.seq_lens[seq]) - (end - begin) + (token - begin);
+  return static_cast<int64_t>(len) - (static_cast<int64_t>(end) - begin) + (token - begin);
 }
 
 // Where a token goes in the cache: a position outside what the block table
