@@ -89,25 +89,22 @@ void set_rows_io(RowsParams& p, const at::Tensor& x, const at::Tensor& out) {
 // ---------------------------------------------------------------------------
 // Launchers: the <<< >>> commas stay out of the dispatch macros.
 
-// Rows per group and the grid follow from the row count alone (graph-safe).
 template <typename T, int D, bool NORM, PosFrom POS>
-void launch_rows(RowsParams p, cudaStream_t stream) {
+void launch_rows(const RowsParams& p, cudaStream_t stream) {
   using L = RowLayout<T, D>;
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
   if (rows == 0) return;
-  p.rows_per_group = rows_per_group(rows, L::kGroups);
-  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, L::kGroups * p.rows_per_group)));
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, L::kRowsPerBlock)));
   rows_kernel<T, D, NORM, POS><<<grid, kInputsThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T, int D, bool NORM, bool ROPE, bool INT8>
-void launch_kv_write(KVWriteParams p, cudaStream_t stream) {
+void launch_kv_write(const KVWriteParams& p, cudaStream_t stream) {
   using L = RowLayout<T, D>;
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.kv.num_kv_heads;
   if (rows == 0) return;
-  p.rows_per_group = rows_per_group(rows, L::kGroups);
-  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, L::kGroups * p.rows_per_group)));
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, L::kRowsPerBlock)));
   kv_write_kernel<T, D, NORM, ROPE, INT8><<<grid, kInputsThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -11,22 +11,15 @@
 // Layout: a row (one head of one token, head_dim elements) is held by a group
 // of kLanes threads, each with kVecs 16-byte vectors; lane l holds vectors
 // l, l + kLanes, ... so that a group's loads are contiguous and coalesced. A
-// group carries one or kMaxRowsPerGroup rows (rows_per_group). Groups never
-// leave early: a row that is skipped (bad metadata, tail of the grid) still
-// takes part in the warp shuffles and __syncwarp of its warp, and simply
-// neither reads cos/sin nor stores.
-//
-// A block's row copies start first, into shared memory; then one thread per
-// token finds the token's position (and cache slot), prefetches its cos/sin
-// row and shares both with every head of the token in the block; then the
-// groups run the stages. A row's metadata is thus one chain of loads per
-// token, under the row's own copy, instead of one per row after it.
+// group carries kRowsPerGroup consecutive rows, one after the other in its
+// registers. Groups never leave early: a row that is skipped (bad metadata, tail of the
+// grid) still takes part in the warp shuffles and __syncwarp of its warp, and
+// simply neither reads cos/sin nor stores.
 #pragma once
 
 #include <type_traits>
 
 #include "common.cuh"
-#include "mma.cuh"
 #include "paged_kv.cuh"
 
 namespace tileinfer {
@@ -34,27 +27,13 @@ namespace tileinfer {
 // 256 threads: 8 warps of 1 to 4 row groups each.
 constexpr int kInputsThreads = 256;
 
-// Rows a group carries. One row per thread at a time leaves too little in
-// flight at copy speed on large steps: one row per group, each row followed
-// by its own chain of dependent metadata and cos/sin loads, ran at 47% of
-// copy bandwidth at 4096 tokens on an H200 (2026-11-29). Four rows per group
-// held in registers, each still with its own metadata chain (one after the
-// other in the thread), measured slower (10.7 vs 5.2 us for a 1-token step,
-// 66 vs 50 us at 4096 tokens): occupancy and serialized chains. Now the rows
-// wait in shared memory (cp.async, no registers) and the metadata is one
-// chain per token, so a group can carry two rows at the occupancy of one.
-// Small steps keep one row per group: latency wants the most blocks, each
-// group on its first row at once (rows_per_group). Not yet run on a GPU.
-constexpr int kMaxRowsPerGroup = 2;
-
-// Blocks of one-row groups above which a step takes kMaxRowsPerGroup rows per
-// group: about one wave of resident blocks on an H200 (132 SMs x 8). Below,
-// the step is latency-bound and more blocks are better. Shapes only: a
-// captured graph keeps its choice.
-constexpr int64_t kOneRowMaxBlocks = 1024;
-__host__ __device__ constexpr int rows_per_group(int64_t rows, int groups_per_block) {
-  return ceil_div<int64_t>(rows, groups_per_block) > kOneRowMaxBlocks ? kMaxRowsPerGroup : 1;
-}
+// Rows a group carries, their loads all issued before any math: each row alone
+// is one 16-byte load per thread followed by a chain of dependent metadata and
+// cos/sin loads, too little in flight to reach copy speed on large steps (one
+// row per group ran at 47% of copy bandwidth at 4096 tokens on an H200). But 4
+// rows per group measured slower on the H200 (2026-11-29, bench_inputs --quick):
+// 10.7 vs 5.2 us for a 1-token step, 66 vs 50 us at 4096 tokens, so 1 it is.
+constexpr int kRowsPerGroup = 1;
 
 // Where the rotary position of a token comes from.
 enum class PosFrom {
@@ -90,7 +69,6 @@ struct RowsParams {
   PagedKVParams kv;           // metadata only (PosFrom::kMetadata)
   int num_tokens;
   int num_heads;
-  int rows_per_group;         // 1 or kMaxRowsPerGroup, from the shapes (rows_per_group)
 };
 
 // Keys and values into the cache: cache_write, and the keys+values half of
@@ -112,7 +90,6 @@ struct KVWriteParams {
   float eps;
   RopeTable rope;             // used when the kernel rotates keys
   int num_tokens;
-  int rows_per_group;         // 1 or kMaxRowsPerGroup, from the shapes (rows_per_group)
 };
 
 // How a row of D elements of T spreads over a group of threads.
@@ -124,10 +101,9 @@ struct RowLayout {
   static constexpr int kVecs = kRowVecs / kLanes;      // vectors per lane
   static constexpr int kElems = kVecs * kVec;          // elements per lane
   static constexpr int kGroups = kInputsThreads / kLanes;           // groups per block
-  static constexpr int kMaxRowsPerBlock = kGroups * kMaxRowsPerGroup;
+  static constexpr int kRowsPerBlock = kGroups * kRowsPerGroup;
   static_assert(D % kVec == 0 && kRowVecs % kLanes == 0, "head_dim must be a multiple of the vector width");
   static_assert(32 % kLanes == 0, "a group must not straddle warps");
-  static_assert(kMaxRowsPerBlock <= kInputsThreads, "one thread per token of a block");
 
   // First column of the lane's i-th vector.
   __device__ static int col(int lane, int i) { return (lane + i * kLanes) * kVec; }
@@ -144,57 +120,28 @@ struct TokenPlace {
 // -1 for a token of no sequence. seq_lens is taken as it is (not clamped), so
 // positions match the reference; callers range-check what they use it for.
 __device__ __forceinline__ int64_t token_position(const PagedKVParams& p, int token, int* seq_out) {
-  *seq_out = -1;
-  if (p.num_seqs <= 0) return -1;
-  // Decode steps (one token per sequence) have token t in sequence t: that
-  // guess first. With non-decreasing cu_seqlens_q only one sequence holds the
-  // token, so the guess, when it holds, is the search's answer. A candidate's
-  // bounds and seq_lens entry are read in one round, before it is known to
-  // hold the token: a decode token's position costs one round of loads, a
-  // prefill token's the search's log2(num_seqs) plus one.
-  const bool guess = token < p.num_seqs;
-  int seq = guess ? token : seq_search(p, token);
-  int begin = p.cu_seqlens_q[seq], end = p.cu_seqlens_q[seq + 1], len = p.seq_lens[seq];
-  if (guess && !(begin <= token && token < end)) {
-    seq = seq_search(p, token);
-    begin = p.cu_seqlens_q[seq], end = p.cu_seqlens_q[seq + 1], len = p.seq_lens[seq];
-  }
-  if (!(begin <= token && token < end)) return -1;
+  // Decode steps (one token per sequence) have token t in sequence t: check
+  // that guess first, one round of loads instead of the binary search's
+  // log2(num_seqs) dependent ones. With non-decreasing cu_seqlens_q only one
+  // sequence holds the token, so the guess, when it holds, is the search's answer.
+  int seq = -1;
+  if (token < p.num_seqs && p.cu_seqlens_q[token] <= token && token < p.cu_seqlens_q[token + 1]) seq = token;
+  if (seq < 0) seq = seq_of_token(p, token);
   *seq_out = seq;
-  return static_cast<int64_t>(len) - (static_cast<int64_t>(end) - begin) + (token - begin);
-}
-
-// Starts fetching bytes [0, n) from `p` into L1 (and L2), one thread per
-// 128-byte line from `first` on, `step` threads apart: data that every group
-// needs only after the block's barrier is then on its way during the metadata
-// round, and a prefetch holds no register and stalls nothing. Addresses stay
-// inside the range (the last line is covered by the range's last byte).
-__device__ __forceinline__ void prefetch_l1(const void* p, int n, int first, int step) {
-  const char* c = static_cast<const char*>(p);
-  for (int o = first * 128; o < n + 127; o += step * 128)
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(c + (o < n ? o : n - 1)));
-}
-
-// A position's row of the cos/sin table, prefetched as soon as the position
-// is known, by the thread that found it.
-__device__ __forceinline__ void prefetch_rope_row(const RopeTable& rt, int64_t pos) {
-  prefetch_l1(rt.cos_sin + pos * rt.stride, rt.rotary_dim * static_cast<int>(sizeof(float)), 0, 1);
+  if (seq < 0) return -1;
+  const int64_t begin = p.cu_seqlens_q[seq], end = p.cu_seqlens_q[seq + 1];
+  return static_cast<int64_t>(p.seq_lens[seq]) - (end - begin) + (token - begin);
 }
 
 // Where a token goes in the cache: a position outside what the block table
 // holds, or on a page id outside the pool, gets page = -1 (skipped; the Python
-// validate_metadata helper reports such entries). ROPE: the keys are rotated
-// with `rope`, whose row is prefetched while the block table is read.
-template <bool ROPE>
-__device__ __forceinline__ TokenPlace place_of_token(const PagedKVParams& p, int token, const RopeTable& rope) {
+// validate_metadata helper reports such entries).
+__device__ __forceinline__ TokenPlace place_of_token(const PagedKVParams& p, int token) {
   int seq;
   TokenPlace r{token_position(p, token, &seq), -1, 0};
   if (seq < 0 || r.pos < 0 || r.pos >= static_cast<int64_t>(p.max_pages) * p.page_size) return r;
-  if (ROPE && r.pos < rope.max_position) prefetch_rope_row(rope, r.pos);
-  // Below max_pages * page_size, which the host keeps within int32.
-  const int pos = static_cast<int>(r.pos);
-  r.page = page_of(p, seq, pos / p.page_size);
-  r.slot = pos % p.page_size;
+  r.page = page_of(p, seq, static_cast<int>(r.pos / p.page_size));
+  r.slot = static_cast<int>(r.pos % p.page_size);
   return r;
 }
 
@@ -210,18 +157,6 @@ __device__ __forceinline__ void load_row(float (&x)[RowLayout<T, D>::kElems], co
 #pragma unroll
     for (int e = 0; e < L::kVec; ++e) x[i * L::kVec + e] = to_float(v.v[e]);
   }
-}
-
-// Starts copying a lane's part of a row into the group's staging slot in
-// shared memory (zeros when !valid; `row` must be a readable row either way).
-// A copy on its way holds no register, so a group can have several rows in
-// flight at the register cost of one. Each lane reads back only the vectors
-// it copied, so waiting for its own copies is all the ordering needed.
-template <typename T, int D>
-__device__ __forceinline__ void stage_row(T* slot, const T* row, bool valid, int lane) {
-  using L = RowLayout<T, D>;
-#pragma unroll
-  for (int i = 0; i < L::kVecs; ++i) cp_async_16(slot + L::col(lane, i), row + L::col(lane, i), valid);
 }
 
 // x holds values of T (rounded already), so the conversion is exact.
@@ -297,9 +232,9 @@ __device__ __forceinline__ void rope_stage(float (&x)[RowLayout<T, D>::kElems], 
     for (int i = 0; i < L::kVecs; ++i) {
       const int c0 = L::col(lane, i);
       if (c0 >= rt.rotary_dim) continue;
+      float cosv[L::kVec], sinv[L::kVec], other[L::kVec];
       if (rt.vec_ok) {
-        // The vector lies wholly in one half: cos/sin/partner are 16-byte runs,
-        // taken four channels at a time (fewer registers at once).
+        // The vector lies wholly in one half: cos/sin/partner are 16-byte runs.
         const bool first = c0 < half;
         const int base = first ? c0 : c0 - half;  // index into the cos half
         const int part = first ? c0 + half : c0 - half;
@@ -308,13 +243,15 @@ __device__ __forceinline__ void rope_stage(float (&x)[RowLayout<T, D>::kElems], 
           const float4 c = __ldg(reinterpret_cast<const float4*>(cs + base + e));
           const float4 s = __ldg(reinterpret_cast<const float4*>(cs + half + base + e));
           const float4 o = *reinterpret_cast<const float4*>(row + part + e);
-          const float cosv[4] = {c.x, c.y, c.z, c.w}, sinv[4] = {s.x, s.y, s.z, s.w}, other[4] = {o.x, o.y, o.z, o.w};
+          cosv[e] = c.x, cosv[e + 1] = c.y, cosv[e + 2] = c.z, cosv[e + 3] = c.w;
+          sinv[e] = s.x, sinv[e + 1] = s.y, sinv[e + 2] = s.z, sinv[e + 3] = s.w;
+          other[e] = o.x, other[e + 1] = o.y, other[e + 2] = o.z, other[e + 3] = o.w;
+        }
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            float& v = x[i * L::kVec + e + j];
-            v = first ? round_to<T>(__fsub_rn(__fmul_rn(v, cosv[j]), __fmul_rn(other[j], sinv[j])))
-                      : round_to<T>(__fadd_rn(__fmul_rn(v, cosv[j]), __fmul_rn(other[j], sinv[j])));
-          }
+        for (int e = 0; e < L::kVec; ++e) {
+          float& v = x[i * L::kVec + e];
+          v = first ? round_to<T>(__fsub_rn(__fmul_rn(v, cosv[e]), __fmul_rn(other[e], sinv[e])))
+                    : round_to<T>(__fadd_rn(__fmul_rn(v, cosv[e]), __fmul_rn(other[e], sinv[e])));
         }
       } else {
         // Any even rotary_dim: channel by channel.
@@ -377,189 +314,147 @@ __device__ __forceinline__ float quantize_stage(const float (&x)[RowLayout<T, D>
 // ---------------------------------------------------------------------------
 // Kernels.
 
-// The rows of a block over a [num_tokens, num_heads] grid: the kGroups * rpg
-// rows from blockIdx.x * kGroups * rpg on (rpg: rows per group, see
-// rows_per_group), group g carrying rows g, g + kGroups, ... of them (a warp's
-// copies of one round are contiguous). The rows touch `tokens` consecutive
-// tokens from token0 (at most one per row).
-struct BlockRows {
-  int token0;
-  int tokens;
-  int head0;  // head of the block's first row
-  int rpg;
+// The rows [first, first + kRowsPerGroup) of a [num_tokens, num_heads] grid:
+// their tokens and heads, and whether they exist.
+struct GroupRows {
+  int token[kRowsPerGroup];
+  int head[kRowsPerGroup];
+  bool in_range[kRowsPerGroup];
 };
-// The host checks keep num_tokens * num_heads below 2^31, so the block's first
-// row fits an int and 32-bit divisions do.
-template <int kGroups>
-__device__ __forceinline__ BlockRows block_rows(int rpg, int num_tokens, int num_heads) {
-  const unsigned rows = static_cast<unsigned>(kGroups * rpg);
-  const unsigned first = blockIdx.x * rows;
-  const unsigned heads = static_cast<unsigned>(num_heads);
-  BlockRows b;
-  b.token0 = static_cast<int>(first / heads);
-  const int last = static_cast<int>((first + rows - 1) / heads);
-  b.tokens = (last < num_tokens ? last + 1 : num_tokens) - b.token0;
-  b.head0 = static_cast<int>(first % heads);
-  b.rpg = rpg;
-  return b;
-}
-
-// Row r of a group: local is its token minus token0 (the index of the token's
-// entry in the block's metadata), in_range whether it exists. A row that does
-// not (r >= rpg, past the last token) gets local and head 0: a row that does.
-struct GroupRow {
-  int local;
-  int head;
-  bool in_range;
-};
-template <int kGroups>
-__device__ __forceinline__ GroupRow group_row(const BlockRows& b, int r, int group, int num_heads) {
-  const int o = b.head0 + r * kGroups + group;
-  const bool in_range = r < b.rpg && o / num_heads < b.tokens;
-  return {in_range ? o / num_heads : 0, in_range ? o % num_heads : 0, in_range};
+__device__ __forceinline__ GroupRows group_rows(int64_t first, int num_tokens, int num_heads) {
+  GroupRows g;
+  int token = static_cast<int>(first / num_heads);
+  int head = static_cast<int>(first % num_heads);
+#pragma unroll
+  for (int r = 0; r < kRowsPerGroup; ++r) {
+    g.in_range[r] = token < num_tokens;
+    g.token[r] = g.in_range[r] ? token : 0;
+    g.head[r] = g.in_range[r] ? head : 0;
+    if (++head == num_heads) head = 0, ++token;
+  }
+  return g;
 }
 
 // Rows of a token tensor: optional RMSNorm, optional rotation, store. Grid:
-// ceil(num_tokens * num_heads / (kGroups * rows_per_group)) blocks of
-// kInputsThreads. A row is written unless its rotation has no valid position
-// (explicit position outside the table; with kMetadata also a token of no
-// sequence).
+// ceil(num_tokens * num_heads / kRowsPerBlock) blocks of kInputsThreads; a
+// group carries kRowsPerGroup consecutive rows. A row is written unless its
+// rotation has no valid position (explicit position outside the table; with
+// kMetadata also a token of no sequence).
 template <typename T, int D, bool NORM, PosFrom POS>
 __global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p) {
   using L = RowLayout<T, D>;
-  constexpr int R = kMaxRowsPerGroup;
+  constexpr int R = kRowsPerGroup;
   constexpr bool kRope = POS != PosFrom::kNone;
   const int group = threadIdx.x / L::kLanes;
   const int lane = threadIdx.x % L::kLanes;
-  const BlockRows b = block_rows<L::kGroups>(p.rows_per_group, p.num_tokens, p.num_heads);
+  const GroupRows g = group_rows((static_cast<int64_t>(blockIdx.x) * L::kGroups + group) * R, p.num_tokens,
+                                 p.num_heads);
 
-  // The rows first: their copies do not wait for the metadata.
-  __shared__ __align__(16) T stage[R][L::kGroups][D];
-  for (int r = 0; r < b.rpg; ++r) {
-    const GroupRow g = group_row<L::kGroups>(b, r, group, p.num_heads);
-    stage_row<T, D>(stage[r][group],
-                    static_cast<const T*>(p.x) + (b.token0 + g.local) * p.x_stride_token + g.head * p.x_stride_head,
-                    g.in_range, lane);
-  }
-  cp_async_commit();
-  if constexpr (NORM) prefetch_l1(p.weight, D * sizeof(T), threadIdx.x, kInputsThreads);
-
-  // Each token's position once, by one thread, for all its heads in the block.
-  __shared__ int64_t pos_of[kRope ? L::kMaxRowsPerBlock : 1];
-  if constexpr (kRope) {
-    if (threadIdx.x < b.tokens) {
-      const int t = b.token0 + threadIdx.x;
-      int64_t pos;
-      if constexpr (POS == PosFrom::kInt32) {
-        pos = static_cast<const int32_t*>(p.positions)[t];
-      } else if constexpr (POS == PosFrom::kInt64) {
-        pos = static_cast<const int64_t*>(p.positions)[t];
-      } else {
-        int seq;
-        pos = token_position(p.kv, t, &seq);  // -1 for no sequence
-      }
-      if (pos >= 0 && pos < p.rope.max_position) prefetch_rope_row(p.rope, pos);
-      pos_of[threadIdx.x] = pos;
+  // The rows first: their loads do not wait for the metadata.
+  float x[R][L::kElems];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (g.in_range[r]) {
+      load_row<T, D>(x[r], static_cast<const T*>(p.x) + g.token[r] * p.x_stride_token + g.head[r] * p.x_stride_head,
+                     lane);
+    } else {
+#pragma unroll
+      for (int i = 0; i < L::kElems; ++i) x[r][i] = 0.f;
     }
   }
-  cp_async_wait<0>();
-  if constexpr (kRope) __syncthreads();
+
+  int64_t pos[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    pos[r] = 0;
+    if constexpr (POS == PosFrom::kInt32) {
+      if (g.in_range[r]) pos[r] = static_cast<const int32_t*>(p.positions)[g.token[r]];
+    } else if constexpr (POS == PosFrom::kInt64) {
+      if (g.in_range[r]) pos[r] = static_cast<const int64_t*>(p.positions)[g.token[r]];
+    } else if constexpr (POS == PosFrom::kMetadata) {
+      int seq;
+      if (g.in_range[r]) pos[r] = token_position(p.kv, g.token[r], &seq);  // -1 for no sequence
+    }
+  }
 
   __shared__ __align__(16) float rows[kRope ? L::kGroups : 1][kRope ? D : 4];
-  // One row at a time (not unrolled): the registers of one row.
-#pragma unroll 1
-  for (int r = 0; r < b.rpg; ++r) {
-    const GroupRow g = group_row<L::kGroups>(b, r, group, p.num_heads);
-    bool write = g.in_range;
-    int64_t pos = 0;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    bool write = g.in_range[r];
+    if constexpr (kRope) write = write && pos[r] >= 0 && pos[r] < p.rope.max_position;
+    if constexpr (NORM) rms_norm_stage<T, D>(x[r], static_cast<const T*>(p.weight), p.eps, lane);
     if constexpr (kRope) {
-      pos = pos_of[g.local];
-      write = write && pos >= 0 && pos < p.rope.max_position;
-    }
-    float x[L::kElems];
-    load_row<T, D>(x, stage[r][group], lane);
-    if constexpr (NORM) rms_norm_stage<T, D>(x, static_cast<const T*>(p.weight), p.eps, lane);
-    if constexpr (kRope) {
-      const float* cs = write ? p.rope.cos_sin + pos * p.rope.stride : nullptr;
-      rope_stage<T, D>(x, rows[group], cs, p.rope, lane);
+      const float* cs = write ? p.rope.cos_sin + pos[r] * p.rope.stride : nullptr;
+      rope_stage<T, D>(x[r], rows[group], cs, p.rope, lane);
     }
     if (write) {
-      store_row<T, D>(static_cast<T*>(p.out) + (b.token0 + g.local) * p.out_stride_token + g.head * p.out_stride_head,
-                      x, lane);
+      store_row<T, D>(static_cast<T*>(p.out) + g.token[r] * p.out_stride_token + g.head[r] * p.out_stride_head,
+                      x[r], lane);
     }
   }
 }
-
-// Resident blocks per SM the kv kernel is compiled for: the rotation or the
-// quantization want more than 32 registers; left free, ptxas takes up to 60
-// for some variants (4 blocks), while 48 holds all of them without spills.
-template <bool kHeavy>
-constexpr int kKVMinBlocks = kHeavy ? 5 : 8;
 
 // Keys and values of one (token, kv_head) per row into their cache slot:
 // optional key RMSNorm and rotation (attention_inputs), then a plain or int8
 // store of both. Nothing is written for a token of no sequence, a position
 // outside the block table or on a page id outside the pool, and (ROPE) a
 // position outside the cos/sin table. Grid: ceil(num_tokens * num_kv_heads /
-// (kGroups * rows_per_group)) blocks of kInputsThreads.
+// kRowsPerBlock) blocks of kInputsThreads; a group carries kRowsPerGroup rows.
 template <typename T, int D, bool NORM, bool ROPE, bool INT8>
-__global__ void __launch_bounds__(kInputsThreads, kKVMinBlocks<ROPE || INT8>) kv_write_kernel(const KVWriteParams p) {
+__global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteParams p) {
   using L = RowLayout<T, D>;
-  constexpr int R = kMaxRowsPerGroup;
+  constexpr int R = kRowsPerGroup;
   const int group = threadIdx.x / L::kLanes;
   const int lane = threadIdx.x % L::kLanes;
-  const BlockRows b = block_rows<L::kGroups>(p.rows_per_group, p.num_tokens, p.kv.num_kv_heads);
+  const GroupRows g = group_rows((static_cast<int64_t>(blockIdx.x) * L::kGroups + group) * R, p.num_tokens,
+                                 p.kv.num_kv_heads);
 
-  __shared__ __align__(16) T stage_k[R][L::kGroups][D];
-  __shared__ __align__(16) T stage_v[R][L::kGroups][D];
-  for (int r = 0; r < b.rpg; ++r) {
-    const GroupRow g = group_row<L::kGroups>(b, r, group, p.kv.num_kv_heads);
-    const int t = b.token0 + g.local;
-    stage_row<T, D>(stage_k[r][group], static_cast<const T*>(p.k) + t * p.k_stride_token + g.head * p.k_stride_head,
-                    g.in_range, lane);
-    stage_row<T, D>(stage_v[r][group], static_cast<const T*>(p.v) + t * p.v_stride_token + g.head * p.v_stride_head,
-                    g.in_range, lane);
+  float k[R][L::kElems], v[R][L::kElems];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (g.in_range[r]) {
+      load_row<T, D>(k[r], static_cast<const T*>(p.k) + g.token[r] * p.k_stride_token + g.head[r] * p.k_stride_head,
+                     lane);
+      load_row<T, D>(v[r], static_cast<const T*>(p.v) + g.token[r] * p.v_stride_token + g.head[r] * p.v_stride_head,
+                     lane);
+    } else {
+#pragma unroll
+      for (int i = 0; i < L::kElems; ++i) k[r][i] = v[r][i] = 0.f;
+    }
   }
-  cp_async_commit();
-  if constexpr (NORM) prefetch_l1(p.k_weight, D * sizeof(T), threadIdx.x, kInputsThreads);
 
-  // Each token's slot once, by one thread, for all its heads in the block.
-  __shared__ TokenPlace place_of[L::kMaxRowsPerBlock];
-  if (threadIdx.x < b.tokens) place_of[threadIdx.x] = place_of_token<ROPE>(p.kv, b.token0 + threadIdx.x, p.rope);
-  cp_async_wait<0>();
-  __syncthreads();
+  TokenPlace place[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    place[r] = TokenPlace{-1, -1, 0};
+    if (g.in_range[r]) place[r] = place_of_token(p.kv, g.token[r]);
+  }
 
   __shared__ __align__(16) float rows[ROPE ? L::kGroups : 1][ROPE ? D : 4];
-  // One row at a time (not unrolled): the registers of one row.
-#pragma unroll 1
-  for (int r = 0; r < b.rpg; ++r) {
-    const GroupRow g = group_row<L::kGroups>(b, r, group, p.kv.num_kv_heads);
-    const TokenPlace place = g.in_range ? place_of[g.local] : TokenPlace{-1, -1, 0};
-    bool write = place.page >= 0;
-    if constexpr (ROPE) write = write && place.pos < p.rope.max_position;  // pos >= 0 when page >= 0
-    float k[L::kElems], v[L::kElems];
-    load_row<T, D>(k, stage_k[r][group], lane);
-    load_row<T, D>(v, stage_v[r][group], lane);
-    if constexpr (NORM) rms_norm_stage<T, D>(k, static_cast<const T*>(p.k_weight), p.eps, lane);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    bool write = place[r].page >= 0;
+    if constexpr (ROPE) write = write && place[r].pos < p.rope.max_position;  // pos >= 0 when page >= 0
+    if constexpr (NORM) rms_norm_stage<T, D>(k[r], static_cast<const T*>(p.k_weight), p.eps, lane);
     if constexpr (ROPE) {
-      const float* cs = write ? p.rope.cos_sin + place.pos * p.rope.stride : nullptr;
-      rope_stage<T, D>(k, rows[group], cs, p.rope, lane);
+      const float* cs = write ? p.rope.cos_sin + place[r].pos * p.rope.stride : nullptr;
+      rope_stage<T, D>(k[r], rows[group], cs, p.rope, lane);
     }
-    const int head = g.head;
-    const int64_t at = write ? scale_offset(p.kv, place.page, head, place.slot) : 0;  // vector index
+    const int head = g.head[r];
+    const int64_t at = write ? scale_offset(p.kv, place[r].page, head, place[r].slot) : 0;  // vector index
     if constexpr (INT8) {
       const float* smooth = p.k_smooth != nullptr ? p.k_smooth + static_cast<int64_t>(head) * D : nullptr;
       int8_t* kd = write ? static_cast<int8_t*>(p.k_pool) + at * D : nullptr;
       int8_t* vd = write ? static_cast<int8_t*>(p.v_pool) + at * D : nullptr;
-      const float ks = quantize_stage<T, D>(k, smooth, kd, lane);
-      const float vs = quantize_stage<T, D>(v, nullptr, vd, lane);
+      const float ks = quantize_stage<T, D>(k[r], smooth, kd, lane);
+      const float vs = quantize_stage<T, D>(v[r], nullptr, vd, lane);
       if (write && lane == 0) {
         p.k_scale[at] = ks;
         p.v_scale[at] = vs;
       }
     } else if (write) {
-      store_row<T, D>(static_cast<T*>(p.k_pool) + at * D, k, lane);
-      store_row<T, D>(static_cast<T*>(p.v_pool) + at * D, v, lane);
+      store_row<T, D>(static_cast<T*>(p.k_pool) + at * D, k[r], lane);
+      store_row<T, D>(static_cast<T*>(p.v_pool) + at * D, v[r], lane);
     }
   }
 }
