@@ -3,7 +3,6 @@
 // the dispatcher (the same code serves CPU and CUDA).
 #include <array>
 #include <atomic>
-#include <cstdlib>
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -41,27 +40,19 @@ bool use_decode_path(int64_t max_q_len, int64_t group_size) {
 // 16-row tile runs three blocks per SM (its loop is instruction-bound and gains
 // from the extra warps): splits for three. (Up to 48 splits made one sequence
 // at 32k positions 4% faster but 1k-4k positions 10-15% slower: the cap stays 32.)
-// EXPERIMENT (removed once measured): TILEINFER_INT8_WIDE=1 runs the int8
-// decode of d <= 128 with 128-key tiles and two stages (two blocks per SM).
-bool int8_wide_decode() {
-  const char* v = std::getenv("TILEINFER_INT8_WIDE");
-  return v != nullptr && v[0] == '1';
-}
-
+// Where the resulting blocks fit two per SM anyway (one sequence: 32 x 8 = 256
+// blocks), decode.cu runs its wide int8 tile, two per SM, instead: same splits.
 int64_t decode_num_splits_for(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
                               int64_t group_size, int64_t head_dim, bool int8) {
   const int64_t sms = num_sms > 0 ? num_sms : 8;  // 8: the CPU path's "SMs" (threads it splits over)
-  const int64_t per_sm =
-      int8 && head_dim <= 128 && group_size * max_q_len <= 16 && num_sms > 0 ? (int8_wide_decode() ? 2 : 3) : 2;
+  const int64_t per_sm = int8 && head_dim <= 128 && group_size * max_q_len <= 16 && num_sms > 0 ? 3 : 2;
   const int64_t max_splits = max_q_len > 8 ? 8 : 32;
   const int64_t work = std::max<int64_t>(1, num_seqs * num_kv_heads);
   const int64_t want = (per_sm * sms) / work;
   return std::min(max_splits, std::max<int64_t>(1, want));
 }
 
-int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
-                          int64_t group_size, int64_t head_dim, bool int8) {
-  int64_t sms = 0;
+int64_t sm_count(const at::Device& device) {
 #ifdef TILEINFER_WITH_CUDA
   if (device.is_cuda()) {
     // Read once per device: this runs on every eager decode step.
@@ -72,10 +63,15 @@ int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t nu
       C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, index));
       if (index >= 0 && index < 64) sm_counts[index].store(count, std::memory_order_relaxed);
     }
-    sms = count;
+    return count;
   }
 #endif
-  return decode_num_splits_for(sms, num_seqs, num_kv_heads, max_q_len, group_size, head_dim, int8);
+  return 0;
+}
+
+int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
+                          int64_t group_size, int64_t head_dim, bool int8) {
+  return decode_num_splits_for(sm_count(device), num_seqs, num_kv_heads, max_q_len, group_size, head_dim, int8);
 }
 
 void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

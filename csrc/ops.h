@@ -69,7 +69,8 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                double scale, bool causal, const std::optional<at::Tensor>& k_scale,
                const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth);
 
-bool int8_wide_decode();  // EXPERIMENT, see attention.cpp
+// Multiprocessors of a CUDA device (read once per device), 0 for the CPU.
+int64_t sm_count(const at::Device& device);
 
 // The dispatcher's rule, exposed for tests and benchmarks.
 bool use_decode_path(int64_t max_q_len, int64_t group_size);

@@ -124,6 +124,19 @@ def main():
     for p in cases:
         run_attention_ops(p)
         run_input_ops(p)
+    # A batch of 70 sequences x 2 KV heads: the attention op's single split
+    # (the decode kernel writes out itself) and, with 4 splits, more blocks than
+    # fit two per SM (the int8 decode's 64-key tile); clean, then bad metadata.
+    for int8 in (False, True):
+        lens = [1 + (7 * i) % 40 for i in range(70)]
+        p = make_problem(lens, [1] * 70, 8, 2, 128, 16, device=DEV, seed=11, int8=int8)
+        p = dataclasses.replace(p, q=torch.cat([p.q, p.q[:3]]))  # 3 padding tokens
+        run_attention_ops(p)
+        if not args.clean_only:
+            p.block_tables[0, 0] = p.k_cache.shape[0] + 5
+            p.seq_lens[1] = p.block_tables.shape[1] * 16 + 1000
+            p.seq_lens[2] = -7
+            run_attention_ops(p)
     # The 128-row prefill tile (the default from 2048 queries on), forced on
     # small problems: bf16 and int8 caches.
     os.environ["TILEINFER_PREFILL_ROWS"] = "128"

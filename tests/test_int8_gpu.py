@@ -247,6 +247,30 @@ def test_int8_decode_partials(dtype, head_dim, page, group, n, splits, causal, s
     check_neutral_splits(po, pl, p, splits)
 
 
+@pytest.mark.parametrize("tile", ["wide", "narrow"])
+@pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_int8_decode_tile_shapes(dtype, head_dim, n, tile, seed):
+    """The int8 decode at d <= 128 has two tiles: 128 keys and two blocks per
+    SM when the launch's blocks fit two per SM, 64 keys and three per SM
+    beyond (csrc/ops/decode.cu). A batch on each side of that line."""
+    need("decode", "combine")
+    kv_heads, splits = 8, 8
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fit = 2 * sms // (splits * kv_heads)  # sequences whose blocks still fit two per SM
+    seqs = max(1, fit) if tile == "wide" else fit + 2
+    assert (splits * kv_heads * seqs <= 2 * sms) == (tile == "wide")
+    g = torch.Generator().manual_seed(seed)
+    lens = ([n, 63, 64, 65, 127, 128, 129] + torch.randint(n, 1500, (seqs,), generator=g).tolist())[:seqs]
+    p = int8_problem(lens, [n] * seqs, 2 * kv_heads, kv_heads, head_dim, 64, dtype, seed, smooth=seed % 2 == 0)
+    po, pl = run_decode(p, True, splits)
+    out, lse = run_combine(po, pl, dtype)
+    exact, exact_lse = exact_attention(p, True)
+    check_out(out, exact, dtype, f"int8 decode, {tile} tile")
+    check_lse(lse, exact_lse, p, True, f"int8 decode, {tile} tile, lse")
+
+
 # ------------------------------------------------------------------ decode + combine
 @pytest.mark.parametrize("page", [16, 64, 128])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

@@ -35,9 +35,17 @@ static_assert(DecodeTileSmall<__nv_bfloat16, 64, int8_t>::kMinBlocks == 3 &&
                   DecodeTileSmall<__nv_bfloat16, 128, int8_t>::kMinBlocks == 3 &&
                   DecodeTileSmall<__nv_bfloat16, 256, int8_t>::kMinBlocks == 1,
               "int8 decode blocks per SM no longer match the split rule in csrc/attention.cpp");
-// EXPERIMENT (TILEINFER_INT8_WIDE=1): 128-key tiles, two stages, two blocks per SM.
+// The same with 128-key tiles and two stages: two blocks per SM, but each warp
+// converts and multiplies 32 keys per barrier, per softmax step and per scale
+// load instead of 16. launch_decode picks it when the launch's blocks fit two
+// per SM anyway; on the H200 (2026-11-29) it took one sequence at 32k positions
+// from 36.6 to 33.6 us and 32 x 4k from 111.1 to 100.3 us, while 8 x 32k, whose
+// 384 narrow blocks fill three per SM, went from 186.4 to 194.6 us with it.
 template <typename T, int D>
 using DecodeTileInt8Wide = TileConfig<TileElement<T, int8_t>, D, 1, 4, 1, 128, 2, int8_t, T>;
+static_assert(DecodeTileInt8Wide<__nv_bfloat16, 128>::kSmemBytes * 2 <= 227 * 1024 &&
+                  DecodeTileInt8Wide<__nv_bfloat16, 128>::kSmemBytes * 3 > 227 * 1024,
+              "the wide int8 decode tile is meant for two blocks per SM");
 // More packed rows (verify steps with large groups): 64-row tiles as prefill;
 // the grid adds a row-tile dimension and row tiles share the pages through L2.
 template <typename T, int D, typename CacheT = T>
@@ -57,6 +65,9 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   p.q_stride_head = q_c.stride(1);
   TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), op, ": group size * max_q_len must fit in int32");
   const bool small = p.group_size * max_q_len <= 16;
+  // Blocks of a small-tile launch (one row tile); do they fit two per SM?
+  const int64_t blocks = static_cast<int64_t>(p.num_splits) * s.num_kv_heads * s.num_seqs;
+  const bool two_per_sm = blocks <= 2 * sm_count(q.device());
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
@@ -65,9 +76,7 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
         launch_fp32<HEAD_DIM, DecodeWork>(op, p, stream);
       } else if (s.int8) {
         if constexpr (HEAD_DIM <= 128) {
-          if (small && int8_wide_decode()) {
-            return launch_tile<DecodeTileInt8Wide<scalar_t, HEAD_DIM>, DecodeWork>(op, p, stream);
-          }
+          if (small && two_per_sm) return launch_tile<DecodeTileInt8Wide<scalar_t, HEAD_DIM>, DecodeWork>(op, p, stream);
         }
         if (small) return launch_tile<DecodeTileSmall<scalar_t, HEAD_DIM, int8_t>, DecodeWork>(op, p, stream);
         launch_tile<DecodeTileLarge<scalar_t, HEAD_DIM, int8_t>, DecodeWork>(op, p, stream);
