@@ -7,7 +7,8 @@
 # Logs: $SANITIZE_LOGDIR/<tool>.log (default /tmp/sanitize); a failing tool's
 # first reports are also printed. Other environment: COMPUTE_SANITIZER (path of
 # the tool), SANITIZE_ARGS (extra arguments for every tool, e.g. a kernel-name
-# filter), SANITIZE_TOOL_TIMEOUT (seconds per tool, default 40: all three fit in
+# filter), SANITIZE_TOOL_TIMEOUT (seconds per tool, default 60; memcheck and initcheck
+# take ~10 s, racecheck ~40: all three fit in
 # the 120 s that scripts/gpu_check.sh gives this script).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +42,7 @@ for tool in $tools; do
   log=$logdir/$tool.log
   start=$(date +%s)
   # shellcheck disable=SC2086
-  timeout "${SANITIZE_TOOL_TIMEOUT:-40}" \
+  timeout "${SANITIZE_TOOL_TIMEOUT:-60}" \
     "$san" --tool "$tool" --error-exitcode 97 --print-limit 20 ${SANITIZE_ARGS:-} \
     python3 tests/sanitize_case.py "${case_args[@]}" >"$log" 2>&1
   rc=$?
