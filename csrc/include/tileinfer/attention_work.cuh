@@ -117,6 +117,51 @@ struct PrefillWork {
   }
 };
 
+// Prefill with GQA packing: a block's rows are (query, head) pairs of one KV
+// head's group, as in decode (row rr: query rr / group, head head0 + rr % group),
+// so each K / V tile is copied once for all the group's heads instead of once
+// per head (through L2 for the neighbouring blocks of PrefillWork). Grid
+// (num_kv_heads, num_seqs, row tiles), the row tile reversed as in PrefillWork
+// (heaviest causal tiles first).
+struct PrefillGroupWork {
+  static constexpr bool kPartials = false;  // always writes `out` itself
+
+  template <int kBlockM>
+  static dim3 grid(const AttentionParams& p) {
+    return dim3(p.kv.num_kv_heads, p.kv.num_seqs, ceil_div(p.group_size * p.max_q_len, kBlockM));
+  }
+
+  template <int kBlockM>
+  __device__ static WorkItem make(const AttentionParams& p) {
+    WorkItem w;
+    w.seq = blockIdx.y;
+    w.kv_head = blockIdx.x;
+    w.group = p.group_size;
+    w.head0 = w.kv_head * p.group_size;
+    w.split = 0;
+    w.seq_len = seq_len_of(p.kv, w.seq);
+    const QueryRange qr = query_range(p.kv, w.seq, p.num_tokens);
+    w.q_begin = qr.begin;
+    w.q_count = qr.count;
+    w.row_base = (gridDim.z - 1 - blockIdx.z) * kBlockM;
+    w.active = w.row_base < w.q_count * w.group;
+    w.key_begin = 0;
+    w.key_end = w.seq_len;
+    if (p.causal) {
+      const int last_t = min((w.row_base + kBlockM - 1) / w.group, w.q_count - 1);
+      w.key_end = causal_key_end(w.seq_len, w.q_count, last_t);
+    }
+    return w;
+  }
+
+  template <typename OutElem>
+  __device__ static void mark_padding_rows(const AttentionParams&) {}
+
+  __device__ static float* lse_at(const AttentionParams& p, const WorkItem&, int token, int head) {
+    return output_lse(p, token, head);
+  }
+};
+
 // Decode: grid (num_splits, num_kv_heads * row_tiles, num_seqs), row_tiles =
 // ceil(group * max_q_len / kBlockM) (1 for plain decode with a group of <= 16
 // heads). Split i of a sequence of P pages walks pages [i * ceil(P/S),
