@@ -1,18 +1,12 @@
 // The attention op: picks decode + combine or prefill from shapes alone, so a
 // captured CUDA graph takes the same path on every step, and calls them through
 // the dispatcher (the same code serves CPU and CUDA).
-#include <array>
-#include <atomic>
-
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #ifdef TILEINFER_WITH_CUDA
-// Not ATen/cuda/CUDAContext.h: it pulls in cuBLAS/cuSPARSE headers that a
-// plain CUDA toolkit install may lack.
-#include <c10/cuda/CUDAException.h>
-#include <cuda_runtime_api.h>
+#include "device_attribute.h"
 #endif
 
 #include "checks.h"
@@ -54,17 +48,7 @@ int64_t decode_num_splits_for(int64_t num_sms, int64_t num_seqs, int64_t num_kv_
 
 int64_t sm_count(const at::Device& device) {
 #ifdef TILEINFER_WITH_CUDA
-  if (device.is_cuda()) {
-    // Read once per device: this runs on every eager decode step.
-    static std::array<std::atomic<int>, 64> sm_counts{};  // 0: not read yet
-    const int index = device.index();
-    int count = index >= 0 && index < 64 ? sm_counts[index].load(std::memory_order_relaxed) : 0;
-    if (count == 0) {
-      C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, index));
-      if (index >= 0 && index < 64) sm_counts[index].store(count, std::memory_order_relaxed);
-    }
-    return count;
-  }
+  if (device.is_cuda()) return cached_device_attribute<cudaDevAttrMultiProcessorCount>(device.index());
 #endif
   return 0;
 }

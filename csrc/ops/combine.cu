@@ -1,8 +1,6 @@
 // The CUDA `combine` op: merges partial results (decode splits, or prefill
 // outputs with lse over disjoint page ranges) into out and, optionally, lse.
 // The kernel is in csrc/include/tileinfer/combine.cuh.
-#include <array>
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -15,6 +13,7 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "device_attribute.h"
 #include "ops.h"
 #include "tileinfer/combine.cuh"
 #include "tileinfer/dispatch.h"
@@ -37,20 +36,12 @@ void check_combine_inputs(const at::Tensor& out, const std::optional<at::Tensor>
               kOp, ": partial_out is too large (num_tokens * num_q_heads and num_splits must fit in int32)");
 }
 
-// Programmatic dependent launch needs sm_90 (the device's major version is
-// read once). TILEINFER_NO_PDL=1 turns it off, read at every launch so that a
-// benchmark can compare both in one process.
+// Programmatic dependent launch needs sm_90. TILEINFER_NO_PDL=1 turns it off,
+// read at every launch so that a benchmark can compare both in one process.
 bool early_launch(int device) {
   const char* off = std::getenv("TILEINFER_NO_PDL");
   if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
-  static std::array<std::atomic<int>, 64> major{};  // 0: not read yet
-  if (device < 0 || device >= 64) return false;
-  int cc = major[device].load(std::memory_order_relaxed);
-  if (cc == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, device));
-    major[device].store(cc, std::memory_order_relaxed);
-  }
-  return cc >= 9;
+  return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9;
 }
 
 }  // namespace

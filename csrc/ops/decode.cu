@@ -40,7 +40,9 @@ static_assert(DecodeTileSmall<__nv_bfloat16, 64, int8_t>::kMinBlocks == 3 &&
 // load instead of 16. launch_decode picks it when the launch's blocks fit two
 // per SM anyway; on the H200 (2026-11-29) it took one sequence at 32k positions
 // from 36.6 to 33.6 us and 32 x 4k from 111.1 to 100.3 us, while 8 x 32k, whose
-// 384 narrow blocks fill three per SM, went from 186.4 to 194.6 us with it.
+// 384 narrow blocks fill three per SM, went from 186.4 to 194.6 us with it
+// (and one sequence at 1k positions, whose splits hold one 64-key page each,
+// from 10.4 to 11.3 us: half of each 128-key tile is empty there).
 template <typename T, int D>
 using DecodeTileInt8Wide = TileConfig<TileElement<T, int8_t>, D, 1, 4, 1, 128, 2, int8_t, T>;
 static_assert(DecodeTileInt8Wide<__nv_bfloat16, 128>::kSmemBytes * 2 <= 227 * 1024 &&
@@ -50,10 +52,6 @@ static_assert(DecodeTileInt8Wide<__nv_bfloat16, 128>::kSmemBytes * 2 <= 227 * 10
 // the grid adds a row-tile dimension and row tiles share the pages through L2.
 template <typename T, int D, typename CacheT = T>
 using DecodeTileLarge = TileConfig<TileElement<T, CacheT>, D, 4, 1, 1, (D == 256 ? 32 : 64), 2, CacheT, T>;
-
-}  // namespace
-
-namespace {
 
 // Launches the decode kernel for p (partials or, with p.partial_out null, `out`
 // itself); q is made 16-byte aligned here.
