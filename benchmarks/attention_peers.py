@@ -129,21 +129,6 @@ def ours_prefill(p: Problem, causal: bool = True):
     return fn, (out, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
 
 
-def ours_prefill_gqa(p: Problem, causal: bool = True):
-    """EXPERIMENT: the prefill op with TILEINFER_PREFILL_GQA=1 (a KV head's query
-    heads packed into one block's rows), set around each call (a graph capture
-    records the kernel chosen then)."""
-    fn, args = ours_prefill(p, causal)
-
-    def packed(*a):
-        os.environ["TILEINFER_PREFILL_GQA"] = "1"
-        try:
-            return fn(*a)
-        finally:
-            del os.environ["TILEINFER_PREFILL_GQA"]
-    return packed, args
-
-
 def ours_attention(p: Problem, causal: bool = True):
     """The dispatcher: decode + combine for <= 16 queries per sequence (power-of-two group)."""
     out = torch.empty_like(p.q)

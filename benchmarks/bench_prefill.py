@@ -63,7 +63,6 @@ def run_case(label, lens, cfg, args, ceil, errors, status):
         impls.append(("flashinfer paged (auto backend)", lambda p: ap.flashinfer_prefill(p), True))
     # Ours last: a kernel that breaks the CUDA context then costs no peer of this case.
     if status["prefill"][0]:
-        impls.append(("tileinfer prefill, GQA-packed (experiment)", lambda p: ap.ours_prefill_gqa(p), True))
         impls.append((OURS, lambda p: ap.ours_prefill(p), True))
 
     def metrics(t):

@@ -80,12 +80,10 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
   p.o_stride_head = target.stride(1);
   p.lse = lse.has_value() ? lse->data_ptr<float>() : nullptr;
 
-  // EXPERIMENT (to be measured, then kept or removed): TILEINFER_PREFILL_GQA=1
-  // packs a KV head's query heads into one block's rows (PrefillGroupWork).
-  const char* gqa_env = std::getenv("TILEINFER_PREFILL_GQA");
-  const bool gqa = gqa_env != nullptr && gqa_env[0] == '1' && !s.int8 && p.group_size > 1;
-  TILEINFER_CHECK(!gqa || p.group_size * max_q_len < (int64_t(1) << 31), "prefill: group * max_q_len too large");
-  const bool large = use_large_prefill_tile(gqa ? max_q_len * p.group_size : max_q_len, s.head_dim);
+  TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), "prefill: group size * max_q_len must fit in int32");
+  // On max_q_len, not on the packed rows (group x max_q_len): the crossover
+  // below was measured in blocks, and packing keeps the block count.
+  const bool large = use_large_prefill_tile(max_q_len, s.head_dim);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), "prefill", [&] {
     TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "prefill", [&] {
@@ -99,11 +97,6 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
           }
         }
         launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM, int8_t>, PrefillWork>("prefill", p, stream);
-      } else if (gqa) {
-        if constexpr (HEAD_DIM <= 128) {
-          if (large) return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM>, PrefillGroupWork>("prefill", p, stream);
-        }
-        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM>, PrefillGroupWork>("prefill", p, stream);
       } else {
         if constexpr (HEAD_DIM <= 128) {
           if (large) return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM>, PrefillWork>("prefill", p, stream);
