@@ -497,21 +497,26 @@ def test_deterministic(path, seed):
 
 
 # ------------------------------------------------------------------ CUDA graphs
-@pytest.mark.parametrize("group", [4, 3], ids=["decode_path", "prefill_path"])
-def test_cuda_graph_decode_steps(group, seed):
+@pytest.mark.parametrize("group,kv_heads,num_seqs", [(4, 2, 3), (3, 2, 3), (4, 8, 40)],
+                         ids=["decode_path", "prefill_path", "decode_path_single_split"])
+def test_cuda_graph_decode_steps(group, kv_heads, num_seqs, seed):
     """One decode step (cache_write + attention, or attention alone when this
     build has no CUDA cache_write) captured once with static block_tables /
     seq_lens / cu_seqlens_q buffers, replayed for 70 steps while sequences grow
     across page boundaries. The host only copies new contents into the static
     buffers (new page ids, lengths, this step's q / k / v). Every replay must
-    equal an eager step bit for bit, and float64 attention every few steps."""
+    equal an eager step bit for bit, and float64 attention every few steps.
+    40 sequences x 8 KV heads: one split per (sequence, head), where the decode
+    kernel writes `out` itself."""
     need_attention()
     use_cache_write = has_cuda_kernel("cache_write")
     g = torch.Generator().manual_seed(seed)
-    dtype, page, kv_heads, d, steps = torch.bfloat16, 16, 2, 128, 70
+    dtype, page, d, steps = torch.bfloat16, 16, 128, 70
     hq = group * kv_heads
-    start = [page - 3, 2 * page - 1, 5]
-    num_seqs = len(start)
+    if num_seqs > 3:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert ops.decode_num_splits(sms, num_seqs, kv_heads, 1, group, d, False) == 1
+    start = [page - 3, 2 * page - 1, 5] + [1 + (7 * i) % 50 for i in range(num_seqs - 3)]
     max_pages = math.ceil((max(start) + steps) / page) + 1
     num_pages = num_seqs * max_pages + 3
     pools = [torch.randn(num_pages, kv_heads, page, d, generator=g).to(dtype).to(DEV) for _ in range(2)]
