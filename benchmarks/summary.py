@@ -88,6 +88,8 @@ def main():
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--tests-log", type=Path)
     p.add_argument("--build-status", default="")
+    p.add_argument("--sanitize-log", type=Path, help="scripts/sanitize.sh output: its verdict lines are shown")
+    p.add_argument("--failed", default="", help="the steps that failed (gpu_check.sh), shown last")
     a = p.parse_args()
     dec, pre, inp, i8 = (latest(a.results, n) for n in ("bench_decode", "bench_prefill", "bench_inputs", "bench_int8"))
     out = ["", "================ gpu_check summary ================"]
@@ -100,6 +102,10 @@ def main():
             out.append(f"ceilings ({name} run): copy {f(ceil.get('copy_gbps'))} GB/s, "
                        f"bf16 GEMM {f(ceil.get('gemm_tflops'))} TFLOP/s")
     out.append(test_counts(a.tests_log))
+    if a.sanitize_log and a.sanitize_log.exists():
+        verdicts = [ln for ln in a.sanitize_log.read_text(errors="replace").splitlines()
+                    if re.match(r"(memcheck|racecheck|initcheck|synccheck): ", ln)]
+        out.extend(f"sanitize {ln}" for ln in verdicts or ["no verdict line (crashed or timed out?)"])
 
     if dec:
         out.append("decode (ours vs cuDNN SDPA on contiguous KV; ratio = t_peer / t_ours, >1: ours faster):")
@@ -141,6 +147,7 @@ def main():
             out.append(f"{name}: no results")
         elif data.get("errors"):
             out.append(f"{name}: {len(data['errors'])} skipped/failed measurements (see log)")
+    out.append(f"FAILED STEPS: {a.failed}" if a.failed.strip() else "every step that ran exited 0")
     print("\n".join(out))
 
 

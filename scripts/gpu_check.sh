@@ -19,6 +19,10 @@
 # which and how; run with carry [".whl"]); they are installed into /tmp/site and
 # FlashInfer's kernels are JIT-compiled in the background while we build.
 #
+# Exit status: 0 when every step that ran exited 0, else 1; the summary's last
+# line lists the failed steps (a sanitizer FAIL or TIMEOUT makes sanitize.sh
+# exit non-zero).
+#
 # Files under $OUT (flat, at most 8): gpu_check.log (build + tests + sanitize +
 # benchmark logs, one file), results.tgz (bench_*_<date>.{json,png}),
 # summary.txt. Without $OUT they go to benchmarks/results/.
@@ -43,6 +47,8 @@ collect_logs() {
     tar czf "$OUTDIR/results.tgz" -C "$WORK/results" .
   fi
 }
+FAILED=""  # steps that did not exit 0: listed in the summary, and the exit status
+fail() { FAILED="${FAILED:+$FAILED }$1"; }
 want_bench() { [ -z "${BENCH_ONLY:-}" ] || [[ ",${BENCH_ONLY}," == *",$1,"* ]]; }
 
 step "start: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null)"
@@ -76,6 +82,7 @@ if [ -z "${SKIP_BUILD:-}" ]; then
     BUILD_STATUS="ok"
   else
     BUILD_STATUS="FAILED"
+    fail build
   fi
   step "build: $BUILD_STATUS"
 fi
@@ -89,6 +96,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   grep -E "^(FAILED|ERROR)" "$WORK/tests.log" | head -20
   tail -1 "$WORK/tests.log"
   [ $rc -eq 124 ] && echo "TESTS TIMED OUT after ${TEST_TIMEOUT:-240}s"
+  [ $rc -ne 0 ] && fail "tests(exit $rc)"
   step "tests: exit $rc"
 fi
 
@@ -98,6 +106,7 @@ if [ -z "${SKIP_SANITIZE:-}" ] && [ -f scripts/sanitize.sh ]; then
   timeout "${SANITIZE_TIMEOUT:-120}" bash scripts/sanitize.sh >"$WORK/sanitize.log" 2>&1
   rc=$?
   tail -5 "$WORK/sanitize.log"
+  [ $rc -ne 0 ] && fail "sanitize(exit $rc)"
   step "sanitize: exit $rc"
 fi
 
@@ -124,6 +133,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
       >"$WORK/bench_$b.log" 2>&1
     rc=$?
     [ $rc -eq 124 ] && echo "bench_$b TIMED OUT after ${BENCH_TIMEOUT:-150}s (no JSON written)"
+    [ $rc -ne 0 ] && fail "bench_$b(exit $rc)"
     # What was skipped and why, then the tables (they start after an empty line).
     grep -E "^\s+\[skip\]" "$WORK/bench_$b.log" | head -12
     sed -n '/^$/,$p' "$WORK/bench_$b.log" | grep -v -E "^   wrote|^\s+\[skip\]" | head -80
@@ -136,5 +146,7 @@ collect_logs
 [ -n "${OUT:-}" ] || cp "$WORK"/results/*.json "$WORK"/results/*.png "$OUTDIR"/ 2>/dev/null
 python3 benchmarks/summary.py --results "$WORK/results" \
   $( [ -f "$WORK/tests.log" ] && echo --tests-log "$WORK/tests.log" ) \
-  --build-status "$BUILD_STATUS" | tee "$OUTDIR/summary.txt"
+  $( [ -f "$WORK/sanitize.log" ] && echo --sanitize-log "$WORK/sanitize.log" ) \
+  --build-status "$BUILD_STATUS" --failed "$FAILED" | tee "$OUTDIR/summary.txt"
 step "done"
+[ -z "$FAILED" ]  # the exit status: 1 when a step failed
