@@ -282,4 +282,41 @@ at::ScalarType check_kv_inputs(const char* op, const PagedShape& s, const at::Te
   return dtype;
 }
 
+void check_rows_io(const char* op, const at::Tensor& out, const at::Tensor& x) {
+  TILEINFER_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
+  check_float_dtype(op, "x", x);
+  check_head_dim(op, "x", x.size(2));
+  check_token_tensor(op, "x", x, -1, -1, -1, x.scalar_type(), x.device());
+  check_token_tensor(op, "out", out, x.size(0), x.size(1), x.size(2), x.scalar_type(), x.device());
+}
+
+void check_positions(const char* op, const at::Tensor& positions, const at::Tensor& x) {
+  TILEINFER_CHECK(positions.scalar_type() == at::kInt || positions.scalar_type() == at::kLong, op,
+                  ": positions must be int32 or int64, got ", positions.scalar_type());
+  TILEINFER_CHECK(positions.dim() == 1 && positions.size(0) == x.size(0), op, ": positions must have shape [",
+                  x.size(0), "] (num_tokens), got ", positions.sizes());
+  TILEINFER_CHECK(positions.device() == x.device(), op, ": positions must be on ", x.device(), ", got ",
+                  positions.device());
+}
+
+InputsShape check_attention_inputs(const char* op, const at::Tensor& q_out, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache, const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& v, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                                   const at::Tensor& cu_seqlens_q, const at::Tensor& cos_sin_cache,
+                                   int64_t rotary_dim, const std::optional<at::Tensor>& q_norm_weight,
+                                   const std::optional<at::Tensor>& k_norm_weight,
+                                   const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                                   const std::optional<at::Tensor>& k_smooth) {
+  const PagedShape s =
+      check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
+  const at::ScalarType dtype = check_kv_inputs(op, s, k, v, k_cache);
+  const int64_t d = s.head_dim;
+  check_token_tensor(op, "q", q, k.size(0), -1, d, dtype, k_cache.device());
+  check_token_tensor(op, "q_out", q_out, q.size(0), q.size(1), d, dtype, k_cache.device());
+  if (q_norm_weight.has_value()) check_weight(op, "q_norm_weight", *q_norm_weight, d, dtype, k_cache.device());
+  if (k_norm_weight.has_value()) check_weight(op, "k_norm_weight", *k_norm_weight, d, dtype, k_cache.device());
+  check_rotary(op, cos_sin_cache, rotary_dim, d, k_cache.device());
+  return {s, dtype};
+}
+
 }  // namespace tileinfer

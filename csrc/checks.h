@@ -88,5 +88,24 @@ void check_rotary(const char* op, const at::Tensor& cos_sin_cache, int64_t rotar
 // bfloat16 / float16 for an int8 pool (quantized on write). Returns their dtype.
 at::ScalarType check_kv_inputs(const char* op, const PagedShape& s, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& k_cache);
+// x [num_tokens, num_heads, head_dim] (float dtype, supported head dim) and
+// out of the same shape and dtype: rms_norm, rope.
+void check_rows_io(const char* op, const at::Tensor& out, const at::Tensor& x);
+// positions [num_tokens] int32 / int64 on x's device: rope.
+void check_positions(const char* op, const at::Tensor& positions, const at::Tensor& x);
+// Every argument of attention_inputs but the metadata values; returns the
+// cache's shape and the dtype of q / k / v.
+struct InputsShape {
+  PagedShape cache;
+  at::ScalarType dtype;
+};
+InputsShape check_attention_inputs(const char* op, const at::Tensor& q_out, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache, const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& v, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                                   const at::Tensor& cu_seqlens_q, const at::Tensor& cos_sin_cache,
+                                   int64_t rotary_dim, const std::optional<at::Tensor>& q_norm_weight,
+                                   const std::optional<at::Tensor>& k_norm_weight,
+                                   const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                                   const std::optional<at::Tensor>& k_smooth);
 
 }  // namespace tileinfer

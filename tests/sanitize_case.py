@@ -41,37 +41,25 @@ def call(op, *args, **kwargs):
         print(f"sanitize_case: {op} skipped: {str(e).splitlines()[0]}", flush=True)
 
 
-def run_attention_ops(p, splits=4):
-    """prefill (with lse, both masks), decode + combine, attention."""
+def run_attention_ops(p, splits=4, causal=(True, False), with_prefill=True):
+    """prefill (with lse; skipped with with_prefill=False), decode + combine, attention."""
     t, h, d = p.q.shape
     kw = p.int8_kwargs() if p.k_cache.dtype == torch.int8 else {}
-    for causal in (True, False):
-        if has_cuda_kernel("prefill"):
+    for c in causal:
+        if with_prefill and has_cuda_kernel("prefill"):
             out = poison_(torch.empty_like(p.q))
             lse = poison_(torch.empty(t, h, dtype=torch.float32, device=DEV))
-            call("prefill", out, lse, *p.args(), p.scale, causal, **kw)
+            call("prefill", out, lse, *p.args(), p.scale, c, **kw)
         if has_cuda_kernel("decode") and p.max_q_len <= 16:
             po = poison_(torch.empty(splits, t, h, d, dtype=torch.float32, device=DEV))
             pl = poison_(torch.empty(splits, t, h, dtype=torch.float32, device=DEV))
-            call("decode", po, pl, *p.args(), p.scale, causal, **kw)
+            call("decode", po, pl, *p.args(), p.scale, c, **kw)
             if has_cuda_kernel("combine"):
                 out = poison_(torch.empty_like(p.q))
                 lse = poison_(torch.empty(t, h, dtype=torch.float32, device=DEV))
                 call("combine", out, lse, po, pl)
         if all(has_cuda_kernel(n) for n in ("prefill", "decode", "combine")):
-            call("attention", poison_(torch.empty_like(p.q)), *p.args(), p.scale, causal, **kw)
-
-
-def run_decode_ops(p, splits=4):
-    """decode (+ combine) with `splits` splits, and the attention op."""
-    t, h, d = p.q.shape
-    kw = p.int8_kwargs() if p.k_cache.dtype == torch.int8 else {}
-    if all(has_cuda_kernel(n) for n in ("prefill", "decode", "combine")):
-        po = poison_(torch.empty(splits, t, h, d, dtype=torch.float32, device=DEV))
-        pl = poison_(torch.empty(splits, t, h, dtype=torch.float32, device=DEV))
-        call("decode", po, pl, *p.args(), p.scale, True, **kw)
-        call("combine", poison_(torch.empty_like(p.q)), None, po, pl)
-        call("attention", poison_(torch.empty_like(p.q)), *p.args(), p.scale, True, **kw)
+            call("attention", poison_(torch.empty_like(p.q)), *p.args(), p.scale, c, **kw)
 
 
 def run_input_ops(p):
@@ -145,13 +133,13 @@ def main():
     for int8 in (False, True):
         lens = [1 + (7 * i) % 40 for i in range(70)]
         p = make_problem(lens, [1] * 70, 8, 2, 128, 16, device=DEV, seed=11, int8=int8)
-        run_decode_ops(p)
+        run_attention_ops(p, causal=(True,), with_prefill=False)
         if not args.clean_only:
             p = dataclasses.replace(p, q=torch.cat([p.q, p.q[:3]]))
             p.block_tables[0, 0] = p.k_cache.shape[0] + 5
             p.seq_lens[1] = p.block_tables.shape[1] * 16 + 1000
             p.seq_lens[2] = -7
-            run_decode_ops(p)
+            run_attention_ops(p, causal=(True,), with_prefill=False)
     # The 128-row prefill tile (the default from 2048 queries on), forced on
     # small problems: bf16 and int8 caches.
     os.environ["TILEINFER_PREFILL_ROWS"] = "128"

@@ -153,11 +153,7 @@ void write_tokens(const HostKV& kv, void* k_cache, void* v_cache, float* k_scale
 
 void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   const char* op = "rms_norm";
-  TILEINFER_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
-  check_float_dtype(op, "x", x);
-  check_head_dim(op, "x", x.size(2));
-  check_token_tensor(op, "x", x, -1, -1, -1, x.scalar_type(), x.device());
-  check_token_tensor(op, "out", out, x.size(0), x.size(1), x.size(2), x.scalar_type(), x.device());
+  check_rows_io(op, out, x);
   check_weight(op, "weight", weight, x.size(2), x.scalar_type(), x.device());
   const int64_t heads = x.size(1), d = x.size(2);
   TILEINFER_CPU_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
@@ -177,17 +173,8 @@ void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, do
 void rope(at::Tensor& out, const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
           int64_t rotary_dim) {
   const char* op = "rope";
-  TILEINFER_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
-  check_float_dtype(op, "x", x);
-  check_head_dim(op, "x", x.size(2));
-  check_token_tensor(op, "x", x, -1, -1, -1, x.scalar_type(), x.device());
-  check_token_tensor(op, "out", out, x.size(0), x.size(1), x.size(2), x.scalar_type(), x.device());
-  TILEINFER_CHECK(positions.scalar_type() == at::kInt || positions.scalar_type() == at::kLong, op,
-              ": positions must be int32 or int64, got ", positions.scalar_type());
-  TILEINFER_CHECK(positions.dim() == 1 && positions.size(0) == x.size(0), op, ": positions must have shape [",
-              x.size(0), "] (num_tokens), got ", positions.sizes());
-  TILEINFER_CHECK(positions.device() == x.device(), op, ": positions must be on ", x.device(), ", got ",
-              positions.device());
+  check_rows_io(op, out, x);
+  check_positions(op, positions, x);
   check_rotary(op, cos_sin_cache, rotary_dim, x.size(2), x.device());
   // Positions are on the host here: out-of-range ones are an error (free to check).
   const at::Tensor pos = positions.to(at::kLong).contiguous();
@@ -241,15 +228,12 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
                       const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                       const std::optional<at::Tensor>& k_smooth) {
   const char* op = "attention_inputs";
-  const PagedShape s =
-      check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
-  const at::ScalarType dtype = check_kv_inputs(op, s, k, v, k_cache);
+  const InputsShape in = check_attention_inputs(op, q_out, k_cache, v_cache, q, k, v, block_tables, seq_lens,
+                                                cu_seqlens_q, cos_sin_cache, rotary_dim, q_norm_weight,
+                                                k_norm_weight, k_scale, v_scale, k_smooth);
+  const PagedShape& s = in.cache;
+  const at::ScalarType dtype = in.dtype;
   const int64_t d = s.head_dim;
-  check_token_tensor(op, "q", q, k.size(0), -1, d, dtype, k_cache.device());
-  check_token_tensor(op, "q_out", q_out, q.size(0), q.size(1), d, dtype, k_cache.device());
-  if (q_norm_weight.has_value()) check_weight(op, "q_norm_weight", *q_norm_weight, d, dtype, k_cache.device());
-  if (k_norm_weight.has_value()) check_weight(op, "k_norm_weight", *k_norm_weight, d, dtype, k_cache.device());
-  check_rotary(op, cos_sin_cache, rotary_dim, d, k_cache.device());
   check_metadata_values_on_host(op, s, seq_lens, cu_seqlens_q, q.size(0), -1);
   const HostKV kv =
       detail::host_kv(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);

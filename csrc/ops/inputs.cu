@@ -41,22 +41,17 @@ void check_vector_aligned(const char* op, const char* name, const at::Tensor& t)
               t.strides(), " of ", t.scalar_type());
 }
 
-// A norm weight as on every device, 16-byte aligned for the vector loads.
-void check_weight_aligned(const char* op, const char* name, const at::Tensor& w, int64_t d, at::ScalarType dtype,
-                          const at::Device& device) {
-  check_weight(op, name, w, d, dtype, device);
+// A norm weight (checked as on every device) 16-byte aligned for the vector loads.
+void check_weight_alignment(const char* op, const char* name, const at::Tensor& w) {
   TILEINFER_CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0, op, ": ", name,
                   " must be 16-byte aligned (vector loads)");
 }
 
-// k, v as on every device, 16-byte aligned, row count within int32.
-at::ScalarType check_kv_inputs_aligned(const char* op, const PagedShape& s, const at::Tensor& k,
-                                       const at::Tensor& v, const at::Tensor& k_cache) {
-  const at::ScalarType dtype = check_kv_inputs(op, s, k, v, k_cache);
+// k, v (checked as on every device) 16-byte aligned, row count within int32.
+void check_kv_aligned(const char* op, const PagedShape& s, const at::Tensor& k, const at::Tensor& v) {
   check_vector_aligned(op, "k", k);
   check_vector_aligned(op, "v", v);
   TILEINFER_CHECK(k.size(0) < (int64_t(1) << 31) / s.num_kv_heads, op, ": too many tokens (", k.size(0), ")");
-  return dtype;
 }
 
 // ---------------------------------------------------------------------------
@@ -86,6 +81,29 @@ void set_rows_io(RowsParams& p, const at::Tensor& x, const at::Tensor& out) {
   p.num_heads = static_cast<int>(x.size(1));
 }
 
+// The keys-and-values kernel's params: kv (the pools' read-only view, shared
+// with the attention kernels) plus the writable pool and scale pointers, and
+// the k / v rows.
+KVWriteParams kv_write_params(const PagedKVParams& kv, at::Tensor& k_cache, at::Tensor& v_cache,
+                              const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                              const at::Tensor& k, const at::Tensor& v) {
+  KVWriteParams p{};
+  p.kv = kv;
+  p.k_pool = k_cache.data_ptr();
+  p.v_pool = v_cache.data_ptr();
+  p.k_scale = kv.k_scale != nullptr ? k_scale->data_ptr<float>() : nullptr;  // int8 pools only
+  p.v_scale = kv.v_scale != nullptr ? v_scale->data_ptr<float>() : nullptr;
+  p.k_smooth = kv.k_smooth;
+  p.k = k.data_ptr();
+  p.k_stride_token = k.stride(0);
+  p.k_stride_head = k.stride(1);
+  p.v = v.data_ptr();
+  p.v_stride_token = v.stride(0);
+  p.v_stride_head = v.stride(1);
+  p.num_tokens = static_cast<int>(k.size(0));
+  return p;
+}
+
 // ---------------------------------------------------------------------------
 // Launchers: the <<< >>> commas stay out of the dispatch macros.
 
@@ -111,12 +129,8 @@ void launch_kv_write(const KVWriteParams& p, cudaStream_t stream) {
 
 // The shapes of a token tensor op (rms_norm, rope) on x and out.
 void check_rows_op(const char* op, const at::Tensor& out, const at::Tensor& x) {
-  TILEINFER_CHECK(x.dim() == 3, op, ": x must be 3-D [num_tokens, num_heads, head_dim], got shape ", x.sizes());
-  check_float_dtype(op, "x", x);
-  check_head_dim(op, "x", x.size(2));
+  check_rows_io(op, out, x);
   TILEINFER_CHECK(x.is_cuda(), op, ": x must be a CUDA tensor, got ", x.device());
-  check_token_tensor(op, "x", x, -1, -1, -1, x.scalar_type(), x.device());
-  check_token_tensor(op, "out", out, x.size(0), x.size(1), x.size(2), x.scalar_type(), x.device());
   check_vector_aligned(op, "x", x);
   check_vector_aligned(op, "out", out);
   TILEINFER_CHECK(x.size(0) * x.size(1) < (int64_t(1) << 31), op, ": too many rows (num_tokens * num_heads = ",
@@ -129,7 +143,8 @@ void check_rows_op(const char* op, const at::Tensor& out, const at::Tensor& x) {
 void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   const char* op = "rms_norm";
   check_rows_op(op, out, x);
-  check_weight_aligned(op, "weight", weight, x.size(2), x.scalar_type(), x.device());
+  check_weight(op, "weight", weight, x.size(2), x.scalar_type(), x.device());
+  check_weight_alignment(op, "weight", weight);
   const c10::cuda::CUDAGuard guard(x.device());
   RowsParams p{};
   set_rows_io(p, x, out);
@@ -150,13 +165,8 @@ void rope(at::Tensor& out, const at::Tensor& x, const at::Tensor& positions, con
           int64_t rotary_dim) {
   const char* op = "rope";
   check_rows_op(op, out, x);
-  TILEINFER_CHECK(positions.scalar_type() == at::kInt || positions.scalar_type() == at::kLong, op,
-              ": positions must be int32 or int64, got ", positions.scalar_type());
-  TILEINFER_CHECK(positions.dim() == 1 && positions.size(0) == x.size(0), op, ": positions must have shape [",
-              x.size(0), "] (num_tokens), got ", positions.sizes());
+  check_positions(op, positions, x);
   TILEINFER_CHECK(positions.is_contiguous(), op, ": positions must be contiguous");
-  TILEINFER_CHECK(positions.device() == x.device(), op, ": positions must be on ", x.device(), ", got ",
-              positions.device());
   check_rotary(op, cos_sin_cache, rotary_dim, x.size(2), x.device());
   const c10::cuda::CUDAGuard guard(x.device());
   RowsParams p{};
@@ -184,22 +194,12 @@ void cache_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, 
   const PagedShape s =
       check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
   TILEINFER_CHECK(k_cache.is_cuda(), op, ": k_cache must be a CUDA tensor, got ", k_cache.device());
-  const at::ScalarType dtype = check_kv_inputs_aligned(op, s, k, v, k_cache);
+  const at::ScalarType dtype = check_kv_inputs(op, s, k, v, k_cache);
+  check_kv_aligned(op, s, k, v);
   const c10::cuda::CUDAGuard guard(k_cache.device());
-  KVWriteParams p{};
-  p.kv = paged_params(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
-  p.k_pool = k_cache.data_ptr();
-  p.v_pool = v_cache.data_ptr();
-  p.k_scale = s.int8 ? k_scale->data_ptr<float>() : nullptr;
-  p.v_scale = s.int8 ? v_scale->data_ptr<float>() : nullptr;
-  p.k_smooth = p.kv.k_smooth;
-  p.k = k.data_ptr();
-  p.k_stride_token = k.stride(0);
-  p.k_stride_head = k.stride(1);
-  p.v = v.data_ptr();
-  p.v_stride_token = v.stride(0);
-  p.v_stride_head = v.stride(1);
-  p.num_tokens = static_cast<int>(k.size(0));
+  const KVWriteParams p = kv_write_params(
+      paged_params(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth), k_cache,
+      v_cache, k_scale, v_scale, k, v);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   // An int8 pool takes bf16/fp16 rows (checked above): fp32 rows with INT8 are
   // never instantiated.
@@ -234,19 +234,20 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
                       const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                       const std::optional<at::Tensor>& k_smooth) {
   const char* op = "attention_inputs";
-  const PagedShape s =
-      check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
-  TILEINFER_CHECK(k_cache.is_cuda(), op, ": k_cache must be a CUDA tensor, got ", k_cache.device());
-  const at::ScalarType dtype = check_kv_inputs_aligned(op, s, k, v, k_cache);
+  const InputsShape in = check_attention_inputs(op, q_out, k_cache, v_cache, q, k, v, block_tables, seq_lens,
+                                                cu_seqlens_q, cos_sin_cache, rotary_dim, q_norm_weight,
+                                                k_norm_weight, k_scale, v_scale, k_smooth);
+  const PagedShape& s = in.cache;
+  const at::ScalarType dtype = in.dtype;
   const int64_t d = s.head_dim;
-  check_token_tensor(op, "q", q, k.size(0), -1, d, dtype, k_cache.device());
-  check_token_tensor(op, "q_out", q_out, q.size(0), q.size(1), d, dtype, k_cache.device());
+  // What the kernels add: CUDA tensors, 16-byte vectors, int32 row counts.
+  TILEINFER_CHECK(k_cache.is_cuda(), op, ": k_cache must be a CUDA tensor, got ", k_cache.device());
+  check_kv_aligned(op, s, k, v);
   check_vector_aligned(op, "q", q);
   check_vector_aligned(op, "q_out", q_out);
   TILEINFER_CHECK(q.size(0) * q.size(1) < (int64_t(1) << 31), op, ": too many query rows");
-  if (q_norm_weight.has_value()) check_weight_aligned(op, "q_norm_weight", *q_norm_weight, d, dtype, k_cache.device());
-  if (k_norm_weight.has_value()) check_weight_aligned(op, "k_norm_weight", *k_norm_weight, d, dtype, k_cache.device());
-  check_rotary(op, cos_sin_cache, rotary_dim, d, k_cache.device());
+  if (q_norm_weight.has_value()) check_weight_alignment(op, "q_norm_weight", *q_norm_weight);
+  if (k_norm_weight.has_value()) check_weight_alignment(op, "k_norm_weight", *k_norm_weight);
   const c10::cuda::CUDAGuard guard(k_cache.device());
   const PagedKVParams kv =
       paged_params(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
@@ -257,22 +258,9 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
   qp.eps = static_cast<float>(eps);
   qp.kv = kv;
 
-  KVWriteParams kp{};
-  kp.kv = kv;
-  kp.k_pool = k_cache.data_ptr();
-  kp.v_pool = v_cache.data_ptr();
-  kp.k_scale = s.int8 ? k_scale->data_ptr<float>() : nullptr;
-  kp.v_scale = s.int8 ? v_scale->data_ptr<float>() : nullptr;
-  kp.k_smooth = kv.k_smooth;
-  kp.k = k.data_ptr();
-  kp.k_stride_token = k.stride(0);
-  kp.k_stride_head = k.stride(1);
-  kp.v = v.data_ptr();
-  kp.v_stride_token = v.stride(0);
-  kp.v_stride_head = v.stride(1);
+  KVWriteParams kp = kv_write_params(kv, k_cache, v_cache, k_scale, v_scale, k, v);
   kp.k_weight = k_norm_weight.has_value() ? k_norm_weight->data_ptr() : nullptr;
   kp.eps = static_cast<float>(eps);
-  kp.num_tokens = static_cast<int>(k.size(0));
 
   // Launch 1: the queries. (The table's float4 path depends on the element width.)
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

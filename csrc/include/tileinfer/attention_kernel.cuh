@@ -471,13 +471,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       for (int np = 0; np < WN / 16; ++np) {  // 16 keys: two 8-key n-blocks
         uint32_t b[4];
         ldmatrix_x4(b, k_tile + 2 * (k_row + np * 16 * D + cols_k(kk)));
-#pragma unroll
-        for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
-          float* s0 = s[2 * mt];
-          float* s1 = s[2 * mt + 1];
-          mma_16816<T>(s0[4 * np], s0[4 * np + 1], s1[4 * np], s1[4 * np + 1], a[mt], b[0], b[1]);
-          mma_16816<T>(s0[4 * np + 2], s0[4 * np + 3], s1[4 * np + 2], s1[4 * np + 3], a[mt], b[2], b[3]);
-        }
+        mma_row_tiles<T>(s, a, b, np);
       }
     }
     if constexpr (Cfg::kConvTiles == 1) {  // V into the tile K used (its ldmatrix reads are done)
@@ -592,13 +586,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       for (int dp = 0; dp < D / 16; ++dp) {  // 16 output columns: two 8-column n-blocks
         uint32_t b[4];
         ldmatrix_x4_trans(b, v_tile + 2 * (v_row + kk * 16 * D + cols_a(dp)));
-#pragma unroll
-        for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
-          float* o0 = o[2 * mt];
-          float* o1 = o[2 * mt + 1];
-          mma_16816<T>(o0[4 * dp], o0[4 * dp + 1], o1[4 * dp], o1[4 * dp + 1], a[mt], b[0], b[1]);
-          mma_16816<T>(o0[4 * dp + 2], o0[4 * dp + 3], o1[4 * dp + 2], o1[4 * dp + 3], a[mt], b[2], b[3]);
-        }
+        mma_row_tiles<T>(o, a, b, dp);
       }
     }
   }

@@ -91,6 +91,23 @@ __device__ __forceinline__ void mma_16816<__half>(float& d0, float& d1, float& d
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// For every 16-row tile mt of a warp: C += A[mt] (16 x 16) x B (16 x 16; b[0..1]
+// columns 0-7, b[2..3] columns 8-15), where C[2 mt] / C[2 mt + 1] hold rows
+// g / g + 8 and columns 16 n + 8 j + 2 (lane % 4) + e at [4 n + 2 j + e]: the
+// register layout of the kernels' scores S and outputs O.
+template <typename T, int kR, int N, int kRowTiles>
+__device__ __forceinline__ void mma_row_tiles(float (&c)[kR][N], const uint32_t (&a)[kRowTiles][4],
+                                              const uint32_t (&b)[4], int n) {
+  static_assert(kR == 2 * kRowTiles, "two accumulator rows (g, g + 8) per 16-row tile");
+#pragma unroll
+  for (int mt = 0; mt < kRowTiles; ++mt) {
+    float* c0 = c[2 * mt];
+    float* c1 = c[2 * mt + 1];
+    mma_16816<T>(c0[4 * n], c0[4 * n + 1], c1[4 * n], c1[4 * n + 1], a[mt], b[0], b[1]);
+    mma_16816<T>(c0[4 * n + 2], c0[4 * n + 3], c1[4 * n + 2], c1[4 * n + 3], a[mt], b[2], b[3]);
+  }
+}
+
 // Two floats rounded (to nearest even) into one b32 register of the element
 // type, `lo` in the low half: the element order of every fragment above.
 template <typename T>
