@@ -485,6 +485,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
       a[kk][2] = pack2<T>(s[0][4 * kk + 2], s[0][4 * kk + 3]);
       a[kk][3] = pack2<T>(s[1][4 * kk + 2], s[1][4 * kk + 3]);
     }
+    // The A registers are read asynchronously too: pin their definitions
+    // before wgmma.fence (PTX: register writes of A must precede it) and keep
+    // them alive until the wait (as FlashAttention-3 does for its RS products).
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma::fence_regs(a[kk]);
     wgmma::fence_regs(o);
     wgmma::fence();
 #pragma unroll
@@ -495,6 +500,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_regs(o);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma::fence_regs(a[kk]);
   }
 
   // ---- Epilogue (attention_tile_kernel's, one key slice) ----
