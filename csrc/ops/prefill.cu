@@ -12,7 +12,9 @@
 
 #include "attention_host.h"
 #include "checks.h"
+#include "device_attribute.h"
 #include "ops.h"
+#include "tileinfer/attention_wgmma.cuh"
 #include "tileinfer/dispatch.h"
 
 namespace tileinfer::cuda {
@@ -51,6 +53,32 @@ bool use_large_prefill_tile(int64_t max_q_len, int64_t head_dim) {
   return max_q_len >= 2048;
 }
 
+// EXPERIMENT (issue 3): the wgmma kernel (attention_wgmma.cuh) for bf16 / fp16
+// queries over a cache of the same type, head dim 128, on a 9.x device, when
+// TILEINFER_PREFILL_WGMMA=1 (read at every call, so tests and benchmarks can
+// compare both paths in one process). Compile-checked only so far.
+// TILEINFER_PREFILL_WGMMA_BN=64 picks 64-key tiles with three stages instead of
+// 128-key tiles with two (both 2 warpgroups = 128 query rows per block).
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == value;
+}
+bool use_wgmma_prefill(const PagedShape& s, at::ScalarType dtype, int device) {
+  if (!env_is("TILEINFER_PREFILL_WGMMA", "1")) return false;
+  if (s.int8 || s.head_dim != 128) return false;
+  if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
+  return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9;
+}
+template <typename T>
+using WgmmaPrefill128 = WgmmaPrefillConfig<T, 2, 128, 2>;
+template <typename T>
+using WgmmaPrefill64 = WgmmaPrefillConfig<T, 2, 64, 3>;
+
+template <class Cfg>
+void launch_wgmma_prefill(const AttentionParams& p, cudaStream_t stream) {
+  launch_attention<attention_wgmma_kernel<Cfg, PrefillWork>, Cfg, PrefillWork>("prefill", p, stream);
+}
+
 }  // namespace
 
 void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
@@ -85,6 +113,18 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
   // below was measured in blocks, and packing keeps the block count.
   const bool large = use_large_prefill_tile(max_q_len, s.head_dim);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (use_wgmma_prefill(s, q.scalar_type(), q.get_device())) {
+    const bool bn64 = env_is("TILEINFER_PREFILL_WGMMA_BN", "64");
+    TILEINFER_DISPATCH_HALF(q.scalar_type(), "prefill", [&] {
+      if (bn64) {
+        launch_wgmma_prefill<WgmmaPrefill64<scalar_t>>(p, stream);
+      } else {
+        launch_wgmma_prefill<WgmmaPrefill128<scalar_t>>(p, stream);
+      }
+    });
+    if (!target.is_same(out)) out.copy_(target);
+    return;
+  }
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), "prefill", [&] {
     TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "prefill", [&] {
       if constexpr (std::is_same_v<scalar_t, float>) {

@@ -1,0 +1,74 @@
+"""A/B of the EXPERIMENT wgmma prefill kernel against the default tile kernel,
+in one process (TILEINFER_PREFILL_WGMMA is read at every call): causal fresh
+prompts, Qwen3-4B heads (32 q / 8 kv, d 128), page 64, bf16 (and fp16 with
+--fp16). Prints TFLOP/s of causal FLOPs (2 * 2 * L * L / 2 * d * Hq per
+prompt, SPEC section 7) and the bits-level difference of the two outputs.
+
+    python3 benchmarks/bench_wgmma_prefill.py [--only 8k] [--fp16] [--reps 20]
+
+The peers (cuDNN, flash, FlashInfer) stay in bench_prefill.py: run it with
+TILEINFER_PREFILL_WGMMA=1 to put the wgmma kernel in the "tileinfer prefill" row.
+"""
+import argparse
+import os
+
+import torch
+
+from tileinfer_attn.testing import make_problem, ulp_error
+
+CASES = [("1x2k", [2048]), ("1x8k", [8192]), ("1x16k", [16384]), ("4x2k", [2048] * 4), ("8x512", [512] * 8)]
+VARIANTS = [("tile (default)", {}), ("wgmma 128x128 s2", {"TILEINFER_PREFILL_WGMMA": "1"}),
+            ("wgmma 128x64 s3", {"TILEINFER_PREFILL_WGMMA": "1", "TILEINFER_PREFILL_WGMMA_BN": "64"})]
+
+
+def set_env(env):
+    for k in ("TILEINFER_PREFILL_WGMMA", "TILEINFER_PREFILL_WGMMA_BN"):
+        os.environ.pop(k, None)
+    os.environ.update(env)
+
+
+def time_ms(fn, reps):
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(3):
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / reps)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--fp16", action="store_true")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    dtype = torch.float16 if args.fp16 else torch.bfloat16
+    ops = torch.ops.tileinfer_attn
+    hq, hkv, d = 32, 8, 128
+    print(f"{torch.cuda.get_device_name()}  {dtype}  heads {hq}/{hkv}  d {d}  page 64  causal")
+    print(f"{'case':8s} " + " ".join(f"{name:>18s}" for name, _ in VARIANTS) + "   (TFLOP/s; wgmma vs tile ulps)")
+    for label, lens in CASES:
+        if args.only and args.only not in label:
+            continue
+        p = make_problem(lens, lens, hq, hkv, d, 64, dtype=dtype, device="cuda", seed=0)
+        flops = sum(2 * L * L * d * hq for L in lens)
+        outs, cells = [], []
+        for _, env in VARIANTS:
+            set_env(env)
+            out = torch.empty_like(p.q)
+            ms = time_ms(lambda: ops.prefill(out, None, *p.args(), p.scale, True), args.reps)
+            outs.append(out.clone())
+            cells.append(f"{flops / ms / 1e9:18.1f}")
+        set_env({})
+        diffs = " ".join(f"{ulp_error(o, outs[0].double(), dtype):.2f}" for o in outs[1:])
+        print(f"{label:8s} " + " ".join(cells) + f"   ({diffs})")
+
+
+if __name__ == "__main__":
+    main()

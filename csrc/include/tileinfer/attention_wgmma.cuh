@@ -1,0 +1,554 @@
+// Hopper (sm_90a) prefill kernel on warpgroup MMA (wgmma): an EXPERIMENT behind
+// TILEINFER_PREFILL_WGMMA=1 (csrc/ops/prefill.cu), bf16 / fp16, head dim 128,
+// non-int8 cache. Same work mapping (PrefillWork), key walk, masking and
+// numerics as attention_tile_kernel (attention_kernel.cuh); only the matrix
+// products and the shared-memory layouts differ.
+//
+// Structure (FlashAttention-2's loop, FlashAttention-3's operand placement):
+//   - a block of kWarpGroups warpgroups (128 threads each) holds 64 query rows
+//     per warpgroup; rows are (query, head) pairs of one KV head's group
+//     (PrefillWork::make);
+//   - every thread takes part in the copies: per-key pool rows are looked up
+//     through the block table (one int per key, kStages tiles ahead, as in the
+//     tile kernel), K / V tiles of kBlockN keys are gathered with 16-byte
+//     cp.async, kStages deep, zero-filled for skipped keys; Q once;
+//   - S = Q K^T: wgmma m64n{kBlockN}k16, A = Q and B = K both from shared memory
+//     (K-major), 8 instructions over the head dim, fp32 accumulators;
+//   - online softmax (softmax.cuh, OnlineSoftmax<2, 4>: the accumulator of
+//     m64nNk16 gives each thread rows g and g + 8 of its warp's 16, each row
+//     over the 4 lanes of a quad, exactly the mma.m16n8k16 C layout repeated
+//     over N / 8), masks only on tiles with skipped keys or on the diagonal;
+//   - O += P V: P rounded to T stays in registers and is the A operand (the S
+//     accumulator of 16 keys is, register for register, the A fragment of
+//     m64nNk16, as with mma.sync), B = V from shared memory, N-major
+//     (imm-trans-b = 1), wgmma m64n128k16;
+//   - epilogue as in the tile kernel (fp32 rows staged in shared memory,
+//     normalized, 16-byte stores of T; lse; rows of no query untouched).
+//
+// Shared-memory layout of every operand tile (Q, K, V): the 128-byte-swizzle
+// layout of the wgmma descriptors. A tile of R rows x 128 elements is two
+// blocks, one per 64-column half of the head dim; a block is R rows of 128
+// bytes, and 16-byte chunk c of row r sits at chunk position c ^ (r % 8). Each
+// 8-row group is one 1024-byte swizzle atom (the hardware XORs address bits
+// [7, 10) into bits [4, 7), so every block starts 1024-byte aligned).
+//   - Q and K, K-major operands (rows = M or N, 16 k-elements = 32 bytes of a
+//     row): start = block of k-step kk / 4, + 32 (kk % 4) bytes inside the
+//     atom; SBO = 1024 (next 8 rows); LBO unused for swizzled K-major (1).
+//   - V, the N-major B operand of P V (rows = keys = k, 128 bytes of 64 d =
+//     n): start = 16 kk rows into block 0; LBO = offset of the next 64 n
+//     (block 1: R * 128 bytes); SBO = 1024 (next 8 keys).
+// K and V tiles therefore have the same layout, and cp.async writes whole
+// 128-byte half rows either way.
+//
+// Ordering: cp.async writes shared memory through the generic proxy, wgmma
+// reads it through the async proxy: after cp.async.wait_group every thread
+// issues fence.proxy.async.shared::cta, then the block barrier. wgmma.fence
+// before the first wgmma of a batch (its accumulator / A registers were
+// written by ordinary instructions), commit_group + wait_group 0 after, and
+// the accumulator registers go through an empty asm after the wait so the
+// compiler does not move their uses above it.
+//
+// Not done yet (the next steps once this is measured): overlapping S of tile
+// i + 1 with the softmax of tile i (wgmma.wait_group 1), warp specialization
+// (a producer warpgroup with setmaxnreg), TMA / cp.async.bulk for pages of 64+.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+#include "attention_work.cuh"
+#include "common.cuh"
+#include "mma.cuh"
+#include "params.h"
+#include "softmax.cuh"
+
+// The wgmma instructions exist only on the sm_90a target.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TILEINFER_WGMMA_ENABLED 1
+#else
+#define TILEINFER_WGMMA_ENABLED 0
+#endif
+
+namespace tileinfer {
+namespace wgmma {
+
+// Shared-memory matrix descriptor: start address >> 4 (bits 0-13), leading
+// dimension byte offset >> 4 (16-29), stride dimension byte offset >> 4
+// (32-45), base offset 0 (49-51: atoms are 1024-byte aligned), swizzle mode
+// 128B = 1 (bits 62-63).
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return static_cast<uint64_t>((smem_byte_addr >> 4) & 0x3FFFu) |
+         (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32) | (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void fence() {
+#if TILEINFER_WGMMA_ENABLED
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void commit() {
+#if TILEINFER_WGMMA_ENABLED
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wait() {
+#if TILEINFER_WGMMA_ENABLED
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Makes this thread's generic-proxy shared-memory writes (cp.async, stores)
+// visible to later async-proxy reads (wgmma operands); a barrier follows.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if TILEINFER_WGMMA_ENABLED
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Pins registers at this point of the program (an empty asm that "writes"
+// them): uses of a wgmma accumulator stay after the wait_group before it.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// wgmma.mma_async m64nNk16 with fp32 accumulators, for element type T. The
+// accumulator of a thread (warp w of the warpgroup, lane = 4 g + c):
+// d[4 j + 2 r + e] is row 16 w + g + 8 r, column 8 j + 2 c + e.
+template <typename T, int N>
+struct Mma;
+
+#if TILEINFER_WGMMA_ENABLED
+template <>
+struct Mma<__nv_bfloat16, 64> {
+  // D (+)= A B, A and B from shared memory, both K-major; scale_d = 0 ignores D's old value.
+  __device__ __forceinline__ static void ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+  // D += A B, A (4 x b32 per thread) from registers, B from shared memory N-major (transposed).
+  __device__ __forceinline__ static void rs_tnsp_b(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  }
+};
+
+template <>
+struct Mma<__nv_bfloat16, 128> {
+  // D (+)= A B, A and B from shared memory, both K-major; scale_d = 0 ignores D's old value.
+  __device__ __forceinline__ static void ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+  // D += A B, A (4 x b32 per thread) from registers, B from shared memory N-major (transposed).
+  __device__ __forceinline__ static void rs_tnsp_b(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  }
+};
+
+template <>
+struct Mma<__half, 64> {
+  // D (+)= A B, A and B from shared memory, both K-major; scale_d = 0 ignores D's old value.
+  __device__ __forceinline__ static void ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+  // D += A B, A (4 x b32 per thread) from registers, B from shared memory N-major (transposed).
+  __device__ __forceinline__ static void rs_tnsp_b(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  }
+};
+
+template <>
+struct Mma<__half, 128> {
+  // D (+)= A B, A and B from shared memory, both K-major; scale_d = 0 ignores D's old value.
+  __device__ __forceinline__ static void ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+  // D += A B, A (4 x b32 per thread) from registers, B from shared memory N-major (transposed).
+  __device__ __forceinline__ static void rs_tnsp_b(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  }
+};
+#else
+// Other targets: never called (the launcher checks the device, and the kernel
+// traps there); declared so that the templates parse.
+template <typename T, int N>
+struct Mma {
+  __device__ __forceinline__ static void ss(float (&)[N / 2], uint64_t, uint64_t, int) {}
+  __device__ __forceinline__ static void rs_tnsp_b(float (&)[N / 2], const uint32_t (&)[4], uint64_t) {}
+};
+#endif
+
+}  // namespace wgmma
+
+// Tile shape of the wgmma prefill kernel: kWarpGroups x 64 query rows,
+// kBlockN keys per tile (64 or 128: the N of the S product), kStages K / V
+// stages. Head dim 128 only (the P V product is one m64n128k16 per 16 keys).
+template <typename T_, int kWarpGroups_, int kBlockN_, int kStages_>
+struct WgmmaPrefillConfig {
+  using T = T_;
+  static constexpr int D = 128;
+  static constexpr int kWarpGroups = kWarpGroups_;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kBlockM = 64 * kWarpGroups;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kRowSlots = kStages + 1;  // key-row lookups run one tile ahead of the copies
+  static constexpr int kRowBytes = D * 2;        // one Q / K / V row
+  static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per row (two 128-byte halves)
+  static constexpr int kFlags = kBlockN / 32;
+
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "bf16 / fp16");
+  static_assert(kBlockN == 64 || kBlockN == 128, "S = Q K^T is one m64n{64,128} accumulator");
+  static_assert(kBlockN <= kThreads, "one lookup thread per key");
+  static_assert((kBlockN * kChunks) % kThreads == 0 && (kBlockM * kChunks) % kThreads == 0, "whole copy rounds");
+  static_assert(kStages >= 2, "at least double buffering");
+
+  // Shared memory, in bytes; the operand tiles first (each 1024-byte aligned).
+  static constexpr int kTileBytes = kBlockN * kRowBytes;  // one staged K or V tile
+  static constexpr int kKVBytes = kStages * 2 * kTileBytes;
+  static constexpr int kOStride = D + 8;                  // fp32 epilogue rows (+8 floats: fewer bank conflicts)
+  static constexpr int kOBytes = kBlockM * kOStride * 4;  // reuses the K / V stages once they are dead
+  static constexpr int kMainBytes = ((kKVBytes > kOBytes ? kKVBytes : kOBytes) + 1023) / 1024 * 1024;
+  static constexpr int kQBytes = kBlockM * kRowBytes;
+  static constexpr int kIntBytes = (kRowSlots * kBlockN          // key rows
+                                    + kRowSlots * kFlags         // "tile has skipped keys" flags
+                                    + 3 * kBlockM                // row token / head / position
+                                    + kStages * kBlockN) * 4;    // block-table entries
+  static constexpr int kFloatBytes = kBlockM * 4;  // lse
+  static constexpr int kAlign = 1024;              // slack to align the dynamic buffer to a swizzle atom
+  static constexpr int kSmemBytes = kAlign + kMainBytes + kQBytes + kIntBytes + kFloatBytes;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+
+  // Byte offset of 16-byte chunk `ch` (0..15) of row `row` in a tile of `rows`
+  // rows: block ch / 8 (64-column half), row * 128, chunk (ch % 8) ^ (row % 8).
+  __device__ static __forceinline__ int offset(int rows, int row, int ch) {
+    return (ch >> 3) * rows * 128 + row * 128 + (((ch & 7) ^ (row & 7)) << 4);
+  }
+};
+
+template <class Cfg, class Work>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const __grid_constant__ AttentionParams p) {
+#if TILEINFER_WGMMA_ENABLED
+  using T = typename Cfg::T;
+  constexpr int D = Cfg::D;
+  constexpr int BM = Cfg::kBlockM;
+  constexpr int BN = Cfg::kBlockN;
+  constexpr int S = Cfg::kStages;
+  constexpr int kSlots = Cfg::kRowSlots;
+  constexpr int kFlags = Cfg::kFlags;
+  using Mma = wgmma::Mma<T, BN>;
+  using MmaPV = wgmma::Mma<T, D>;
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // The swizzle is a function of the address bits: align the operand tiles to
+  // 1024 bytes whatever the dynamic buffer's base (kAlign bytes of slack).
+  uint8_t* smem = smem_raw + ((Cfg::kAlign - (smem_addr(smem_raw) & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
+  uint8_t* kv_s = smem;                                  // [S][K, V][2 halves][BN rows][128 B]
+  float* o_s = reinterpret_cast<float*>(smem);           // epilogue: [BM][kOStride]
+  uint8_t* q_s = smem + Cfg::kMainBytes;                 // [2 halves][BM rows][128 B]
+  int* key_rows_s = reinterpret_cast<int*>(q_s + Cfg::kQBytes);  // [kSlots][BN]
+  int* flags_s = key_rows_s + kSlots * BN;                       // [kSlots][kFlags]
+  int* row_token_s = flags_s + kSlots * kFlags;  // [BM] token of each row, -1: padding
+  int* row_head_s = row_token_s + BM;            // [BM] query head of each row
+  int* row_qpos_s = row_head_s + BM;             // [BM] position of each row's query
+  int* entries_s = row_qpos_s + BM;              // [S][BN] block-table entry of each key's page
+  float* lse_s = reinterpret_cast<float*>(entries_s + S * BN);  // [BM]
+
+  allow_dependent_launch();
+  Work::template mark_padding_rows<T>(p);
+  const WorkItem w = Work::template make<BM>(p);
+  if (!w.active) return;  // block-uniform
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int wg = warp >> 2;  // warpgroup: rows [64 wg, 64 wg + 64) of the block
+  const int page_shift = __ffs(p.kv.page_size) - 1;  // page sizes are powers of two (checked on the host)
+  const uint8_t* k_pool = static_cast<const uint8_t*>(p.kv.k_cache);
+  const uint8_t* v_pool = static_cast<const uint8_t*>(p.kv.v_cache);
+  const T* q_ptr = static_cast<const T*>(p.q);
+  const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
+
+  for (int r = tid; r < BM; r += Cfg::kThreads) {
+    const int rr = w.row_base + r;
+    const int t = rr / w.group;
+    const bool valid = t < w.q_count;
+    row_token_s[r] = valid ? w.q_begin + t : -1;
+    row_head_s[r] = w.head0 + rr % w.group;
+    row_qpos_s[r] = valid ? w.seq_len - w.q_count + t : INT_MAX;  // padding rows never mask
+  }
+
+  // Key lookups and copies: as in attention_tile_kernel (see there).
+  auto lookup_tile = [&](int tile, bool prefetched) {
+    if (tid < BN) {
+      const int slot = tile % kSlots;
+      const int pos = w.key_begin + tile * BN + tid;
+      const int row = !prefetched ? pool_row(p.kv, w.seq, w.kv_head, pos, w.key_end, page_shift)
+                      : pos < w.key_end ? pool_row_on_page(p.kv, entries_s[(tile % S) * BN + tid], w.kv_head, pos)
+                                        : -1;
+      key_rows_s[slot * BN + tid] = row;
+      const unsigned skipped = __ballot_sync(0xffffffffu, row < 0);
+      if (lane == 0) flags_s[slot * kFlags + warp] = skipped != 0u;
+    }
+  };
+  auto fetch_entries = [&](int tile) {
+    const int pos = w.key_begin + tile * BN + tid;
+    if (tid < BN && pos < w.key_end) {
+      cp_async_4(entries_s + (tile % S) * BN + tid,
+                 p.kv.block_tables + static_cast<int64_t>(w.seq) * p.kv.max_pages + (pos >> page_shift), true);
+    }
+  };
+  auto load_tile = [&](int tile) {
+    uint8_t* k_dst = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
+    uint8_t* v_dst = k_dst + Cfg::kTileBytes;
+    const int* rows = key_rows_s + (tile % kSlots) * BN;
+#pragma unroll
+    for (int i = 0; i < BN * Cfg::kChunks / Cfg::kThreads; ++i) {
+      const int c = tid + i * Cfg::kThreads;  // consecutive threads: consecutive 16 B of a key row
+      const int row = c / Cfg::kChunks;
+      const int ch = c % Cfg::kChunks;
+      const int pr = rows[row];
+      const int64_t src = static_cast<int64_t>(pr < 0 ? 0 : pr) * Cfg::kRowBytes + ch * 16;
+      const int dst = Cfg::offset(BN, row, ch);
+      cp_async_16(k_dst + dst, k_pool + src, pr >= 0);
+      cp_async_16(v_dst + dst, v_pool + src, pr >= 0);
+    }
+    fetch_entries(tile + S);  // lands with this tile, kStages tiles before its lookup
+  };
+
+  for (int j = 0; j < S && j < num_tiles; ++j) lookup_tile(j, false);
+  __syncthreads();  // row table and the first lookups
+
+  for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {
+    const int row = c / Cfg::kChunks;
+    const int ch = c % Cfg::kChunks;
+    const int token = row_token_s[row];
+    const T* src = q_ptr + ch * 8;
+    if (token >= 0) src += token * p.q_stride_token + row_head_s[row] * p.q_stride_head;
+    cp_async_16(q_s + Cfg::offset(BM, row, ch), src, token >= 0);  // padding rows: zeros
+  }
+  cp_async_commit();
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) {
+    if (j < num_tiles) load_tile(j);
+    cp_async_commit();  // empty groups keep the group count uniform
+  }
+
+  // This thread's rows: g and g + 8 of its warp's 16 (g = lane / 4); local row
+  // R is row 64 wg + 16 (warp % 4) + g + 8 R of the block.
+  auto row_of = [&](int R) { return 16 * warp + (lane >> 2) + 8 * R; };
+  int qpos[2];
+#pragma unroll
+  for (int R = 0; R < 2; ++R) qpos[R] = row_qpos_s[row_of(R)];
+  // The warpgroup's query positions (wgmma is issued by the whole warpgroup,
+  // so its skips are warpgroup-uniform). Rows are (query, head) pairs ordered
+  // by query: positions grow with the row, padding rows come last.
+  const int wg_rows = min(w.q_count * w.group - w.row_base - 64 * wg, 64);  // valid rows of the warpgroup
+  const bool wg_has_rows = wg_rows > 0;
+  const int wg_qmin = wg_has_rows ? row_qpos_s[64 * wg] : INT_MAX;
+  const int wg_qmax = wg_has_rows ? row_qpos_s[64 * wg + wg_rows - 1] : INT_MIN;
+
+  OnlineSoftmax<2, 4> sm;
+  sm.init();
+  float o[D / 2];  // O: o[4 j + 2 R + e] is row R, column 8 j + 2 (lane % 4) + e
+#pragma unroll
+  for (int x = 0; x < D / 2; ++x) o[x] = 0.f;
+  const float scale_log2 = p.scale * kLog2e;
+  const bool fold_scale = scale_log2 > 0.f;  // see attention_tile_kernel
+  const int quad = lane & 3;
+  const uint32_t q_base = smem_addr(q_s) + 64 * wg * 128;  // this warpgroup's 64 rows of block 0
+  const uint32_t kv_base = smem_addr(kv_s);
+
+  for (int i = 0; i < num_tiles; ++i) {
+    cp_async_wait<S - 2>();              // tile i (and Q) landed: this thread's copies ...
+    wgmma::fence_proxy_async_smem();     // ... visible to the tensor cores' (async proxy) reads ...
+    __syncthreads();                     // ... everyone's; and everyone is done with tile i - 1
+    if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
+    cp_async_commit();
+    if (i + S < num_tiles) lookup_tile(i + S, true);  // into the slot tile i - 1 used
+
+    const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
+    if (!wg_has_rows || (p.causal && tile_pos > wg_qmax)) continue;  // warpgroup-uniform: nothing visible
+
+    const uint32_t k_tile = kv_base + (i % S) * 2 * Cfg::kTileBytes;
+    const uint32_t v_tile = k_tile + Cfg::kTileBytes;
+
+    // S = Q K^T over the head dim, 16 at a time (k-step kk: block kk / 4, 32 (kk % 4) bytes in).
+    float acc[BN / 2];
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t koff = (kk & 3) * 32;
+      const uint64_t da = wgmma::desc_sw128(q_base + (kk >> 2) * BM * 128 + koff, 16, 1024);
+      const uint64_t db = wgmma::desc_sw128(k_tile + (kk >> 2) * BN * 128 + koff, 16, 1024);
+      Mma::ss(acc, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_regs(acc);
+
+    // s[R][2 j + e]: row R, key 8 j + 2 (lane % 4) + e (the tile kernel's layout).
+    float s[2][BN / 4];
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int R = 0; R < 2; ++R)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) s[R][2 * j + e] = acc[4 * j + 2 * R + e];
+    if (!fold_scale) {
+#pragma unroll
+      for (int R = 0; R < 2; ++R)
+#pragma unroll
+        for (int x = 0; x < BN / 4; ++x) s[R][x] *= scale_log2;
+    }
+
+    // Masks: only on tiles with skipped keys or overlapping the causal diagonal.
+    const int slot = i % kSlots;
+    bool skipped = false;
+#pragma unroll
+    for (int f = 0; f < kFlags; ++f) skipped |= flags_s[slot * kFlags + f] != 0;
+    if (skipped || (p.causal && tile_pos + BN - 1 > wg_qmin)) {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = 8 * j + 2 * quad + e;
+          const bool present = key_rows_s[slot * BN + key] >= 0;
+          const int kpos = tile_pos + key;
+#pragma unroll
+          for (int R = 0; R < 2; ++R)
+            if (!present || (p.causal && kpos > qpos[R])) s[R][2 * j + e] = kNegInf;
+        }
+    }
+
+    float factor[2];
+    sm.update(s, fold_scale ? scale_log2 : 1.f, factor);  // s now holds the probabilities
+    bool rescale = factor[0] != 1.f || factor[1] != 1.f;
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+        for (int R = 0; R < 2; ++R) {
+          o[4 * j + 2 * R] *= factor[R];
+          o[4 * j + 2 * R + 1] *= factor[R];
+        }
+    }
+
+    // O += P V: P rounded to T is the A operand from registers (keys 16 kk..:
+    // the accumulator's n-blocks 2 kk, 2 kk + 1), V the N-major B operand.
+    uint32_t a[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      a[kk][0] = pack2<T>(s[0][4 * kk], s[0][4 * kk + 1]);
+      a[kk][1] = pack2<T>(s[1][4 * kk], s[1][4 * kk + 1]);
+      a[kk][2] = pack2<T>(s[0][4 * kk + 2], s[0][4 * kk + 3]);
+      a[kk][3] = pack2<T>(s[1][4 * kk + 2], s[1][4 * kk + 3]);
+    }
+    // The A registers are read asynchronously too: pin their definitions
+    // before wgmma.fence (PTX: register writes of A must precede it) and keep
+    // them alive until the wait (as FlashAttention-3 does for its RS products).
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma::fence_regs(a[kk]);
+    wgmma::fence_regs(o);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint64_t db = wgmma::desc_sw128(v_tile + kk * 16 * 128, BN * 128, 1024);
+      MmaPV::rs_tnsp_b(o, a[kk], db);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_regs(o);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma::fence_regs(a[kk]);
+  }
+
+  // ---- Epilogue (attention_tile_kernel's, one key slice) ----
+  cp_async_wait<0>();
+  __syncthreads();  // K/V stages are free: o_s may overwrite them
+  sm.reduce_sums();
+  float out_scale[2];
+#pragma unroll
+  for (int R = 0; R < 2; ++R) {
+    const SoftmaxResult res = softmax_result(sm.row[R].m, sm.row[R].l);
+    out_scale[R] = res.inv_sum;
+    if (quad == 0) lse_s[row_of(R)] = res.lse;
+  }
+#pragma unroll
+  for (int R = 0; R < 2; ++R) {
+    float* dst = o_s + row_of(R) * Cfg::kOStride + 2 * quad;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<float2*>(dst + 8 * j) =
+          make_float2(o[4 * j + 2 * R] * out_scale[R], o[4 * j + 2 * R + 1] * out_scale[R]);
+  }
+  __syncthreads();
+
+  constexpr int kVec = Vec16<T>::kSize;
+  for (int idx = tid; idx < BM * (D / kVec); idx += Cfg::kThreads) {
+    const int row = idx / (D / kVec);
+    const int col = (idx % (D / kVec)) * kVec;
+    const int token = row_token_s[row];
+    if (token < 0) continue;
+    Vec16<T> vec;
+#pragma unroll
+    for (int x = 0; x < kVec; x += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(o_s + row * Cfg::kOStride + col + x);
+      vec.v[x] = from_float<T>(v.x);
+      vec.v[x + 1] = from_float<T>(v.y);
+      vec.v[x + 2] = from_float<T>(v.z);
+      vec.v[x + 3] = from_float<T>(v.w);
+    }
+    *reinterpret_cast<Vec16<T>*>(output_row<T>(p, token, row_head_s[row]) + col) = vec;
+  }
+  if (tid < BM && row_token_s[tid] >= 0) {
+    float* lse = Work::lse_at(p, w, row_token_s[tid], row_head_s[tid]);
+    if (lse != nullptr) *lse = lse_s[tid];
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built without sm_90a: the launcher only picks this kernel on a 9.x device of an sm_90a build
+#endif
+}
+
+}  // namespace tileinfer
