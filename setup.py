@@ -76,6 +76,12 @@ def extension():
             # Hopper's own target (wgmma / setmaxnreg need the "a" variant). Set
             # TORCH_CUDA_ARCH_LIST to build for other cards instead.
             os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
+        # Kernels that exist only as sm_90a code (wgmma prefill) are dispatched
+        # only when the build has that code.
+        archs = os.environ["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split()
+        if any(a.startswith("9.0a") for a in archs):
+            cxx.append("-DTILEINFER_SM90A")
+            nvcc.append("-DTILEINFER_SM90A")
         if os.environ.get("TILEINFER_PTXAS_VERBOSE"):
             nvcc.append("-Xptxas=-v")
         ext = cpp_extension.CUDAExtension

@@ -9,7 +9,7 @@ out=$(mktemp -d)
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 inc=$(python3 -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I'+p for p in include_paths()))" 2>/dev/null)
 pyinc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
-common="-I$CUDA_HOME/include -Icsrc -Icsrc/include $inc -I$pyinc -DTILEINFER_WITH_CUDA -DTORCH_EXTENSION_NAME=_C -D_GLIBCXX_USE_CXX11_ABI=1 -std=c++20 -O3"
+common="-I$CUDA_HOME/include -Icsrc -Icsrc/include $inc -I$pyinc -DTILEINFER_WITH_CUDA -DTILEINFER_SM90A -DTORCH_EXTENSION_NAME=_C -D_GLIBCXX_USE_CXX11_ABI=1 -std=c++20 -O3"
 for f in "$@"; do
   case "$f" in
     *.cu) nvcc $common -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo \

@@ -140,12 +140,17 @@ def main():
             p.seq_lens[1] = p.block_tables.shape[1] * 16 + 1000
             p.seq_lens[2] = -7
             run_attention_ops(p, causal=(True,), with_prefill=False)
-    # The 128-row prefill tile (the default from 2048 queries on), forced on
-    # small problems: bf16 and int8 caches.
+    # The tile kernel's 128-row prefill tile (the default from 2048 queries on
+    # where wgmma is not used), forced on small problems: bf16 and int8 caches;
+    # then its 64-row tile on a bf16 cache (the wgmma kernel's shapes otherwise).
     os.environ["TILEINFER_PREFILL_ROWS"] = "128"
+    os.environ["TILEINFER_PREFILL_WGMMA"] = "0"
     for int8 in (False, True):
         run_attention_ops(make_problem([300, 70], [300, 3], 4, 2, 128, 64, device=DEV, seed=7, int8=int8))
+    os.environ["TILEINFER_PREFILL_ROWS"] = "64"
+    run_attention_ops(make_problem([300, 70], [300, 3], 4, 2, 128, 64, device=DEV, seed=7))
     del os.environ["TILEINFER_PREFILL_ROWS"]
+    del os.environ["TILEINFER_PREFILL_WGMMA"]
     torch.cuda.synchronize()
     print(f"sanitize_case: ok ({len(cases)} problems)", flush=True)
 

@@ -86,23 +86,34 @@ def run_decode(prob, causal, splits):
 
 
 # ---------------------------------------------------------------- prefill sweep
-# rows: the prefill tile, forced through TILEINFER_PREFILL_ROWS (64-row tiles by
-# default for short prompts, 128-row tiles for long ones at d <= 128).
+# rows: the kernel. "64" / "128": the mma.sync tile kernel with that tile,
+# forced through TILEINFER_PREFILL_ROWS (64-row tiles by default for short
+# prompts, 128-row tiles for long ones at d <= 128) and TILEINFER_PREFILL_WGMMA=0;
+# "wgmma": the default on a Hopper build for bf16 / fp16 at d 64 / 128.
 PREFILL_CASES = []
 for dtype in (torch.bfloat16, torch.float16, torch.float32):
     for d in (64, 128, 256):
         for page in (16, 32, 64, 128):
             for causal in (True, False):
-                for rows in ("64", "128"):
+                for rows in ("64", "128", "wgmma"):
                     if rows != "64" and (dtype == torch.float32 or d == 256):
                         continue
                     PREFILL_CASES.append((dtype, d, page, causal, rows))
 
 
+def force_prefill_kernel(monkeypatch, rows):
+    if rows == "wgmma":
+        monkeypatch.delenv("TILEINFER_PREFILL_ROWS", raising=False)
+        monkeypatch.delenv("TILEINFER_PREFILL_WGMMA", raising=False)
+    else:
+        monkeypatch.setenv("TILEINFER_PREFILL_ROWS", rows)
+        monkeypatch.setenv("TILEINFER_PREFILL_WGMMA", "0")
+
+
 @pytest.mark.parametrize("dtype,head_dim,page,causal,rows", PREFILL_CASES)
 def test_prefill_matches_exact(dtype, head_dim, page, causal, rows, monkeypatch):
     _need("prefill")
-    monkeypatch.setenv("TILEINFER_PREFILL_ROWS", rows)
+    force_prefill_kernel(monkeypatch, rows)
     heads = [(4, 1), (6, 2), (2, 2)][(head_dim // 64 + page // 16) % 3]  # GQA 4, group 3, MHA
     # one position, page +- 1, a chunked prefill (fewer queries than positions), a long prompt
     seq_lens = [1, page - 1, page + 1, 3 * page + 5, 200]
@@ -117,11 +128,11 @@ def test_prefill_matches_exact(dtype, head_dim, page, causal, rows, monkeypatch)
     _check_lse(lse, exact_lse, dtype, "prefill lse")
 
 
-@pytest.mark.parametrize("rows", ["64", "128"])
+@pytest.mark.parametrize("rows", ["64", "128", "wgmma"])
 def test_prefill_long_causal_bf16(rows, monkeypatch):
     """Many key tiles, several query tiles per sequence, the diagonal in the middle of tiles."""
     _need("prefill")
-    monkeypatch.setenv("TILEINFER_PREFILL_ROWS", rows)
+    force_prefill_kernel(monkeypatch, rows)
     prob = testing.make_problem([1500, 777], [1500, 300], 8, 2, 128, 64, device=DEV, seed=7)
     out, lse = run_prefill(prob, True)
     exact, exact_lse = reference.paged_attention(prob.q, prob.k_cache, prob.v_cache, prob.block_tables,

@@ -1,16 +1,15 @@
-"""GPU tests of the EXPERIMENT wgmma prefill kernel (csrc/include/tileinfer/attention_wgmma.cuh),
-selected by TILEINFER_PREFILL_WGMMA=1 for bf16 / fp16, head dim 128, a cache of
-q's dtype, on a compute-capability 9.x device.
+"""GPU tests of the Hopper wgmma prefill kernel (csrc/include/tileinfer/attention_wgmma.cuh),
+which `prefill` picks for bf16 / fp16, head dim 64 or 128, a cache of q's dtype,
+on a compute-capability 9.0 device (TILEINFER_PREFILL_WGMMA=0 turns it off).
 
 Same oracle and bounds as tests/test_attention_gpu.py: float64 attention on the
 same inputs, within 4 ulps of each row's magnitude (SPEC section 4), lse within
 1e-4 relative; outputs poisoned with NaN first, so unwritten rows fail, and rows
-of no sequence must stay untouched. Both tile shapes of the switch are covered
-(TILEINFER_PREFILL_WGMMA_BN=64 or unset: 128-key tiles).
+of no sequence must stay untouched. Both head dims run every test.
 
 The first test checks (with the torch profiler) that the wgmma kernel is the
 one that runs, so that a build or a device without it cannot pass the rest on
-the default kernel.
+the tile kernel.
 """
 import zlib
 
@@ -28,22 +27,21 @@ DEV = "cuda"
 DTYPES = [torch.bfloat16, torch.float16]
 ULPS = 4.0
 LSE_REL = 1e-4
-D = 128
 KERNEL_NAME = "attention_wgmma_kernel"
 
 
-@pytest.fixture(params=["bn128", "bn64"])
-def wgmma(request, monkeypatch):
-    """Turns the wgmma path on (both tile shapes); skips where it cannot run."""
+def hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.fixture(params=[128, 64], ids=["d128", "d64"])
+def D(request, monkeypatch):
+    """The head dim; the wgmma path on (the default); skips where it cannot run."""
     if not has_cuda_kernel("prefill"):
         pytest.skip("this build has no CUDA kernel for tileinfer_attn::prefill")
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the wgmma prefill kernel needs a compute-capability 9.x (Hopper) device")
-    monkeypatch.setenv("TILEINFER_PREFILL_WGMMA", "1")
-    if request.param == "bn64":
-        monkeypatch.setenv("TILEINFER_PREFILL_WGMMA_BN", "64")
-    else:
-        monkeypatch.delenv("TILEINFER_PREFILL_WGMMA_BN", raising=False)
+    if not hopper():
+        pytest.skip("the wgmma prefill kernel needs a compute-capability 9.0 (Hopper) device")
+    monkeypatch.delenv("TILEINFER_PREFILL_WGMMA", raising=False)
     return request.param
 
 
@@ -103,7 +101,7 @@ def check_all(p, causal, dtype, what, with_lse=True):
     return out, lse
 
 
-def test_wgmma_kernel_is_used(wgmma, seed):
+def test_wgmma_kernel_is_used(D, seed):
     p = make_problem([300], [300], 8, 2, D, 64, device=DEV, seed=seed)
     run_prefill(p, True)  # warm-up (and the shared-memory opt-in) outside the profile
     torch.cuda.synchronize()
@@ -111,14 +109,16 @@ def test_wgmma_kernel_is_used(wgmma, seed):
         run_prefill(p, True)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
-    assert any(KERNEL_NAME in n for n in names), f"{KERNEL_NAME} did not run; kernels seen: {sorted(set(names))}"
+    assert any(KERNEL_NAME in n for n in names), (
+        f"{KERNEL_NAME} did not run (a build without sm_90a code? setup.py's default "
+        f"TORCH_CUDA_ARCH_LIST is 9.0a); kernels seen: {sorted(set(names))}")
 
 
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 64, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_wgmma_prefill(wgmma, dtype, page, causal, group, seed):
+def test_wgmma_prefill(D, dtype, page, causal, group, seed):
     """Lengths 1, page-1, page, page+1, several pages and a few hundred; full
     prompts and chunked prefill (fewer queries than positions); 2 KV heads."""
     seq_lens = [1, page - 1, page, page + 1, 3 * page + 7, 517]
@@ -130,7 +130,7 @@ def test_wgmma_prefill(wgmma, dtype, page, causal, group, seed):
 @pytest.mark.parametrize("group", [3, 4])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_wgmma_prefill_long(wgmma, dtype, causal, group, seed):
+def test_wgmma_prefill_long(D, dtype, causal, group, seed):
     """A few thousand positions: a 3000-query prompt, a chunk of 333 queries at
     the end of 4000 positions, and a short one in the same launch."""
     p = make_problem([3000, 4000, 70], [3000, 333, 70], 2 * group, 2, D, 64, dtype=dtype, device=DEV, seed=seed)
@@ -138,25 +138,25 @@ def test_wgmma_prefill_long(wgmma, dtype, causal, group, seed):
 
 
 @pytest.mark.parametrize("page", [16, 128])
-def test_wgmma_prefill_long_pages(wgmma, page, seed):
+def test_wgmma_prefill_long_pages(D, page, seed):
     p = make_problem([2500, 129], [2500, 129], 8, 2, D, page, device=DEV, seed=seed)
     check_all(p, True, torch.bfloat16, f"wgmma prefill long page {page}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_wgmma_prefill_without_lse(wgmma, dtype, seed):
+def test_wgmma_prefill_without_lse(D, dtype, seed):
     p = make_problem([300, 45], [120, 45], 8, 2, D, 32, dtype=dtype, device=DEV, seed=seed)
     check_all(p, True, dtype, "wgmma prefill without lse", with_lse=False)
 
 
-def test_wgmma_prefill_negative_scale(wgmma, seed):
+def test_wgmma_prefill_negative_scale(D, seed):
     """scale <= 0: the scores are scaled before the softmax instead of in exp2."""
     p = make_problem([200, 64], [200, 10], 8, 2, D, 64, device=DEV, seed=seed)
     p.scale = -0.05
     check_all(p, True, torch.bfloat16, "wgmma prefill negative scale")
 
 
-def test_wgmma_prefill_strided_q(wgmma, seed):
+def test_wgmma_prefill_strided_q(D, seed):
     """q as the head slice of a fused qkv tensor (token stride != heads * d)."""
     p = make_problem([300, 77], [300, 5], 8, 2, D, 64, device=DEV, seed=seed)
     t, h, d = p.q.shape
@@ -167,7 +167,7 @@ def test_wgmma_prefill_strided_q(wgmma, seed):
     check_all(p, True, torch.bfloat16, "wgmma prefill strided q")
 
 
-def test_wgmma_prefill_padding_untouched(wgmma, seed):
+def test_wgmma_prefill_padding_untouched(D, seed):
     """Padded batch slots (seq_lens 0, no queries), padding tokens past
     cu_seqlens_q[-1], and guard rows around out / lse: real rows right and
     finite, every other element still the poison."""
@@ -185,7 +185,7 @@ def test_wgmma_prefill_padding_untouched(wgmma, seed):
     assert torch.isnan(big_lse[:guard]).all() and torch.isnan(big_lse[-guard:]).all(), "write outside lse"
 
 
-def test_wgmma_prefill_rows_that_see_nothing(wgmma, seed):
+def test_wgmma_prefill_rows_that_see_nothing(D, seed):
     """A sequence whose every page id is bad: out 0, lse -inf, no NaN."""
     p = make_problem([100, 90], [100, 30], 8, 2, D, 16, device=DEV, seed=seed)
     p.block_tables[1] = -1
@@ -198,7 +198,7 @@ def test_wgmma_prefill_rows_that_see_nothing(wgmma, seed):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 64])
-def test_wgmma_prefill_bad_pages(wgmma, page, causal, seed):
+def test_wgmma_prefill_bad_pages(D, page, causal, seed):
     """Out-of-range and negative page ids among used pages, a seq_len beyond
     what the table holds, a negative seq_len: no fault, finite rows, the
     reference's reading (bad pages skipped, lengths clamped), nothing written
@@ -226,7 +226,7 @@ def test_wgmma_prefill_bad_pages(wgmma, page, causal, seed):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_wgmma_prefill_deterministic(wgmma, dtype, seed):
+def test_wgmma_prefill_deterministic(D, dtype, seed):
     """Same inputs, same bits, run to run."""
     p = make_problem([2000, 3000, 77, 1000], [600, 1, 77, 1000], 16, 4, D, 64, dtype=dtype, device=DEV, seed=seed)
     a, a_lse = run_prefill(p, True)
@@ -235,10 +235,10 @@ def test_wgmma_prefill_deterministic(wgmma, dtype, seed):
     assert torch.equal(a, b) and torch.equal(a_lse, b_lse), "two runs gave different bits"
 
 
-def test_wgmma_prefill_other_shapes_unchanged(wgmma, seed):
-    """With the switch on, head dims other than 128 and fp32 still take the
-    default kernels (and stay right)."""
-    for d, dtype in ((64, torch.bfloat16), (256, torch.float16), (128, torch.float32)):
+def test_wgmma_prefill_other_shapes_unchanged(D, seed):
+    """Head dim 256, fp32 and an int8 cache take the other kernels (and stay
+    right); so does every shape with TILEINFER_PREFILL_WGMMA=0."""
+    for d, dtype in ((256, torch.float16), (D, torch.float32)):
         p = make_problem([130, 40], [130, 40], 8, 2, d, 64, dtype=dtype, device=DEV, seed=seed)
         out, lse = run_prefill(p, True)
         exact, exact_lse = exact_attention(p, True)
@@ -247,3 +247,17 @@ def test_wgmma_prefill_other_shapes_unchanged(wgmma, seed):
             assert err <= 1e-5, f"d {d} fp32: relative error {err:.3g}"
         else:
             check_out(out, exact, dtype, f"d {d} {dtype}")
+
+
+def test_wgmma_switch_off(D, seed, monkeypatch):
+    """TILEINFER_PREFILL_WGMMA=0: the tile kernel runs instead, within the same
+    bounds, and its output is within 1 ulp of the wgmma kernel's."""
+    p = make_problem([300, 41], [300, 41], 8, 2, D, 64, device=DEV, seed=seed)
+    with_wgmma, _ = check_all(p, True, torch.bfloat16, "wgmma on")
+    monkeypatch.setenv("TILEINFER_PREFILL_WGMMA", "0")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        without, _ = check_all(p, True, torch.bfloat16, "wgmma off")
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert not any(KERNEL_NAME in n for n in names), "TILEINFER_PREFILL_WGMMA=0 still ran the wgmma kernel"
+    assert ulp_error(without, with_wgmma.double(), torch.bfloat16) <= 1.0

@@ -53,29 +53,33 @@ bool use_large_prefill_tile(int64_t max_q_len, int64_t head_dim) {
   return max_q_len >= 2048;
 }
 
-// EXPERIMENT (issue 3): the wgmma kernel (attention_wgmma.cuh) for bf16 / fp16
-// queries over a cache of the same type, head dim 128, on a 9.x device, when
-// TILEINFER_PREFILL_WGMMA=1 (read at every call, so tests and benchmarks can
-// compare both paths in one process). Compile-checked only so far.
-// TILEINFER_PREFILL_WGMMA_BN=64 picks 64-key tiles with three stages instead of
-// 128-key tiles with two (both 2 warpgroups = 128 query rows per block).
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == value;
-}
+// Hopper: the wgmma kernel (attention_wgmma.cuh) for bf16 / fp16 queries over
+// a cache of the same type, head dim 64 or 128, on a 9.0 device of a build
+// with sm_90a code (setup.py defines TILEINFER_SM90A then; without that code
+// the kernel would trap). 128 query rows (two warpgroups) x 128-key tiles, two
+// stages. H200, bf16, d 128, 32 q / 8 KV heads, causal, TFLOP/s, 2026-11-29
+// (bench_wgmma_prefill.py):
+//                  1x2k   1x8k   1x16k  4x2k   8x512
+//   tile kernel    251    304    318    272    164
+//   wgmma 128x128  327    431    445    342    184
+//   wgmma 64-key   291    351    366    300    186   (64-key tiles, 3 stages)
+// TILEINFER_PREFILL_WGMMA=0 (read at every call) turns it off, for A/B runs.
 bool use_wgmma_prefill(const PagedShape& s, at::ScalarType dtype, int device) {
-  if (!env_is("TILEINFER_PREFILL_WGMMA", "1")) return false;
-  if (s.int8 || s.head_dim != 128) return false;
+#ifdef TILEINFER_SM90A
+  const char* env = std::getenv("TILEINFER_PREFILL_WGMMA");
+  if (env != nullptr && std::string(env) == "0") return false;
+  if (s.int8 || (s.head_dim != 64 && s.head_dim != 128)) return false;
   if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
-  return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9;
+  return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9 &&
+         cached_device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
+#else
+  return false;
+#endif
 }
-template <typename T>
-using WgmmaPrefill128 = WgmmaPrefillConfig<T, 2, 128, 2>;
-template <typename T>
-using WgmmaPrefill64 = WgmmaPrefillConfig<T, 2, 64, 3>;
-
+template <typename T, int D>
+using WgmmaPrefill = WgmmaPrefillConfig<T, D, 2, 128, 2>;
 template <class Cfg>
-void launch_wgmma_prefill(const AttentionParams& p, cudaStream_t stream) {
+void launch_wgmma(const AttentionParams& p, cudaStream_t stream) {
   launch_attention<attention_wgmma_kernel<Cfg, PrefillWork>, Cfg, PrefillWork>("prefill", p, stream);
 }
 
@@ -114,12 +118,11 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
   const bool large = use_large_prefill_tile(max_q_len, s.head_dim);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (use_wgmma_prefill(s, q.scalar_type(), q.get_device())) {
-    const bool bn64 = env_is("TILEINFER_PREFILL_WGMMA_BN", "64");
     TILEINFER_DISPATCH_HALF(q.scalar_type(), "prefill", [&] {
-      if (bn64) {
-        launch_wgmma_prefill<WgmmaPrefill64<scalar_t>>(p, stream);
+      if (s.head_dim == 64) {
+        launch_wgmma<WgmmaPrefill<scalar_t, 64>>(p, stream);
       } else {
-        launch_wgmma_prefill<WgmmaPrefill128<scalar_t>>(p, stream);
+        launch_wgmma<WgmmaPrefill<scalar_t, 128>>(p, stream);
       }
     });
     if (!target.is_same(out)) out.copy_(target);

@@ -1,6 +1,7 @@
-// Hopper (sm_90a) prefill kernel on warpgroup MMA (wgmma): an EXPERIMENT behind
-// TILEINFER_PREFILL_WGMMA=1 (csrc/ops/prefill.cu), bf16 / fp16, head dim 128,
-// non-int8 cache. Same work mapping (PrefillWork), key walk, masking and
+// Hopper (sm_90a) prefill kernel on warpgroup MMA (wgmma): bf16 / fp16, head
+// dim 64 or 128, a cache of the queries' type; csrc/ops/prefill.cu picks it on
+// a 9.0 device of an sm_90a build (TILEINFER_PREFILL_WGMMA=0: the mma.sync
+// tile kernel instead). Same work mapping (PrefillWork), key walk, masking and
 // numerics as attention_tile_kernel (attention_kernel.cuh); only the matrix
 // products and the shared-memory layouts differ.
 //
@@ -26,8 +27,8 @@
 //     normalized, 16-byte stores of T; lse; rows of no query untouched).
 //
 // Shared-memory layout of every operand tile (Q, K, V): the 128-byte-swizzle
-// layout of the wgmma descriptors. A tile of R rows x 128 elements is two
-// blocks, one per 64-column half of the head dim; a block is R rows of 128
+// layout of the wgmma descriptors. A tile of R rows x D elements is D / 64
+// blocks, one per 64 columns of the head dim; a block is R rows of 128
 // bytes, and 16-byte chunk c of row r sits at chunk position c ^ (r % 8). Each
 // 8-row group is one 1024-byte swizzle atom (the hardware XORs address bits
 // [7, 10) into bits [4, 7), so every block starts 1024-byte aligned).
@@ -223,11 +224,12 @@ struct Mma {
 
 // Tile shape of the wgmma prefill kernel: kWarpGroups x 64 query rows,
 // kBlockN keys per tile (64 or 128: the N of the S product), kStages K / V
-// stages. Head dim 128 only (the P V product is one m64n128k16 per 16 keys).
-template <typename T_, int kWarpGroups_, int kBlockN_, int kStages_>
+// stages. Head dim 64 or 128 (the P V product is one m64n{D}k16 per 16 keys;
+// d = 256 would hold a 128-register O accumulator per thread: not done).
+template <typename T_, int D_, int kWarpGroups_, int kBlockN_, int kStages_>
 struct WgmmaPrefillConfig {
   using T = T_;
-  static constexpr int D = 128;
+  static constexpr int D = D_;
   static constexpr int kWarpGroups = kWarpGroups_;
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kBlockM = 64 * kWarpGroups;
@@ -235,10 +237,11 @@ struct WgmmaPrefillConfig {
   static constexpr int kStages = kStages_;
   static constexpr int kRowSlots = kStages + 1;  // key-row lookups run one tile ahead of the copies
   static constexpr int kRowBytes = D * 2;        // one Q / K / V row
-  static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per row (two 128-byte halves)
+  static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per row (D / 64 128-byte blocks)
   static constexpr int kFlags = kBlockN / 32;
 
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "bf16 / fp16");
+  static_assert(D == 64 || D == 128, "head dim 64 or 128");
   static_assert(kBlockN == 64 || kBlockN == 128, "S = Q K^T is one m64n{64,128} accumulator");
   static_assert(kBlockN <= kThreads, "one lookup thread per key");
   static_assert((kBlockN * kChunks) % kThreads == 0 && (kBlockM * kChunks) % kThreads == 0, "whole copy rounds");
@@ -261,7 +264,7 @@ struct WgmmaPrefillConfig {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 
   // Byte offset of 16-byte chunk `ch` (0..15) of row `row` in a tile of `rows`
-  // rows: block ch / 8 (64-column half), row * 128, chunk (ch % 8) ^ (row % 8).
+  // rows: block ch / 8 (64 columns), row * 128, chunk (ch % 8) ^ (row % 8).
   __device__ static __forceinline__ int offset(int rows, int row, int ch) {
     return (ch >> 3) * rows * 128 + row * 128 + (((ch & 7) ^ (row & 7)) << 4);
   }
@@ -284,9 +287,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   // The swizzle is a function of the address bits: align the operand tiles to
   // 1024 bytes whatever the dynamic buffer's base (kAlign bytes of slack).
   uint8_t* smem = smem_raw + ((Cfg::kAlign - (smem_addr(smem_raw) & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
-  uint8_t* kv_s = smem;                                  // [S][K, V][2 halves][BN rows][128 B]
+  uint8_t* kv_s = smem;                                  // [S][K, V][D / 64 blocks][BN rows][128 B]
   float* o_s = reinterpret_cast<float*>(smem);           // epilogue: [BM][kOStride]
-  uint8_t* q_s = smem + Cfg::kMainBytes;                 // [2 halves][BM rows][128 B]
+  uint8_t* q_s = smem + Cfg::kMainBytes;                 // [D / 64 blocks][BM rows][128 B]
   int* key_rows_s = reinterpret_cast<int*>(q_s + Cfg::kQBytes);  // [kSlots][BN]
   int* flags_s = key_rows_s + kSlots * BN;                       // [kSlots][kFlags]
   int* row_token_s = flags_s + kSlots * kFlags;  // [BM] token of each row, -1: padding
@@ -295,9 +298,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   int* entries_s = row_qpos_s + BM;              // [S][BN] block-table entry of each key's page
   float* lse_s = reinterpret_cast<float*>(entries_s + S * BN);  // [BM]
 
-  allow_dependent_launch();
-  Work::template mark_padding_rows<T>(p);
+  allow_dependent_launch();  // programmatic launches (common.cuh)
+  wait_for_prior_grids();
   const WorkItem w = Work::template make<BM>(p);
+  Work::template mark_padding_rows<T>(p);
   if (!w.active) return;  // block-uniform
 
   const int tid = threadIdx.x;
