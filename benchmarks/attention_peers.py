@@ -139,27 +139,35 @@ def ours_attention(p: Problem, causal: bool = True):
     return fn, (out, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
 
 
-def ours_decode_combine_no_pdl(p: Problem, causal: bool = True):
-    """The attention op's decode path as it was before programmatic dependent
-    launch and the single-split direct write: decode into fp32 partials (the
-    dispatcher's split count), then combine launched the ordinary way."""
-    ops = torch.ops.tileinfer_attn
-    sms = torch.cuda.get_device_properties(p.q.device).multi_processor_count
-    splits = ops.decode_num_splits(sms, len(p.lens), p.hkv, p.max_q_len, p.hq // p.hkv, p.d, False)
-    t, h, d = p.q.shape
-    out = torch.empty_like(p.q)
-    po = torch.empty(splits, t, h, d, dtype=torch.float32, device=p.q.device)
-    pl = torch.empty(splits, t, h, dtype=torch.float32, device=p.q.device)
+def with_env(made, **env):
+    """(fn, args) of an impl whose calls run with these environment variables
+    set (the ops read their switches at every call, and a graph capture
+    records what was read then)."""
+    fn, args = made
 
-    def fn(out, po, pl, q, kc, vc, bt, sl, cu):
-        ops.decode(po, pl, q, kc, vc, bt, sl, cu, p.max_q_len, p.scale, causal)
-        os.environ["TILEINFER_NO_PDL"] = "1"  # read by combine's launch (and recorded by a graph capture)
+    def wrapped(*a):
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
-            ops.combine(out, None, po, pl)
+            return fn(*a)
         finally:
-            del os.environ["TILEINFER_NO_PDL"]
-        return out
-    return fn, (out, po, pl, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
+            for k, v in old.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
+    return wrapped, args
+
+
+def ours_attention_no_pdl(p: Problem, causal: bool = True):
+    """The attention op with every kernel launched the ordinary way
+    (TILEINFER_NO_PDL=1): what programmatic dependent launch gains."""
+    return with_env(ours_attention(p, causal), TILEINFER_NO_PDL="1")
+
+
+def ours_prefill_tile_kernel(p: Problem, causal: bool = True):
+    """prefill on the mma.sync tile kernel (TILEINFER_PREFILL_WGMMA=0), next to the default wgmma kernel."""
+    return with_env(ours_prefill(p, causal), TILEINFER_PREFILL_WGMMA="0")
 
 
 # ----------------------------------------------------------------------------- peers

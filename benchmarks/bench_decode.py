@@ -53,8 +53,9 @@ VERIFY_QUICK_N = [4, 16]
 VERIFY_QUICK_L = [256, 512, 2048, 8192]
 
 OURS = "tileinfer decode (attention op)"
-# v2's path (decode + combine, no early launch, partials even for one split): what v3 changed.
-OURS_BEFORE = "tileinfer decode+combine, v2 path"
+# The same op with every kernel launched the ordinary way: what programmatic
+# dependent launch (v3: combine, v4: every kernel) gains.
+OURS_BEFORE = "tileinfer decode, no PDL"
 # Outputs are compared with the first of these that ran (a sanity check).
 BASE = ["sdpa flash (contiguous)", "sdpa cudnn (contiguous)", "eager reference"]
 VERIFY_DECODE = "decode path (attention op)"
@@ -82,7 +83,7 @@ def run_case(label, batch, ctx, cfg, args, ceil, errors, status):
         impls.append(("flashinfer paged decode", lambda p: ap.flashinfer_decode(p), True))
     # Ours last: a kernel that breaks the CUDA context then costs no peer of this case.
     if status["decode"][0]:
-        impls.append((OURS_BEFORE, lambda p: ap.ours_decode_combine_no_pdl(p), True))
+        impls.append((OURS_BEFORE, lambda p: ap.ours_attention_no_pdl(p), True))
         impls.append((OURS, lambda p: ap.ours_attention(p), True))
 
     def metrics(t):

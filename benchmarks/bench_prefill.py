@@ -42,6 +42,8 @@ CASES = [
 QUICK = {"1x512", "1x2k", "1x8k", "1x16k", "4x2k", "1x8k d64", "1x8k d256"}
 EAGER_MAX_TOKENS = 2048
 OURS = "tileinfer prefill"
+# The mma.sync tile kernel (TILEINFER_PREFILL_WGMMA=0): what the Hopper wgmma kernel gains.
+OURS_TILE = "tileinfer prefill, tile kernel"
 # Outputs are compared with the first of these that ran (a sanity check).
 BASE = ["sdpa flash (contiguous)", "sdpa cudnn (contiguous)", "eager reference"]
 
@@ -63,6 +65,7 @@ def run_case(label, lens, cfg, args, ceil, errors, status):
         impls.append(("flashinfer paged (auto backend)", lambda p: ap.flashinfer_prefill(p), True))
     # Ours last: a kernel that breaks the CUDA context then costs no peer of this case.
     if status["prefill"][0]:
+        impls.append((OURS_TILE, lambda p: ap.ours_prefill_tile_kernel(p), True))
         impls.append((OURS, lambda p: ap.ours_prefill(p), True))
 
     def metrics(t):

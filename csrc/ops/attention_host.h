@@ -1,7 +1,7 @@
 // Host side shared by the prefill and decode launchers (prefill.cu, decode.cu):
 // the checks that only the CUDA kernels need, AttentionParams from tensors, and
-// the two launch helpers (kept out of the dispatch macros, whose lambdas do not
-// like the commas of <<<...>>>).
+// the launch helpers (kept out of the dispatch macros, whose lambdas do not
+// like the commas of template argument lists).
 #pragma once
 
 #include "tileinfer/error.h"
@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "checks.h"
+#include "device_attribute.h"
 #include "paged_params.h"
 #include "tileinfer/attention_fp32.cuh"
 #include "tileinfer/attention_kernel.cuh"
@@ -99,8 +100,8 @@ void launch_attention(const char* op, const AttentionParams& p, cudaStream_t str
   check_grid(op, grid);
   static SmemOptIn opt_in;
   opt_in.ensure(kKernel, Cfg::kSmemBytes);
-  kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  C10_CUDA_CHECK(launch_kernel(kKernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
+                               programmatic_launch(c10::cuda::current_device()), p));
 }
 
 template <class Cfg, class Work>

@@ -2,7 +2,6 @@
 // outputs with lse over disjoint page ranges) into out and, optionally, lse.
 // The kernel is in csrc/include/tileinfer/combine.cuh.
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <optional>
 
@@ -36,14 +35,6 @@ void check_combine_inputs(const at::Tensor& out, const std::optional<at::Tensor>
               kOp, ": partial_out is too large (num_tokens * num_q_heads and num_splits must fit in int32)");
 }
 
-// Programmatic dependent launch needs sm_90. TILEINFER_NO_PDL=1 turns it off,
-// read at every launch so that a benchmark can compare both in one process.
-bool early_launch(int device) {
-  const char* off = std::getenv("TILEINFER_NO_PDL");
-  if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
-  return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9;
-}
-
 }  // namespace
 
 // out [num_tokens, num_q_heads, head_dim] bf16/fp16/fp32 (token/head strides free);
@@ -68,10 +59,10 @@ void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
   p.kv.head_dim = static_cast<int>(partial_out.size(3));
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const bool early = early_launch(partial_out.get_device());
+  const bool programmatic = programmatic_launch(partial_out.get_device());
   TILEINFER_DISPATCH_FLOAT(out.scalar_type(), kOp, [&] {
     TILEINFER_DISPATCH_HEAD_DIM(p.kv.head_dim, kOp, [&] {
-      const cudaError_t err = launch_combine<scalar_t, HEAD_DIM>(p, stream, early);  // (commas: not in the macro)
+      const cudaError_t err = launch_combine<scalar_t, HEAD_DIM>(p, stream, programmatic);  // (commas: not in the macro)
       C10_CUDA_CHECK(err);
     });
   });

@@ -17,6 +17,7 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "device_attribute.h"
 #include "ops.h"
 #include "paged_params.h"
 #include "tileinfer/dispatch.h"
@@ -105,7 +106,7 @@ KVWriteParams kv_write_params(const PagedKVParams& kv, at::Tensor& k_cache, at::
 }
 
 // ---------------------------------------------------------------------------
-// Launchers: the <<< >>> commas stay out of the dispatch macros.
+// Launchers: template argument commas stay out of the dispatch macros.
 
 template <typename T, int D, bool NORM, PosFrom POS>
 void launch_rows(const RowsParams& p, cudaStream_t stream) {
@@ -113,8 +114,8 @@ void launch_rows(const RowsParams& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
   if (rows == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, L::kRowsPerBlock)));
-  rows_kernel<T, D, NORM, POS><<<grid, kInputsThreads, 0, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  C10_CUDA_CHECK(launch_kernel(rows_kernel<T, D, NORM, POS>, grid, dim3(kInputsThreads), 0, stream,
+                               programmatic_launch(c10::cuda::current_device()), p));
 }
 
 template <typename T, int D, bool NORM, bool ROPE, bool INT8>
@@ -123,8 +124,8 @@ void launch_kv_write(const KVWriteParams& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.kv.num_kv_heads;
   if (rows == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, L::kRowsPerBlock)));
-  kv_write_kernel<T, D, NORM, ROPE, INT8><<<grid, kInputsThreads, 0, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  C10_CUDA_CHECK(launch_kernel(kv_write_kernel<T, D, NORM, ROPE, INT8>, grid, dim3(kInputsThreads), 0, stream,
+                               programmatic_launch(c10::cuda::current_device()), p));
 }
 
 // The shapes of a token tensor op (rms_norm, rope) on x and out.

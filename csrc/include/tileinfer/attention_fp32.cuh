@@ -58,9 +58,10 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
   int* row_head_s = row_token_s + BM;   // [BM]
   int* row_qpos_s = row_head_s + BM;    // [BM]
 
-  allow_dependent_launch();  // combine's blocks may be scheduled now (they wait for this grid)
-  Work::template mark_padding_rows<float>(p);
+  allow_dependent_launch();  // programmatic launches (common.cuh)
+  wait_for_prior_grids();
   const WorkItem w = Work::template make<BM>(p);
+  Work::template mark_padding_rows<float>(p);
   if (!w.active) return;
 
   const int tid = threadIdx.x;

@@ -188,9 +188,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   float* lse_s = merge_s + 2 * Cfg::kWarpsN * BM;               // [BM]
   float* scale_s = lse_s + BM;  // int8: [S][K, V][BN] per-key scales, copied with their tile
 
-  allow_dependent_launch();  // combine's blocks may be scheduled now (they wait for this grid)
-  Work::template mark_padding_rows<QT>(p);
+  allow_dependent_launch();  // programmatic launches (common.cuh): combine's blocks may be scheduled now
+  wait_for_prior_grids();
+  // make's metadata loads first: the padding rows' own load then overlaps them
+  // (marking first put a round trip before every block of the last sequence).
   const WorkItem w = Work::template make<BM>(p);
+  Work::template mark_padding_rows<QT>(p);
   if (!w.active) return;  // block-uniform
 
   const int tid = threadIdx.x;

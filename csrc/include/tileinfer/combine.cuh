@@ -118,7 +118,8 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   constexpr int C = Traits::kChannelsPerLane;
   constexpr int V = Traits::kVecsPerLane;
   constexpr int B = Traits::kSplitBatch;
-  wait_for_prior_grids();  // launched early behind the decode kernel (programmatic dependent launch)
+  allow_dependent_launch();  // (common.cuh)
+  wait_for_prior_grids();
 
   const int lane = threadIdx.x % R;  // lane within the row's group
   const int64_t num_rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
@@ -139,10 +140,26 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   float den = 0.f;            // sum of exp(lse - run_max) so far
 
   // Splits in chunks of R: lane j holds the lse of split c0 + j. With up to R
-  // splits (decode: up to 32) there is one chunk and no rescaling.
+  // splits (decode: up to 32) there is one chunk and no rescaling. Loads go
+  // out a batch of kSplitBatch splits per lane at a time; a chunk's first
+  // batch leaves together with its lse loads (its addresses do not depend on
+  // them): they share one round trip.
+  // Splits past num_splits (weight 0) re-read split 0 of the row: a cache hit
+  // that stays in bounds. The loads are unconditional, with no branch between
+  // them, so the whole batch is in flight before the first use.
+  float4 v[B][V];
+  auto load_batch = [&](int s0) {
+#pragma unroll
+    for (int u = 0; u < B; ++u) {
+      const float4* src = reinterpret_cast<const float4*>(out_in + (s0 + u < S ? s0 + u : 0) * split_stride);
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[u][k] = __ldg(src + k);
+    }
+  };
   for (int c0 = 0; c0 < S; c0 += R) {
     const int s_mine = c0 + lane;
     const float l = (active && s_mine < S) ? lse_in[static_cast<int64_t>(s_mine) * num_rows] : -INFINITY;
+    load_batch(c0);
     const float new_max = fmaxf(run_max, warp_max<R>(l));
     // Subtract a finite base so that all-neutral chunks give weights 0, not NaN (-inf - -inf).
     const float base = new_max == -INFINITY ? 0.f : new_max;
@@ -153,37 +170,23 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
 #pragma unroll
     for (int i = 0; i < C; ++i) acc[i] *= rescale;
 
-    // Not unrolled: one batch of kSplitBatch splits in flight per lane, so
-    // registers stay low and occupancy high (ptxas would hoist every batch).
+    // Not unrolled: one batch in flight per lane, so registers stay low and
+    // occupancy high (ptxas would hoist every batch).
 #pragma unroll 1
     for (int j0 = 0; j0 < R; j0 += B) {
       if (c0 + j0 >= S) break;  // uniform: S is the same for every row
-      float wj[B];
-      const float4* src[B];
 #pragma unroll
       for (int u = 0; u < B; ++u) {
-        wj[u] = __shfl_sync(0xffffffffu, w, j0 + u, R);
-        // Splits past num_splits (weight 0) re-read split 0 of the row: a cache
-        // hit that stays in bounds. Loads are unconditional, with no branch
-        // between them, so the whole batch is in flight before the first use.
-        src[u] = reinterpret_cast<const float4*>(out_in + (c0 + j0 + u < S ? c0 + j0 + u : 0) * split_stride);
-      }
-      float4 v[B][V];
-#pragma unroll
-      for (int u = 0; u < B; ++u) {
-#pragma unroll
-        for (int k = 0; k < V; ++k) v[u][k] = __ldg(src[u] + k);
-      }
-#pragma unroll
-      for (int u = 0; u < B; ++u) {
+        const float wj = __shfl_sync(0xffffffffu, w, j0 + u, R);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          acc[4 * k + 0] = fmaf(wj[u], v[u][k].x, acc[4 * k + 0]);
-          acc[4 * k + 1] = fmaf(wj[u], v[u][k].y, acc[4 * k + 1]);
-          acc[4 * k + 2] = fmaf(wj[u], v[u][k].z, acc[4 * k + 2]);
-          acc[4 * k + 3] = fmaf(wj[u], v[u][k].w, acc[4 * k + 3]);
+          acc[4 * k + 0] = fmaf(wj, v[u][k].x, acc[4 * k + 0]);
+          acc[4 * k + 1] = fmaf(wj, v[u][k].y, acc[4 * k + 1]);
+          acc[4 * k + 2] = fmaf(wj, v[u][k].z, acc[4 * k + 2]);
+          acc[4 * k + 3] = fmaf(wj, v[u][k].w, acc[4 * k + 3]);
         }
       }
+      if (j0 + B < R && c0 + j0 + B < S) load_batch(c0 + j0 + B);  // the chunk's next batch
     }
   }
   if (!active) return;
@@ -200,26 +203,16 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   if (p.lse != nullptr && lane == 0) p.lse[row] = den > 0.f ? run_max + logf(den) : -INFINITY;
 }
 
-// Launches combine_kernel on `stream`; no-op for an empty output. `early`:
-// as a programmatic dependent launch (Hopper on), so that its blocks are
-// scheduled while the previous kernel (decode, which allows it at its start)
-// still runs and wait in wait_for_prior_grids: the launch latency between the
-// two kernels is hidden, in streams and in captured CUDA graphs alike.
+// Launches combine_kernel on `stream`; no-op for an empty output.
+// `programmatic`: see launch_kernel (common.cuh); behind decode, whose blocks
+// allow it at their start, combine's blocks are resident before decode ends.
 template <typename scalar_t, int HEAD_DIM>
-cudaError_t launch_combine(const AttentionParams& p, cudaStream_t stream, bool early) {
+cudaError_t launch_combine(const AttentionParams& p, cudaStream_t stream, bool programmatic) {
   using Traits = CombineTraits<HEAD_DIM>;
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
   if (rows == 0) return cudaSuccess;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(ceil_div<int64_t>(rows, Traits::kRowsPerBlock)));
-  config.blockDim = dim3(Traits::kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attr;
-  config.numAttrs = early ? 1 : 0;
-  return cudaLaunchKernelEx(&config, combine_kernel<scalar_t, HEAD_DIM>, p);
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, Traits::kRowsPerBlock)));
+  return launch_kernel(combine_kernel<scalar_t, HEAD_DIM>, grid, dim3(Traits::kThreads), 0, stream, programmatic, p);
 }
 
 }  // namespace tileinfer

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -54,6 +55,14 @@ __device__ __forceinline__ float warp_max(float x) {
 // calls wait_for_prior_grids before its first read of what the previous grid
 // wrote (it returns once that grid has finished and its writes are visible;
 // at once when the kernel was launched the ordinary way).
+//
+// Every kernel of this package does both, first thing, and is launched with
+// launch_kernel(..., programmatic = true): its blocks are scheduled while the
+// previous kernel of the stream still runs (when that one allowed it) and wait
+// there before any read or write. Waiting first keeps the order of plain
+// launches: nothing is read before its producer is done, nothing written
+// before the previous kernel's reads are, and since every kernel waits before
+// it ends, one that finished implies all the kernels before it did too.
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -63,6 +72,25 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic
+// dependent launch when `programmatic` (see above; the caller checks sm_90).
+// Works in captured CUDA graphs (the dependency becomes a programmatic edge).
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          bool programmatic, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 // 16-byte vector of elements: the unit of every global load/store in the kernels.

@@ -342,6 +342,8 @@ __device__ __forceinline__ GroupRows group_rows(int64_t first, int num_tokens, i
 // kMetadata also a token of no sequence).
 template <typename T, int D, bool NORM, PosFrom POS>
 __global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p) {
+  allow_dependent_launch();  // programmatic launches (common.cuh)
+  wait_for_prior_grids();
   using L = RowLayout<T, D>;
   constexpr int R = kRowsPerGroup;
   constexpr bool kRope = POS != PosFrom::kNone;
@@ -402,6 +404,8 @@ __global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p
 // kRowsPerBlock) blocks of kInputsThreads; a group carries kRowsPerGroup rows.
 template <typename T, int D, bool NORM, bool ROPE, bool INT8>
 __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteParams p) {
+  allow_dependent_launch();  // programmatic launches (common.cuh)
+  wait_for_prior_grids();
   using L = RowLayout<T, D>;
   constexpr int R = kRowsPerGroup;
   const int group = threadIdx.x / L::kLanes;
