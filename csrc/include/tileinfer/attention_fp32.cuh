@@ -58,8 +58,7 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
   int* row_head_s = row_token_s + BM;   // [BM]
   int* row_qpos_s = row_head_s + BM;    // [BM]
 
-  allow_dependent_launch();  // programmatic launches (common.cuh)
-  wait_for_prior_grids();
+  wait_for_prior_grids();  // programmatic launches (common.cuh)
   const WorkItem w = Work::template make<BM>(p);
   Work::template mark_padding_rows<float>(p);
   if (!w.active) return;
@@ -167,6 +166,7 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
     }
   }
 
+  allow_dependent_launch();  // at the epilogue, as attention_tile_kernel
   sm.reduce_sums();
   const SoftmaxResult res = softmax_result(sm.row[0].m, sm.row[0].l);
   const int token = row_token_s[row];

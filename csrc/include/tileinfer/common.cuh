@@ -56,10 +56,11 @@ __device__ __forceinline__ float warp_max(float x) {
 // wrote (it returns once that grid has finished and its writes are visible;
 // at once when the kernel was launched the ordinary way).
 //
-// Every kernel of this package does both, first thing, and is launched with
-// launch_kernel(..., programmatic = true): its blocks are scheduled while the
-// previous kernel of the stream still runs (when that one allowed it) and wait
-// there before any read or write. Waiting first keeps the order of plain
+// Every kernel of this package waits first thing, allows the next one to
+// start (the attention kernels at their epilogue, the small ones at once),
+// and is launched with launch_kernel(..., programmatic = true): its blocks are
+// scheduled while the previous kernel of the stream still runs (when that one
+// allowed it) and wait there before any read or write. Waiting first keeps the order of plain
 // launches: nothing is read before its producer is done, nothing written
 // before the previous kernel's reads are, and since every kernel waits before
 // it ends, one that finished implies all the kernels before it did too.
