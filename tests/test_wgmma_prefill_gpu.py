@@ -34,21 +34,15 @@ def hopper():
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-@pytest.fixture(params=[(128, None), (64, None), (128, "2"), (64, "2")],
-                ids=["d128", "d64", "d128-overlap", "d64-overlap"])
+@pytest.fixture(params=[128, 64], ids=["d128", "d64"])
 def D(request, monkeypatch):
-    """The head dim; the wgmma path on (the default, or the overlapped loop:
-    TILEINFER_PREFILL_WGMMA=2); skips where it cannot run."""
+    """The head dim; the wgmma path on (the default); skips where it cannot run."""
     if not has_cuda_kernel("prefill"):
         pytest.skip("this build has no CUDA kernel for tileinfer_attn::prefill")
     if not hopper():
         pytest.skip("the wgmma prefill kernel needs a compute-capability 9.0 (Hopper) device")
-    d, env = request.param
-    if env is None:
-        monkeypatch.delenv("TILEINFER_PREFILL_WGMMA", raising=False)
-    else:
-        monkeypatch.setenv("TILEINFER_PREFILL_WGMMA", env)
-    return d
+    monkeypatch.delenv("TILEINFER_PREFILL_WGMMA", raising=False)
+    return request.param
 
 
 @pytest.fixture

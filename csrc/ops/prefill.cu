@@ -76,14 +76,8 @@ bool use_wgmma_prefill(const PagedShape& s, at::ScalarType dtype, int device) {
   return false;
 #endif
 }
-template <typename T, int D, bool kOverlap = false>
-using WgmmaPrefill = WgmmaPrefillConfig<T, D, 2, 128, 2, kOverlap>;
-// EXPERIMENT: TILEINFER_PREFILL_WGMMA=2 runs the overlapped loop (softmax of
-// tile i during P V of tile i - 1).
-bool wgmma_overlap() {
-  const char* env = std::getenv("TILEINFER_PREFILL_WGMMA");
-  return env != nullptr && std::string(env) == "2";
-}
+template <typename T, int D>
+using WgmmaPrefill = WgmmaPrefillConfig<T, D, 2, 128, 2>;
 template <class Cfg>
 void launch_wgmma(const AttentionParams& p, cudaStream_t stream) {
   launch_attention<attention_wgmma_kernel<Cfg, PrefillWork>, Cfg, PrefillWork>("prefill", p, stream);
@@ -125,12 +119,9 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (use_wgmma_prefill(s, q.scalar_type(), q.get_device())) {
     TILEINFER_DISPATCH_HALF(q.scalar_type(), "prefill", [&] {
-      const bool overlap = wgmma_overlap();
       if (s.head_dim == 64) {
-        if (overlap) return launch_wgmma<WgmmaPrefill<scalar_t, 64, true>>(p, stream);
         launch_wgmma<WgmmaPrefill<scalar_t, 64>>(p, stream);
       } else {
-        if (overlap) return launch_wgmma<WgmmaPrefill<scalar_t, 128, true>>(p, stream);
         launch_wgmma<WgmmaPrefill<scalar_t, 128>>(p, stream);
       }
     });

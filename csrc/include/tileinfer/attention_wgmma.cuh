@@ -49,9 +49,13 @@
 // the accumulator registers go through an empty asm after the wait so the
 // compiler does not move their uses above it.
 //
-// Not done yet (the next steps once this is measured): overlapping S of tile
-// i + 1 with the softmax of tile i (wgmma.wait_group 1), warp specialization
-// (a producer warpgroup with setmaxnreg), TMA / cp.async.bulk for pages of 64+.
+// Tried and dropped (benchmarks/NOTES.md v4): FlashAttention-3's in-warpgroup
+// order (S of tile i issued with P V of tile i - 1, wait_group 1, softmax,
+// wait_group 0) ran 5-6% slower on the H200: ptxas 13.0 hoists the second
+// wait above the softmax, so only the two products overlap. Not done yet:
+// ping-pong between the warpgroups and warp specialization (a producer
+// warpgroup with setmaxnreg, mbarriers instead of the per-tile block barrier),
+// TMA for pages of 64+ keys.
 #pragma once
 
 #include <climits>
@@ -226,12 +230,10 @@ struct Mma {
 // kBlockN keys per tile (64 or 128: the N of the S product), kStages K / V
 // stages. Head dim 64 or 128 (the P V product is one m64n{D}k16 per 16 keys;
 // d = 256 would hold a 128-register O accumulator per thread: not done).
-template <typename T_, int D_, int kWarpGroups_, int kBlockN_, int kStages_, bool kOverlap_ = false>
+template <typename T_, int D_, int kWarpGroups_, int kBlockN_, int kStages_>
 struct WgmmaPrefillConfig {
   using T = T_;
   static constexpr int D = D_;
-  // FlashAttention-3's intra-warpgroup overlap of the softmax with P V (two stages only).
-  static constexpr bool kOverlap = kOverlap_;
   static constexpr int kWarpGroups = kWarpGroups_;
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kBlockM = 64 * kWarpGroups;
@@ -248,7 +250,6 @@ struct WgmmaPrefillConfig {
   static_assert(kBlockN <= kThreads, "one lookup thread per key");
   static_assert((kBlockN * kChunks) % kThreads == 0 && (kBlockM * kChunks) % kThreads == 0, "whole copy rounds");
   static_assert(kStages >= 2, "at least double buffering");
-  static_assert(!kOverlap || kStages == 2, "the overlapped loop keeps K and V in two stages each");
 
   // Shared memory, in bytes; the operand tiles first (each 1024-byte aligned).
   static constexpr int kTileBytes = kBlockN * kRowBytes;  // one staged K or V tile
@@ -345,11 +346,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
                  p.kv.block_tables + static_cast<int64_t>(w.seq) * p.kv.max_pages + (pos >> page_shift), true);
     }
   };
-  // K (with the block-table entries kStages tiles ahead) and V copies of a
-  // tile, into its stage; the overlapped loop copies V one tile after K.
-  auto load_half = [&](int tile, bool key_half) {
-    uint8_t* dst_tile = kv_s + (tile % S) * 2 * Cfg::kTileBytes + (key_half ? 0 : Cfg::kTileBytes);
-    const uint8_t* pool = key_half ? k_pool : v_pool;
+  auto load_tile = [&](int tile) {
+    uint8_t* k_dst = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
+    uint8_t* v_dst = k_dst + Cfg::kTileBytes;
     const int* rows = key_rows_s + (tile % kSlots) * BN;
 #pragma unroll
     for (int i = 0; i < BN * Cfg::kChunks / Cfg::kThreads; ++i) {
@@ -358,13 +357,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
       const int ch = c % Cfg::kChunks;
       const int pr = rows[row];
       const int64_t src = static_cast<int64_t>(pr < 0 ? 0 : pr) * Cfg::kRowBytes + ch * 16;
-      cp_async_16(dst_tile + Cfg::offset(BN, row, ch), pool + src, pr >= 0);
+      const int dst = Cfg::offset(BN, row, ch);
+      cp_async_16(k_dst + dst, k_pool + src, pr >= 0);
+      cp_async_16(v_dst + dst, v_pool + src, pr >= 0);
     }
-    if (key_half) fetch_entries(tile + S);  // lands with this tile, kStages tiles before its lookup
-  };
-  auto load_tile = [&](int tile) {
-    load_half(tile, true);
-    load_half(tile, false);
+    fetch_entries(tile + S);  // lands with this tile, kStages tiles before its lookup
   };
 
   for (int j = 0; j < S && j < num_tiles; ++j) lookup_tile(j, false);
@@ -378,16 +375,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
     if (token >= 0) src += token * p.q_stride_token + row_head_s[row] * p.q_stride_head;
     cp_async_16(q_s + Cfg::offset(BM, row, ch), src, token >= 0);  // padding rows: zeros
   }
-  if constexpr (Cfg::kOverlap) {
-    if (num_tiles > 0) load_half(0, true);  // with Q; V 0 follows with K 1
-    cp_async_commit();
-  } else {
-    cp_async_commit();
+  cp_async_commit();
 #pragma unroll
-    for (int j = 0; j < S - 1; ++j) {
-      if (j < num_tiles) load_tile(j);
-      cp_async_commit();  // empty groups keep the group count uniform
-    }
+  for (int j = 0; j < S - 1; ++j) {
+    if (j < num_tiles) load_tile(j);
+    cp_async_commit();  // empty groups keep the group count uniform
   }
 
   // This thread's rows: g and g + 8 of its warp's 16 (g = lane / 4); local row
@@ -414,80 +406,56 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   const int quad = lane & 3;
   const uint32_t q_base = smem_addr(q_s) + 64 * wg * 128;  // this warpgroup's 64 rows of block 0
   const uint32_t kv_base = smem_addr(kv_s);
-  auto k_tile_addr = [&](int tile) { return kv_base + (tile % S) * 2 * Cfg::kTileBytes; };
-  auto v_tile_addr = [&](int tile) { return kv_base + (tile % S) * 2 * Cfg::kTileBytes + Cfg::kTileBytes; };
-  // Causal tiles past the warpgroup's last query are invisible to it (and so
-  // are all later ones); a warpgroup of padding rows sees nothing.
-  auto visible = [&](int tile) { return wg_has_rows && !(p.causal && w.key_begin + tile * BN > wg_qmax); };
 
-  // S = Q K^T over the head dim, 16 at a time (k-step kk: block kk / 4, 32
-  // (kk % 4) bytes in); issued, committed as one group, not waited for.
-  auto issue_s = [&](float (&acc)[BN / 2], int tile) {
+  for (int i = 0; i < num_tiles; ++i) {
+    cp_async_wait<S - 2>();              // tile i (and Q) landed: this thread's copies ...
+    wgmma::fence_proxy_async_smem();     // ... visible to the tensor cores' (async proxy) reads ...
+    __syncthreads();                     // ... everyone's; and everyone is done with tile i - 1
+    if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
+    cp_async_commit();
+    if (i + S < num_tiles) lookup_tile(i + S, true);  // into the slot tile i - 1 used
+
+    const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
+    if (!wg_has_rows || (p.causal && tile_pos > wg_qmax)) continue;  // warpgroup-uniform: nothing visible
+
+    const uint32_t k_tile = kv_base + (i % S) * 2 * Cfg::kTileBytes;
+    const uint32_t v_tile = k_tile + Cfg::kTileBytes;
+
+    // S = Q K^T over the head dim, 16 at a time (k-step kk: block kk / 4, 32 (kk % 4) bytes in).
+    float acc[BN / 2];
+    wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t koff = (kk & 3) * 32;
       const uint64_t da = wgmma::desc_sw128(q_base + (kk >> 2) * BM * 128 + koff, 16, 1024);
-      const uint64_t db = wgmma::desc_sw128(k_tile_addr(tile) + (kk >> 2) * BN * 128 + koff, 16, 1024);
+      const uint64_t db = wgmma::desc_sw128(k_tile + (kk >> 2) * BN * 128 + koff, 16, 1024);
       Mma::ss(acc, da, db, kk > 0 ? 1 : 0);
     }
     wgmma::commit();
-  };
-  // O += P V: P rounded to T is the A operand from registers (keys 16 kk..:
-  // the accumulator's n-blocks 2 kk, 2 kk + 1), V the N-major B operand;
-  // issued and committed as one group.
-  auto issue_pv = [&](uint32_t (&a)[BN / 16][4], int tile) {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint64_t db = wgmma::desc_sw128(v_tile_addr(tile) + kk * 16 * 128, BN * 128, 1024);
-      MmaPV::rs_tnsp_b(o, a[kk], db);
-    }
-    wgmma::commit();
-  };
-  // The A registers are read asynchronously too: their definitions stay
-  // before wgmma.fence (PTX: register writes of A must precede it) and they
-  // stay alive until the wait (as FlashAttention-3 does for its RS products).
-  auto pin = [&](uint32_t (&a)[BN / 16][4]) {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) wgmma::fence_regs(a[kk]);
-  };
-  // Scores of a finished S product -> probabilities (in s); factor: what O
-  // must be scaled by before they are added.
-  auto softmax_tile = [&](const float (&acc)[BN / 2], int tile, float (&s)[2][BN / 4], float (&factor)[2]) {
+    wgmma::wait<0>();
+    wgmma::fence_regs(acc);
+
     // s[R][2 j + e]: row R, key 8 j + 2 (lane % 4) + e (the tile kernel's layout).
+    float s[2][BN / 4];
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
       for (int R = 0; R < 2; ++R)
 #pragma unroll
         for (int e = 0; e < 2; ++e) s[R][2 * j + e] = acc[4 * j + 2 * R + e];
+    if (!fold_scale) {
 #pragma unroll
-    for (int R = 0; R < 2; ++R)
+      for (int R = 0; R < 2; ++R)
 #pragma unroll
-      for (int x = 0; x < BN / 4; ++x) s[R][x] *= fold_scale ? 1.f : scale_log2;
+        for (int x = 0; x < BN / 4; ++x) s[R][x] *= scale_log2;
+    }
+
     // Masks: only on tiles with skipped keys or overlapping the causal diagonal.
-    const int tile_pos = w.key_begin + tile * BN;  // position of the tile's key 0
-    const int slot = tile % kSlots;
+    const int slot = i % kSlots;
     bool skipped = false;
 #pragma unroll
     for (int f = 0; f < kFlags; ++f) skipped |= flags_s[slot * kFlags + f] != 0;
-    const bool diagonal = p.causal && tile_pos + BN - 1 > wg_qmin;
-    if constexpr (Cfg::kOverlap) {
-      // Without a branch, in the hope of keeping the P V wait below the
-      // softmax: ptxas (13.0) still hoists it above (seen in the SASS), so
-      // what overlaps is S of tile i with P V of tile i - 1 (one batch of 16
-      // wgmma instead of two of 8 with a wait between), not the softmax.
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = 8 * j + 2 * quad + e;
-          const bool absent = skipped && key_rows_s[slot * BN + key] < 0;
-          const int kpos = tile_pos + key;
-#pragma unroll
-          for (int R = 0; R < 2; ++R)
-            s[R][2 * j + e] = (absent || (diagonal && kpos > qpos[R])) ? kNegInf : s[R][2 * j + e];
-        }
-    } else if (skipped || diagonal) {
+    if (skipped || (p.causal && tile_pos + BN - 1 > wg_qmin)) {
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -500,20 +468,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
             if (!present || (p.causal && kpos > qpos[R])) s[R][2 * j + e] = kNegInf;
         }
     }
+
+    float factor[2];
     sm.update(s, fold_scale ? scale_log2 : 1.f, factor);  // s now holds the probabilities
-  };
-  // Probabilities rounded to T: the A fragments of P V.
-  auto pack_p = [&](const float (&s)[2][BN / 4], uint32_t (&a)[BN / 16][4]) {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      a[kk][0] = pack2<T>(s[0][4 * kk], s[0][4 * kk + 1]);
-      a[kk][1] = pack2<T>(s[1][4 * kk], s[1][4 * kk + 1]);
-      a[kk][2] = pack2<T>(s[0][4 * kk + 2], s[0][4 * kk + 3]);
-      a[kk][3] = pack2<T>(s[1][4 * kk + 2], s[1][4 * kk + 3]);
-    }
-  };
-  auto rescale_o = [&](const float (&factor)[2]) {
-    if (__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) {
+    bool rescale = factor[0] != 1.f || factor[1] != 1.f;
+    if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
       for (int j = 0; j < D / 8; ++j)
 #pragma unroll
@@ -522,90 +481,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
           o[4 * j + 2 * R + 1] *= factor[R];
         }
     }
-  };
 
-  if constexpr (!Cfg::kOverlap) {
-    // One tile at a time: S, softmax, P V, each waited for.
-    for (int i = 0; i < num_tiles; ++i) {
-      cp_async_wait<S - 2>();              // tile i (and Q) landed: this thread's copies ...
-      wgmma::fence_proxy_async_smem();     // ... visible to the tensor cores' (async proxy) reads ...
-      __syncthreads();                     // ... everyone's; and everyone is done with tile i - 1
-      if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
-      cp_async_commit();
-      if (i + S < num_tiles) lookup_tile(i + S, true);  // into the slot tile i - 1 used
-      if (!visible(i)) continue;  // warpgroup-uniform
-
-      float acc[BN / 2];
-      wgmma::fence();
-      issue_s(acc, i);
-      wgmma::wait<0>();
-      wgmma::fence_regs(acc);
-      float sc[2][BN / 4], factor[2];
-      softmax_tile(acc, i, sc, factor);
-      rescale_o(factor);
-      uint32_t a[BN / 16][4];
-      pack_p(sc, a);
-      pin(a);
-      wgmma::fence_regs(o);
-      wgmma::fence();
-      issue_pv(a, i);
-      wgmma::wait<0>();
-      wgmma::fence_regs(o);
-      pin(a);
+    // O += P V: P rounded to T is the A operand from registers (keys 16 kk..:
+    // the accumulator's n-blocks 2 kk, 2 kk + 1), V the N-major B operand.
+    uint32_t a[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      a[kk][0] = pack2<T>(s[0][4 * kk], s[0][4 * kk + 1]);
+      a[kk][1] = pack2<T>(s[1][4 * kk], s[1][4 * kk + 1]);
+      a[kk][2] = pack2<T>(s[0][4 * kk + 2], s[0][4 * kk + 3]);
+      a[kk][3] = pack2<T>(s[1][4 * kk + 2], s[1][4 * kk + 3]);
     }
-  } else {
-    // FlashAttention-3's intra-warpgroup overlap: in step i, S of tile i and
-    // P V of tile i - 1 go out together, and the softmax of tile i runs while
-    // the tensor cores do that P V. Stages: K of tile i + 1 and V of tile i
-    // are copied during step i (V one tile behind K: P V of tile i - 1 still
-    // reads its V in step i), so every copy has one step to land, as in the
-    // loop above. Both warpgroups walk all the block's tiles (no per-warpgroup
-    // causal skip: wgmma under a branch is serialized by ptxas); the first
-    // step and the last P V are peeled off for the same reason.
-    auto step_begin = [&](int i) {  // copies of step i, and the lookups two tiles ahead
-      cp_async_wait<0>();               // K of tile i and V of tile i - 1 landed: this thread's copies ...
-      wgmma::fence_proxy_async_smem();  // ... visible to the tensor cores' reads ...
-      __syncthreads();                  // ... everyone's; everyone is done with K i - 1 and V i - 2
-      if (i + 1 < num_tiles) load_half(i + 1, true);
-      if (i < num_tiles) load_half(i, false);
-      cp_async_commit();
-      if (i + S < num_tiles) lookup_tile(i + S, true);  // into the slot tile i - 1 used
-    };
-    if (num_tiles > 0) {
-      uint32_t a[BN / 16][4];  // P of the previous tile, the A operand of its P V
-      float acc[BN / 2], sc[2][BN / 4], factor[2];
-      step_begin(0);
-      wgmma::fence();
-      issue_s(acc, 0);
-      wgmma::wait<0>();
-      wgmma::fence_regs(acc);
-      softmax_tile(acc, 0, sc, factor);  // O is still 0: no rescale
-      pack_p(sc, a);
-      for (int i = 1; i < num_tiles; ++i) {
-        step_begin(i);
-        pin(a);
-        wgmma::fence_regs(o);
-        wgmma::fence();
-        issue_s(acc, i);
-        issue_pv(a, i - 1);
-        wgmma::wait<1>();  // S done; P V may still run
-        wgmma::fence_regs(acc);
-        softmax_tile(acc, i, sc, factor);
-        wgmma::wait<0>();
-        wgmma::fence_regs(o);
-        pin(a);
-        rescale_o(factor);
-        pack_p(sc, a);
-      }
-      step_begin(num_tiles);  // the last V
-      pin(a);
-      wgmma::fence_regs(o);
-      wgmma::fence();
-      issue_pv(a, num_tiles - 1);
-      wgmma::wait<0>();
-      wgmma::fence_regs(o);
-      pin(a);
+    // The A registers are read asynchronously too: pin their definitions
+    // before wgmma.fence (PTX: register writes of A must precede it) and keep
+    // them alive until the wait (as FlashAttention-3 does for its RS products).
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma::fence_regs(a[kk]);
+    wgmma::fence_regs(o);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint64_t db = wgmma::desc_sw128(v_tile + kk * 16 * 128, BN * 128, 1024);
+      MmaPV::rs_tnsp_b(o, a[kk], db);
     }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_regs(o);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma::fence_regs(a[kk]);
   }
 
   // ---- Epilogue (attention_tile_kernel's, one key slice) ----
