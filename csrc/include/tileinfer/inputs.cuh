@@ -92,18 +92,23 @@ struct KVWriteParams {
   int num_tokens;
 };
 
-// How a row of D elements of T spreads over a group of threads.
+// How a row of D elements of T spreads over a group of threads: at least two
+// vectors per lane, so that lane l holds column c of the first half and
+// c + D / 2 of the second (its rotary partner, for a full-width rotation: no
+// exchange through shared memory), and the per-row work (metadata, sums,
+// addresses) is shared by half the lanes of one vector per lane.
 template <typename T, int D>
 struct RowLayout {
   static constexpr int kVec = 16 / sizeof(T);          // elements per 16-byte vector
   static constexpr int kRowVecs = D / kVec;            // vectors per row
-  static constexpr int kLanes = kRowVecs < 32 ? kRowVecs : 32;
+  static constexpr int kLanes = kRowVecs / 2 < 32 ? kRowVecs / 2 : 32;
   static constexpr int kVecs = kRowVecs / kLanes;      // vectors per lane
   static constexpr int kElems = kVecs * kVec;          // elements per lane
   static constexpr int kGroups = kInputsThreads / kLanes;           // groups per block
   static constexpr int kRowsPerBlock = kGroups * kRowsPerGroup;
   static_assert(D % kVec == 0 && kRowVecs % kLanes == 0, "head_dim must be a multiple of the vector width");
   static_assert(32 % kLanes == 0, "a group must not straddle warps");
+  static_assert(kVecs % 2 == 0, "vector i + kVecs / 2 holds the rotary partners of vector i");
 
   // First column of the lane's i-th vector.
   __device__ static int col(int lane, int i) { return (lane + i * kLanes) * kVec; }
@@ -210,14 +215,42 @@ __device__ __forceinline__ void rms_norm_stage(float (&x)[RowLayout<T, D>::kElem
 // c + h. y_c = x_c cos - x_{c+h} sin, y_{c+h} = x_{c+h} cos + x_c sin, each
 // product rounded to fp32 before the sum (as the eager reference computes it:
 // __fmul_rn keeps the compiler from fusing them into an fma), rounded once to T.
-// Channels past rotary_dim are kept. The partner of a channel usually lives in
-// another lane, so the row goes through shared memory (`row`, D floats of this
-// group). cs: the position's row of the table, or null to skip the math (the
-// group still takes part in __syncwarp).
+// Channels past rotary_dim are kept. For a full-width rotation the partner of
+// a channel sits in the same lane (RowLayout); otherwise it usually lives in
+// another lane, and the row goes through shared memory (`row`, D floats of
+// this group). cs: the position's row of the table, or null to skip the math
+// (the group still takes part in __syncwarp; the choice of path is the same
+// for every row of a launch).
 template <typename T, int D>
 __device__ __forceinline__ void rope_stage(float (&x)[RowLayout<T, D>::kElems], float* row, const float* cs,
                                            const RopeTable& rt, int lane) {
   using L = RowLayout<T, D>;
+  if (rt.vec_ok && rt.rotary_dim == D) {
+    // Full width: vector i (columns c < D / 2) and vector i + kVecs / 2 (c + D / 2)
+    // are partners, in this lane, and share the cos / sin of c.
+    if (cs == nullptr) return;
+    constexpr int H = L::kVecs / 2;
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+      const int c0 = L::col(lane, i);
+#pragma unroll
+      for (int e = 0; e < L::kVec; e += 4) {
+        const float4 c = __ldg(reinterpret_cast<const float4*>(cs + c0 + e));
+        const float4 sn = __ldg(reinterpret_cast<const float4*>(cs + D / 2 + c0 + e));
+        const float cosv[4] = {c.x, c.y, c.z, c.w}, sinv[4] = {sn.x, sn.y, sn.z, sn.w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          float& a = x[i * L::kVec + e + u];
+          float& b = x[(i + H) * L::kVec + e + u];
+          const float ya = round_to<T>(__fsub_rn(__fmul_rn(a, cosv[u]), __fmul_rn(b, sinv[u])));
+          const float yb = round_to<T>(__fadd_rn(__fmul_rn(b, cosv[u]), __fmul_rn(a, sinv[u])));
+          a = ya;
+          b = yb;
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < L::kVecs; ++i)
 #pragma unroll
