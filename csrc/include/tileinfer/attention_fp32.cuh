@@ -72,14 +72,7 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
   const float* q_ptr = static_cast<const float*>(p.q);
   const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
 
-  if (tid < BM) {
-    const int rr = w.row_base + tid;
-    const int t = rr / w.group;
-    const bool valid = t < w.q_count;
-    row_token_s[tid] = valid ? w.q_begin + t : -1;
-    row_head_s[tid] = w.head0 + rr % w.group;
-    row_qpos_s[tid] = valid ? w.seq_len - w.q_count + t : INT_MAX;
-  }
+  write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
   __syncthreads();
   for (int c = tid; c < BM * (D / 4); c += Cfg::kThreads) {
     const int r = c / (D / 4);

@@ -64,6 +64,7 @@
 
 #include "attention_work.cuh"
 #include "common.cuh"
+#include "key_tiles.cuh"
 #include "mma.cuh"
 #include "params.h"
 #include "softmax.cuh"
@@ -317,50 +318,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   const T* q_ptr = static_cast<const T*>(p.q);
   const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
 
-  for (int r = tid; r < BM; r += Cfg::kThreads) {
-    const int rr = w.row_base + r;
-    const int t = rr / w.group;
-    const bool valid = t < w.q_count;
-    row_token_s[r] = valid ? w.q_begin + t : -1;
-    row_head_s[r] = w.head0 + rr % w.group;
-    row_qpos_s[r] = valid ? w.seq_len - w.q_count + t : INT_MAX;  // padding rows never mask
-  }
+  write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
 
-  // Key lookups and copies: as in attention_tile_kernel (see there).
+  // Key lookups and copies: as in attention_tile_kernel (key_tiles.cuh).
+  using Keys = KeyTiles<BN, S, kSlots>;
   auto lookup_tile = [&](int tile, bool prefetched) {
-    if (tid < BN) {
-      const int slot = tile % kSlots;
-      const int pos = w.key_begin + tile * BN + tid;
-      const int row = !prefetched ? pool_row(p.kv, w.seq, w.kv_head, pos, w.key_end, page_shift)
-                      : pos < w.key_end ? pool_row_on_page(p.kv, entries_s[(tile % S) * BN + tid], w.kv_head, pos)
-                                        : -1;
-      key_rows_s[slot * BN + tid] = row;
-      const unsigned skipped = __ballot_sync(0xffffffffu, row < 0);
-      if (lane == 0) flags_s[slot * kFlags + warp] = skipped != 0u;
-    }
+    Keys::lookup(p.kv, w, tid, tile, prefetched, page_shift, key_rows_s, flags_s, entries_s);
   };
-  auto fetch_entries = [&](int tile) {
-    const int pos = w.key_begin + tile * BN + tid;
-    if (tid < BN && pos < w.key_end) {
-      cp_async_4(entries_s + (tile % S) * BN + tid,
-                 p.kv.block_tables + static_cast<int64_t>(w.seq) * p.kv.max_pages + (pos >> page_shift), true);
-    }
-  };
+  auto fetch_entries = [&](int tile) { Keys::fetch_entries(p.kv, w, tid, tile, page_shift, entries_s); };
   auto load_tile = [&](int tile) {
     uint8_t* k_dst = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
     uint8_t* v_dst = k_dst + Cfg::kTileBytes;
     const int* rows = key_rows_s + (tile % kSlots) * BN;
-#pragma unroll
-    for (int i = 0; i < BN * Cfg::kChunks / Cfg::kThreads; ++i) {
-      const int c = tid + i * Cfg::kThreads;  // consecutive threads: consecutive 16 B of a key row
-      const int row = c / Cfg::kChunks;
-      const int ch = c % Cfg::kChunks;
-      const int pr = rows[row];
-      const int64_t src = static_cast<int64_t>(pr < 0 ? 0 : pr) * Cfg::kRowBytes + ch * 16;
-      const int dst = Cfg::offset(BN, row, ch);
-      cp_async_16(k_dst + dst, k_pool + src, pr >= 0);
-      cp_async_16(v_dst + dst, v_pool + src, pr >= 0);
-    }
+    Keys::template copy_kv<Cfg::kThreads, Cfg::kChunks, Cfg::kRowBytes>(
+        k_pool, v_pool, rows, k_dst, v_dst, tid, [](int row, int ch) { return Cfg::offset(BN, row, ch); });
     fetch_entries(tile + S);  // lands with this tile, kStages tiles before its lookup
   };
 

@@ -36,6 +36,22 @@ struct WorkItem {
   bool active;    // false: no row of this block is a query of the step
 };
 
+// The block's row table in shared memory: for each of its BM rows (a (query,
+// query head) pair of its KV head's group), the token (-1: no query), the
+// query head, and the query's position (INT_MAX for no query: never masked).
+template <int BM, int kThreads>
+__device__ __forceinline__ void write_row_table(const WorkItem& w, int tid, int* row_token, int* row_head,
+                                                int* row_qpos) {
+  for (int r = tid; r < BM; r += kThreads) {
+    const int rr = w.row_base + r;
+    const int t = rr / w.group;
+    const bool valid = t < w.q_count;
+    row_token[r] = valid ? w.q_begin + t : -1;
+    row_head[r] = w.head0 + rr % w.group;
+    row_qpos[r] = valid ? w.seq_len - w.q_count + t : INT_MAX;
+  }
+}
+
 // Last key position (exclusive) that a causal query tile can see: its last query
 // sits at seq_len - q_count + last_t. Malformed metadata (more queries than
 // positions) gives 0, never a negative bound.
