@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem
 
 
@@ -90,3 +91,17 @@ def check_neutral_splits(po, pl, p, splits):
                 rows = slice(cu[s], cu[s + 1])
                 assert torch.all(po[i, rows] == 0) and torch.all(pl[i, rows] == float("-inf")), \
                     f"split {i} of sequence {s} has no pages but is not neutral"
+
+
+def exact_attention(p, causal):
+    """float64 (out, lse) of a problem. A sequence with queries but no position
+    (seq_lens <= 0) is given one position on no page, which the reference
+    treats the same way: its rows see nothing (it cannot reduce over zero
+    positions)."""
+    lens = p.seq_lens.clone()
+    tables = p.block_tables.clone()
+    empty = lens <= 0
+    lens[empty] = 1
+    tables[empty] = -1
+    return reference.paged_attention(p.q, p.k_cache, p.v_cache, tables, lens, p.cu_seqlens_q, p.scale, causal,
+                                     exact=True, return_lse=True)

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import tileinfer_attn
-from op_helpers import has_cuda_kernel
+from op_helpers import exact_attention, has_cuda_kernel
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, rel_error, ulp_error
 
@@ -85,19 +85,6 @@ def check_lse(lse, exact_lse, dtype, what):
     if seen.any():
         err = ((lse[seen] - exact_lse[seen]).abs() / exact_lse[seen].abs().clamp_min(1.0)).max().item()
         assert err <= LSE_REL[dtype], f"{what}: lse error {err:.3g} > {LSE_REL[dtype]}"
-
-
-def exact_attention(p, causal):
-    """float64 (out, lse). A sequence with queries but no position (seq_lens <= 0)
-    is given one position on no page, which the reference treats the same way:
-    its rows see nothing (it cannot reduce over zero positions)."""
-    lens = p.seq_lens.clone()
-    tables = p.block_tables.clone()
-    empty = lens <= 0
-    lens[empty] = 1
-    tables[empty] = -1
-    return reference.paged_attention(p.q, p.k_cache, p.v_cache, tables, lens, p.cu_seqlens_q, p.scale, causal,
-                                     exact=True, return_lse=True)
 
 
 def real_rows(p):

@@ -16,8 +16,7 @@ import zlib
 import pytest
 import torch
 
-from op_helpers import has_cuda_kernel
-from tileinfer_attn import reference
+from op_helpers import exact_attention, has_cuda_kernel
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
 
 pytestmark = pytest.mark.gpu
@@ -48,17 +47,6 @@ def D(request, monkeypatch):
 @pytest.fixture
 def seed(request):
     return zlib.crc32(request.node.nodeid.encode())
-
-
-def exact_attention(p, causal):
-    """float64 (out, lse); sequences with no position see nothing (see test_attention_gpu.py)."""
-    lens = p.seq_lens.clone()
-    tables = p.block_tables.clone()
-    empty = lens <= 0
-    lens[empty] = 1
-    tables[empty] = -1
-    return reference.paged_attention(p.q, p.k_cache, p.v_cache, tables, lens, p.cu_seqlens_q, p.scale, causal,
-                                     exact=True, return_lse=True)
 
 
 def run_prefill(p, causal, with_lse=True, scale=None, guard=0):
