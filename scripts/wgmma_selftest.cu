@@ -26,7 +26,7 @@ template <typename T, int BN>
 __global__ void __launch_bounds__(256, 1)
     selftest_kernel(const T* q, const T* k, const T* v, const float* pm, float* s_out, float* o_out) {
 #if TILEINFER_WGMMA_ENABLED
-  using Cfg = WgmmaPrefillConfig<T, 2, BN, 2>;
+  using Cfg = WgmmaPrefillConfig<T, 128, 2, BN, 2>;
   static_assert(Cfg::kBlockM == kRows, "the kernel's block rows");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
