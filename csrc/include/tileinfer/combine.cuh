@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
 
 // Launches combine_kernel on `stream`; no-op for an empty output.
 // `programmatic`: see launch_kernel (common.cuh); behind decode, whose blocks
-// allow it at their start, combine's blocks are resident before decode ends.
+// allow it at their epilogue, combine's blocks are resident before decode ends.
 template <typename scalar_t, int HEAD_DIM>
 cudaError_t launch_combine(const AttentionParams& p, cudaStream_t stream, bool programmatic) {
   using Traits = CombineTraits<HEAD_DIM>;

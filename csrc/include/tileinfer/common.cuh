@@ -60,10 +60,11 @@ __device__ __forceinline__ float warp_max(float x) {
 // start (the attention kernels at their epilogue, the small ones at once),
 // and is launched with launch_kernel(..., programmatic = true): its blocks are
 // scheduled while the previous kernel of the stream still runs (when that one
-// allowed it) and wait there before any read or write. Waiting first keeps the order of plain
-// launches: nothing is read before its producer is done, nothing written
-// before the previous kernel's reads are, and since every kernel waits before
-// it ends, one that finished implies all the kernels before it did too.
+// allowed it) and wait there before any read or write. Waiting first keeps
+// the order of plain launches: nothing is read before its producer is done,
+// nothing written before the previous kernel's reads are, and since every
+// kernel waits before it ends, one that finished implies all the kernels
+// before it did too.
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

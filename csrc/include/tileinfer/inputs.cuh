@@ -96,7 +96,7 @@ struct KVWriteParams {
 // vectors per lane, so that lane l holds column c of the first half and
 // c + D / 2 of the second (its rotary partner, for a full-width rotation: no
 // exchange through shared memory), and the per-row work (metadata, sums,
-// addresses) is shared by half the lanes of one vector per lane.
+// addresses) is repeated by half as many lanes as with one vector per lane.
 template <typename T, int D>
 struct RowLayout {
   static constexpr int kVec = 16 / sizeof(T);          // elements per 16-byte vector
