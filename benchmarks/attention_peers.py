@@ -165,6 +165,23 @@ def ours_attention_no_pdl(p: Problem, causal: bool = True):
     return with_env(ours_attention(p, causal), TILEINFER_NO_PDL="1")
 
 
+def ours_decode_combine(p: Problem, splits: int, causal: bool = True):
+    """decode into `splits` fp32 partials, then combine: the attention op's
+    decode path with another split count than the dispatcher's
+    (decode_num_splits), to measure that choice."""
+    ops = torch.ops.tileinfer_attn
+    t, h, d = p.q.shape
+    out = torch.empty_like(p.q)
+    po = torch.empty(splits, t, h, d, dtype=torch.float32, device=p.q.device)
+    pl = torch.empty(splits, t, h, dtype=torch.float32, device=p.q.device)
+
+    def fn(out, po, pl, q, kc, vc, bt, sl, cu):
+        ops.decode(po, pl, q, kc, vc, bt, sl, cu, p.max_q_len, p.scale, causal)
+        ops.combine(out, None, po, pl)
+        return out
+    return fn, (out, po, pl, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
+
+
 def ours_prefill_tile_kernel(p: Problem, causal: bool = True):
     """prefill on the mma.sync tile kernel (TILEINFER_PREFILL_WGMMA=0), next to the default wgmma kernel."""
     return with_env(ours_prefill(p, causal), TILEINFER_PREFILL_WGMMA="0")
