@@ -5,14 +5,19 @@ d 128 (--d 64), bf16 (--fp16). Prints TFLOP/s of causal FLOPs (2 * 2 * L * L
 / 2 * d * Hq per prompt, SPEC section 7) and the ulps between the outputs.
 A quick look without peers; bench_prefill.py times both next to cuDNN and flash.
 
-    python3 benchmarks/bench_wgmma_prefill.py [--only 8k] [--fp16] [--d 64] [--reps 20]
+    python3 benchmarks/bench_wgmma_prefill.py [--only 8k] [--fp16] [--d 64] [--rep-ms 100]
 """
 import argparse
 import os
+import sys
+from pathlib import Path
 
 import torch
 
 from tileinfer_attn.testing import make_problem, ulp_error
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 
 CASES = [("1x512", [512]), ("1x1k", [1024]), ("1x2k", [2048]), ("1x8k", [8192]), ("1x16k", [16384]), ("4x2k", [2048] * 4), ("8x512", [512] * 8)]
 VARIANTS = [("tile kernel", {"TILEINFER_PREFILL_WGMMA": "0"}), ("wgmma (default)", {})]
@@ -23,27 +28,12 @@ def set_env(env):
     os.environ.update(env)
 
 
-def time_ms(fn, reps):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(3):
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / reps)
-    return best
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
     ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--d", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--rep-ms", type=float, default=100.0, help="timed milliseconds per variant (common.bench)")
     args = ap.parse_args()
     dtype = torch.float16 if args.fp16 else torch.bfloat16
     ops = torch.ops.tileinfer_attn
@@ -59,9 +49,9 @@ def main():
         for _, env in VARIANTS:
             set_env(env)
             out = torch.empty_like(p.q)
-            ms = time_ms(lambda: ops.prefill(out, None, *p.args(), p.scale, True), args.reps)
+            t = common.bench(lambda: ops.prefill(out, None, *p.args(), p.scale, True), rep_ms=args.rep_ms)
             outs.append(out.clone())
-            cells.append(f"{flops / ms / 1e9:18.1f}")
+            cells.append(f"{flops / t.seconds / 1e12:18.1f}")
         set_env({})
         diffs = " ".join(f"{ulp_error(o, outs[0].double(), dtype):.2f}" for o in outs[1:])
         print(f"{label:8s} " + " ".join(cells) + f"   ({diffs})")

@@ -105,3 +105,16 @@ def exact_attention(p, causal):
     tables[empty] = -1
     return reference.paged_attention(p.q, p.k_cache, p.v_cache, tables, lens, p.cu_seqlens_q, p.scale, causal,
                                      exact=True, return_lse=True)
+
+
+def check_lse(lse, exact_lse, what, rel):
+    """An lse against float64: no NaN, -inf exactly where the exact one is
+    (rows that see nothing), elsewhere within `rel` relative (of max(1, |lse|))."""
+    lse = lse.double()
+    assert not torch.isnan(lse).any(), f"{what}: NaN in lse"
+    seen = torch.isfinite(exact_lse)
+    assert torch.equal(torch.isfinite(lse), seen), f"{what}: lse finite where exact is -inf (or the reverse)"
+    assert torch.all(lse[~seen] == float("-inf")), f"{what}: rows that see nothing must have lse = -inf"
+    if seen.any():
+        err = ((lse[seen] - exact_lse[seen]).abs() / exact_lse[seen].abs().clamp_min(1.0)).max().item()
+        assert err <= rel, f"{what}: lse error {err:.3g} > {rel}"

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import tileinfer_attn
+import op_helpers
 from op_helpers import exact_attention, has_cuda_kernel
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, rel_error, ulp_error
@@ -77,14 +78,7 @@ def check_out(out, exact, dtype, what, ulps=ULPS):
 
 
 def check_lse(lse, exact_lse, dtype, what):
-    lse = lse.double()
-    assert not torch.isnan(lse).any(), f"{what}: NaN in lse"
-    seen = torch.isfinite(exact_lse)
-    assert torch.equal(torch.isfinite(lse), seen), f"{what}: lse finite where exact is -inf (or the reverse)"
-    assert torch.all(lse[~seen] == float("-inf")), f"{what}: rows that see nothing must have lse = -inf"
-    if seen.any():
-        err = ((lse[seen] - exact_lse[seen]).abs() / exact_lse[seen].abs().clamp_min(1.0)).max().item()
-        assert err <= LSE_REL[dtype], f"{what}: lse error {err:.3g} > {LSE_REL[dtype]}"
+    op_helpers.check_lse(lse, exact_lse, what, LSE_REL[dtype])
 
 
 def real_rows(p):

@@ -49,7 +49,7 @@
 #include "attention_work.cuh"
 #include "common.cuh"
 #include "int8.cuh"
-#include "key_tiles.cuh"
+#include "tile_io.cuh"
 #include "mma.cuh"
 #include "params.h"
 #include "softmax.cuh"
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   constexpr int WN = Cfg::kWarpN;
   constexpr int S = Cfg::kStages;
   constexpr int kSlots = Cfg::kRowSlots;
-  constexpr int kFlags = BN / 32;
+  constexpr int kFlags = KeyTiles<BN, S, kSlots>::kFlags;
 
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* kv_s = smem;                                               // [S][K, V][BN rows] swizzled
@@ -210,23 +210,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
   if (tid == 0) *qmax_s = 0;
 
-  using Keys = KeyTiles<BN, S, kSlots>;
-  auto lookup_tile = [&](int tile, bool prefetched) {
-    Keys::lookup(p.kv, w, tid, tile, prefetched, page_shift, key_rows_s, flags_s, entries_s);
-  };
-  auto fetch_entries = [&](int tile) { Keys::fetch_entries(p.kv, w, tid, tile, page_shift, entries_s); };
-
+  const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, key_rows_s, flags_s, entries_s};
   auto load_tile = [&](int tile) {
     uint8_t* k_dst = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
     uint8_t* v_dst = k_dst + Cfg::kTileBytes;
-    const int* rows = key_rows_s + (tile % kSlots) * BN;
-    Keys::template copy_kv<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes>(
-        k_pool, v_pool, rows, k_dst, v_dst, tid, [](int row, int ch) { return Cfg::stage_offset(row, ch); });
-    fetch_entries(tile + S);  // lands with this tile, kStages tiles before its lookup
+    keys.template copy_kv<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes>(
+        tile, k_pool, v_pool, k_dst, v_dst, [](int row, int ch) { return Cfg::stage_offset(row, ch); });
     if constexpr (Cfg::kInt8) {
       // A pool row is also the index of its scale ([num_pages, num_kv_heads, page_size]).
       if (tid < BN) {
-        const int pr = rows[tid];
+        const int pr = key_rows_s[(tile % kSlots) * BN + tid];
         float* dst = scale_s + (tile % S) * 2 * BN;
         cp_async_4(dst + tid, p.kv.k_scale + (pr < 0 ? 0 : pr), pr >= 0);
         cp_async_4(dst + BN + tid, p.kv.v_scale + (pr < 0 ? 0 : pr), pr >= 0);
@@ -234,21 +227,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     }
   };
 
-  for (int j = 0; j < S && j < num_tiles; ++j) lookup_tile(j, false);
+  for (int j = 0; j < S && j < num_tiles; ++j) keys.lookup(j, false);
   __syncthreads();  // row table and the first lookups
 
   // Queries: copied as they are; with an int8 cache they go through registers
   // instead (times the key smoothing factors, then a power-of-two scale into
   // fp16), after the first tiles' copies are on their way.
   if constexpr (!Cfg::kInt8) {
-    for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {
-      const int row = c / Cfg::kChunks;
-      const int ch = c % Cfg::kChunks;
-      const int token = row_token_s[row];
-      const T* src = q_ptr + ch * 8;
-      if (token >= 0) src += token * p.q_stride_token + row_head_s[row] * p.q_stride_head;
-      cp_async_16(q_s + Cfg::swz(row, ch), src, token >= 0);  // padding rows: zeros
-    }
+    copy_query_rows<BM, Cfg::kThreads, Cfg::kChunks, T>(
+        p, row_token_s, row_head_s, q_s, tid, [](int row, int ch) { return int(sizeof(T)) * Cfg::swz(row, ch); });
   }
   cp_async_commit();
 #pragma unroll
@@ -393,7 +380,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     __syncthreads();         // ... everyone's, and everyone is done with tile i - 1
     if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
     cp_async_commit();
-    if (i + S < num_tiles) lookup_tile(i + S, true);  // into the slot tile i - 1 used
+    if (i + S < num_tiles) keys.lookup(i + S, true);  // into the slot tile i - 1 used
 
     const uint8_t* k_stage = kv_s + (i % S) * 2 * Cfg::kTileBytes;
     const uint8_t* v_stage = k_stage + Cfg::kTileBytes;
@@ -612,35 +599,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // 16-byte stores of whole rows of elements O at row_ptr(token, head); the
   // key-slice warps' parts add up in a fixed order.
   auto store_rows = [&](auto row_ptr) {
-    using O = std::remove_pointer_t<decltype(row_ptr(0, 0))>;
-    constexpr int kVec = Vec16<O>::kSize;
-    for (int idx = tid; idx < BM * (D / kVec); idx += Cfg::kThreads) {
-      const int row = idx / (D / kVec);
-      const int col = (idx % (D / kVec)) * kVec;
-      const int token = row_token_s[row];
-      if (token < 0) continue;
-      float v[kVec];
-#pragma unroll
-      for (int x = 0; x < kVec; x += 4) {
-        float4 acc = *reinterpret_cast<const float4*>(o_s + row * Cfg::kOStride + col + x);
-#pragma unroll
-        for (int wn = 1; wn < Cfg::kWarpsN; ++wn) {
-          const float4 part = *reinterpret_cast<const float4*>(o_s + (wn * BM + row) * Cfg::kOStride + col + x);
-          acc.x += part.x;
-          acc.y += part.y;
-          acc.z += part.z;
-          acc.w += part.w;
-        }
-        v[x] = acc.x;
-        v[x + 1] = acc.y;
-        v[x + 2] = acc.z;
-        v[x + 3] = acc.w;
-      }
-      Vec16<O> vec;
-#pragma unroll
-      for (int x = 0; x < kVec; ++x) vec.v[x] = from_float<O>(v[x]);
-      *reinterpret_cast<Vec16<O>*>(row_ptr(token, row_head_s[row]) + col) = vec;
-    }
+    store_output_rows<BM, D, Cfg::kThreads, Cfg::kWarpsN, Cfg::kOStride>(o_s, row_token_s, row_head_s, tid, row_ptr);
   };
   bool partials = false;
   if constexpr (Work::kPartials) partials = Work::writes_partials(p);

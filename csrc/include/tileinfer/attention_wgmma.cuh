@@ -64,7 +64,7 @@
 
 #include "attention_work.cuh"
 #include "common.cuh"
-#include "key_tiles.cuh"
+#include "tile_io.cuh"
 #include "mma.cuh"
 #include "params.h"
 #include "softmax.cuh"
@@ -132,89 +132,52 @@ template <typename T, int N>
 struct Mma;
 
 #if TILEINFER_WGMMA_ENABLED
-template <>
-struct Mma<__nv_bfloat16, 64> {
-  // D (+)= A B, A and B from shared memory, both K-major; scale_d = 0 ignores D's old value.
-  __device__ __forceinline__ static void ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }
-  // D += A B, A (4 x b32 per thread) from registers, B from shared memory N-major (transposed).
-  __device__ __forceinline__ static void rs_tnsp_b(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-  }
-};
-
-template <>
-struct Mma<__nv_bfloat16, 128> {
-  // D (+)= A B, A and B from shared memory, both K-major; scale_d = 0 ignores D's old value.
-  __device__ __forceinline__ static void ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }
-  // D += A B, A (4 x b32 per thread) from registers, B from shared memory N-major (transposed).
-  __device__ __forceinline__ static void rs_tnsp_b(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-  }
-};
-
-template <>
-struct Mma<__half, 64> {
-  // D (+)= A B, A and B from shared memory, both K-major; scale_d = 0 ignores D's old value.
-  __device__ __forceinline__ static void ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }
-  // D += A B, A (4 x b32 per thread) from registers, B from shared memory N-major (transposed).
-  __device__ __forceinline__ static void rs_tnsp_b(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-  }
-};
-
-template <>
-struct Mma<__half, 128> {
-  // D (+)= A B, A and B from shared memory, both K-major; scale_d = 0 ignores D's old value.
-  __device__ __forceinline__ static void ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }
-  // D += A B, A (4 x b32 per thread) from registers, B from shared memory N-major (transposed).
-  __device__ __forceinline__ static void rs_tnsp_b(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-  }
-};
+// The specializations, one macro per N for both element types (the PTX
+// type name is the only difference): accumulator operands "+f"(d[0..N/2)),
+// named %0.. in the instruction text; the inputs follow them.
+#define TILEINFER_WGMMA_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define TILEINFER_WGMMA_F32 TILEINFER_WGMMA_F8(0), TILEINFER_WGMMA_F8(8), TILEINFER_WGMMA_F8(16), TILEINFER_WGMMA_F8(24)
+#define TILEINFER_WGMMA_F64 TILEINFER_WGMMA_F32, TILEINFER_WGMMA_F8(32), TILEINFER_WGMMA_F8(40), \
+                            TILEINFER_WGMMA_F8(48), TILEINFER_WGMMA_F8(56)
+#define TILEINFER_WGMMA_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define TILEINFER_WGMMA_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+// ss: D (+)= A B, A and B from shared memory, both K-major; scale_d = 0 ignores
+// D's old value. rs_tnsp_b: D += A B, A (4 x b32 per thread) from registers,
+// B from shared memory N-major (transposed). SS_IN / RS_IN: the inputs'
+// operand names, after the N / 2 accumulators.
+#define TILEINFER_WGMMA_MMA(T, TYPE, N, OUTS, REGS, SS_IN, SS_SCALE, RS_IN)                                       \
+  template <>                                                                                                    \
+  struct Mma<T, N> {                                                                                             \
+    __device__ __forceinline__ static void ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_SCALE ", 0;\n"                                        \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " REGS ", " SS_IN          \
+                   ", p, 1, 1, 0, 0;\n}\n"                                                                      \
+                   : OUTS                                                                                        \
+                   : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                                    \
+    }                                                                                                            \
+    __device__ __forceinline__ static void rs_tnsp_b(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) { \
+      asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " REGS ", " RS_IN           \
+                   ", 1, 1, 1, 1;\n"                                                                             \
+                   : OUTS                                                                                        \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));                                   \
+    }                                                                                                            \
+  };
+#define TILEINFER_WGMMA_MMA_64(T, TYPE) \
+  TILEINFER_WGMMA_MMA(T, TYPE, 64, TILEINFER_WGMMA_F32, TILEINFER_WGMMA_R32, "%32, %33", "%34", "{%32, %33, %34, %35}, %36")
+#define TILEINFER_WGMMA_MMA_128(T, TYPE) \
+  TILEINFER_WGMMA_MMA(T, TYPE, 128, TILEINFER_WGMMA_F64, TILEINFER_WGMMA_R64, "%64, %65", "%66", "{%64, %65, %66, %67}, %68")
+TILEINFER_WGMMA_MMA_64(__nv_bfloat16, "bf16")
+TILEINFER_WGMMA_MMA_128(__nv_bfloat16, "bf16")
+TILEINFER_WGMMA_MMA_64(__half, "f16")
+TILEINFER_WGMMA_MMA_128(__half, "f16")
+#undef TILEINFER_WGMMA_MMA_128
+#undef TILEINFER_WGMMA_MMA_64
+#undef TILEINFER_WGMMA_MMA
+#undef TILEINFER_WGMMA_R64
+#undef TILEINFER_WGMMA_R32
+#undef TILEINFER_WGMMA_F64
+#undef TILEINFER_WGMMA_F32
+#undef TILEINFER_WGMMA_F8
 #else
 // Other targets: never called (the launcher checks the device, and the kernel
 // traps there); declared so that the templates parse.
@@ -243,7 +206,7 @@ struct WgmmaPrefillConfig {
   static constexpr int kRowSlots = kStages + 1;  // key-row lookups run one tile ahead of the copies
   static constexpr int kRowBytes = D * 2;        // one Q / K / V row
   static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per row (D / 64 128-byte blocks)
-  static constexpr int kFlags = kBlockN / 32;
+  static constexpr int kFlags = KeyTiles<kBlockN, kStages, kRowSlots>::kFlags;
 
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "bf16 / fp16");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
@@ -315,37 +278,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   const int page_shift = __ffs(p.kv.page_size) - 1;  // page sizes are powers of two (checked on the host)
   const uint8_t* k_pool = static_cast<const uint8_t*>(p.kv.k_cache);
   const uint8_t* v_pool = static_cast<const uint8_t*>(p.kv.v_cache);
-  const T* q_ptr = static_cast<const T*>(p.q);
   const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
 
   write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
 
-  // Key lookups and copies: as in attention_tile_kernel (key_tiles.cuh).
-  using Keys = KeyTiles<BN, S, kSlots>;
-  auto lookup_tile = [&](int tile, bool prefetched) {
-    Keys::lookup(p.kv, w, tid, tile, prefetched, page_shift, key_rows_s, flags_s, entries_s);
-  };
-  auto fetch_entries = [&](int tile) { Keys::fetch_entries(p.kv, w, tid, tile, page_shift, entries_s); };
+  // Key lookups and copies: as in attention_tile_kernel (tile_io.cuh).
+  const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, key_rows_s, flags_s, entries_s};
   auto load_tile = [&](int tile) {
     uint8_t* k_dst = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
-    uint8_t* v_dst = k_dst + Cfg::kTileBytes;
-    const int* rows = key_rows_s + (tile % kSlots) * BN;
-    Keys::template copy_kv<Cfg::kThreads, Cfg::kChunks, Cfg::kRowBytes>(
-        k_pool, v_pool, rows, k_dst, v_dst, tid, [](int row, int ch) { return Cfg::offset(BN, row, ch); });
-    fetch_entries(tile + S);  // lands with this tile, kStages tiles before its lookup
+    keys.template copy_kv<Cfg::kThreads, Cfg::kChunks, Cfg::kRowBytes>(
+        tile, k_pool, v_pool, k_dst, k_dst + Cfg::kTileBytes, [](int row, int ch) { return Cfg::offset(BN, row, ch); });
   };
 
-  for (int j = 0; j < S && j < num_tiles; ++j) lookup_tile(j, false);
+  for (int j = 0; j < S && j < num_tiles; ++j) keys.lookup(j, false);
   __syncthreads();  // row table and the first lookups
 
-  for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {
-    const int row = c / Cfg::kChunks;
-    const int ch = c % Cfg::kChunks;
-    const int token = row_token_s[row];
-    const T* src = q_ptr + ch * 8;
-    if (token >= 0) src += token * p.q_stride_token + row_head_s[row] * p.q_stride_head;
-    cp_async_16(q_s + Cfg::offset(BM, row, ch), src, token >= 0);  // padding rows: zeros
-  }
+  copy_query_rows<BM, Cfg::kThreads, Cfg::kChunks, T>(p, row_token_s, row_head_s, q_s, tid,
+                                                      [](int row, int ch) { return Cfg::offset(BM, row, ch); });
   cp_async_commit();
 #pragma unroll
   for (int j = 0; j < S - 1; ++j) {
@@ -384,7 +333,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
     __syncthreads();                     // ... everyone's; and everyone is done with tile i - 1
     if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
     cp_async_commit();
-    if (i + S < num_tiles) lookup_tile(i + S, true);  // into the slot tile i - 1 used
+    if (i + S < num_tiles) keys.lookup(i + S, true);  // into the slot tile i - 1 used
 
     const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
     if (!wg_has_rows || (p.causal && tile_pos > wg_qmax)) continue;  // warpgroup-uniform: nothing visible
@@ -504,23 +453,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   }
   __syncthreads();
 
-  constexpr int kVec = Vec16<T>::kSize;
-  for (int idx = tid; idx < BM * (D / kVec); idx += Cfg::kThreads) {
-    const int row = idx / (D / kVec);
-    const int col = (idx % (D / kVec)) * kVec;
-    const int token = row_token_s[row];
-    if (token < 0) continue;
-    Vec16<T> vec;
-#pragma unroll
-    for (int x = 0; x < kVec; x += 4) {
-      const float4 v = *reinterpret_cast<const float4*>(o_s + row * Cfg::kOStride + col + x);
-      vec.v[x] = from_float<T>(v.x);
-      vec.v[x + 1] = from_float<T>(v.y);
-      vec.v[x + 2] = from_float<T>(v.z);
-      vec.v[x + 3] = from_float<T>(v.w);
-    }
-    *reinterpret_cast<Vec16<T>*>(output_row<T>(p, token, row_head_s[row]) + col) = vec;
-  }
+  store_output_rows<BM, D, Cfg::kThreads, 1, Cfg::kOStride>(
+      o_s, row_token_s, row_head_s, tid, [&](int token, int head) { return output_row<T>(p, token, head); });
   if (tid < BM && row_token_s[tid] >= 0) {
     float* lse = Work::lse_at(p, w, row_token_s[tid], row_head_s[tid]);
     if (lse != nullptr) *lse = lse_s[tid];

@@ -1,0 +1,145 @@
+// The shared-memory traffic that the tensor-core attention kernels
+// (attention_tile_kernel, attention_wgmma_kernel) share around their math: the
+// walk over a block's keys kBlockN at a time with the K / V tile copies
+// (KeyTiles), the block's query rows in (copy_query_rows), its output rows and
+// lse out (store_output_rows).
+//
+// Key walk: thread k < kBlockN looks up key k of a tile, and the copies of the
+// tile then read the looked-up pool rows from shared memory. Shared memory
+// (the kernel lays it out):
+//   key_rows [kSlots][kBlockN]  pool row of each key of a tile, -1: skipped
+//   flags    [kSlots][kBlockN / 32]  per warp: does the tile skip any key
+//                                    (then it takes the masked path)
+//   entries  [kStages][kBlockN]  block-table entry of each key's page, copied
+//                                with the K / V tile kStages before its lookup
+// The first kStages tiles read the block table directly; later ones take the
+// entries that fetch_entries copied, so the main loop never waits on a
+// block-table load. (On an H200 the bf16 decode did not change with it, at
+// 1 x 32k or 8 x 32k; the instruction-bound int8 loop was not measured without it.)
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "attention_work.cuh"
+#include "mma.cuh"
+#include "params.h"
+
+namespace tileinfer {
+
+template <int kBlockN, int kStages, int kSlots>
+struct KeyTiles {
+  static constexpr int kFlags = kBlockN / 32;
+
+  const PagedKVParams& kv;
+  const WorkItem& w;
+  int tid;         // threadIdx.x
+  int page_shift;  // log2(page_size)
+  int* key_rows;
+  int* flags;
+  int* entries;
+
+  // Pool rows of the keys of tile `tile` into its slot, and the slot's flags.
+  __device__ __forceinline__ void lookup(int tile, bool prefetched) const {
+    if (tid < kBlockN) {
+      const int slot = tile % kSlots;
+      const int pos = w.key_begin + tile * kBlockN + tid;
+      const int row = !prefetched ? pool_row(kv, w.seq, w.kv_head, pos, w.key_end, page_shift)
+                      : pos < w.key_end ? pool_row_on_page(kv, entries[(tile % kStages) * kBlockN + tid], w.kv_head, pos)
+                                        : -1;
+      key_rows[slot * kBlockN + tid] = row;
+      const unsigned skipped = __ballot_sync(0xffffffffu, row < 0);
+      if ((tid & 31) == 0) flags[slot * kFlags + (tid >> 5)] = skipped != 0u;
+    }
+  }
+
+  // Block-table entries of the keys of tile `tile`, copied asynchronously by
+  // the thread that will look them up (so no barrier is needed before it does).
+  __device__ __forceinline__ void fetch_entries(int tile) const {
+    const int pos = w.key_begin + tile * kBlockN + tid;
+    if (tid < kBlockN && pos < w.key_end) {
+      cp_async_4(entries + (tile % kStages) * kBlockN + tid,
+                 kv.block_tables + static_cast<int64_t>(w.seq) * kv.max_pages + (pos >> page_shift), true);
+    }
+  }
+
+  // The K and V rows of tile `tile` (pool rows from its lookup, -1: zeros) into
+  // the stage buffers k_dst / v_dst, kChunks 16-byte chunks per row, chunk ch
+  // of key row r at byte offset(r, ch); consecutive threads copy consecutive
+  // 16 bytes of a row. Then the block-table entries kStages tiles ahead.
+  template <int kThreads, int kChunks, int kRowBytes, class Offset>
+  __device__ __forceinline__ void copy_kv(int tile, const uint8_t* k_pool, const uint8_t* v_pool, uint8_t* k_dst,
+                                          uint8_t* v_dst, Offset offset) const {
+    static_assert((kBlockN * kChunks) % kThreads == 0, "whole copy rounds");
+    const int* rows = key_rows + (tile % kSlots) * kBlockN;
+#pragma unroll
+    for (int i = 0; i < kBlockN * kChunks / kThreads; ++i) {
+      const int c = tid + i * kThreads;
+      const int row = c / kChunks;
+      const int ch = c % kChunks;
+      const int pr = rows[row];
+      const int64_t src = static_cast<int64_t>(pr < 0 ? 0 : pr) * kRowBytes + ch * 16;
+      const int dst = offset(row, ch);
+      cp_async_16(k_dst + dst, k_pool + src, pr >= 0);
+      cp_async_16(v_dst + dst, v_pool + src, pr >= 0);
+    }
+    fetch_entries(tile + kStages);  // lands with this tile, kStages tiles before its lookup
+  }
+};
+
+// The block's query rows (row_token / row_head: write_row_table) into shared
+// memory, kChunks 16-byte chunks per row, chunk ch of row r at byte offset(r,
+// ch); rows of no query get zeros.
+template <int kRows, int kThreads, int kChunks, typename T, class Offset>
+__device__ __forceinline__ void copy_query_rows(const AttentionParams& p, const int* row_token, const int* row_head,
+                                                void* q_s, int tid, Offset offset) {
+  const T* q_ptr = static_cast<const T*>(p.q);
+  for (int c = tid; c < kRows * kChunks; c += kThreads) {
+    const int row = c / kChunks;
+    const int ch = c % kChunks;
+    const int token = row_token[row];
+    const T* src = q_ptr + ch * 8;
+    if (token >= 0) src += token * p.q_stride_token + row_head[row] * p.q_stride_head;
+    cp_async_16(static_cast<uint8_t*>(q_s) + offset(row, ch), src, token >= 0);  // padding rows: zeros
+  }
+}
+
+// The block's normalized fp32 output rows, staged in shared memory (o_s: kParts
+// slices of [kRows][kOStride], summed in slice order: the tile kernel's key-slice
+// warps), as 16-byte stores of elements O at row_ptr(token, head); rows of no
+// query are skipped.
+template <int kRows, int kD, int kThreads, int kParts, int kOStride, class RowPtr>
+__device__ __forceinline__ void store_output_rows(const float* o_s, const int* row_token, const int* row_head, int tid,
+                                                  RowPtr row_ptr) {
+  using O = std::remove_pointer_t<decltype(row_ptr(0, 0))>;
+  constexpr int kVec = Vec16<O>::kSize;
+  for (int idx = tid; idx < kRows * (kD / kVec); idx += kThreads) {
+    const int row = idx / (kD / kVec);
+    const int col = (idx % (kD / kVec)) * kVec;
+    const int token = row_token[row];
+    if (token < 0) continue;
+    float v[kVec];
+#pragma unroll
+    for (int x = 0; x < kVec; x += 4) {
+      float4 acc = *reinterpret_cast<const float4*>(o_s + row * kOStride + col + x);
+#pragma unroll
+      for (int part = 1; part < kParts; ++part) {
+        const float4 more = *reinterpret_cast<const float4*>(o_s + (part * kRows + row) * kOStride + col + x);
+        acc.x += more.x;
+        acc.y += more.y;
+        acc.z += more.z;
+        acc.w += more.w;
+      }
+      v[x] = acc.x;
+      v[x + 1] = acc.y;
+      v[x + 2] = acc.z;
+      v[x + 3] = acc.w;
+    }
+    Vec16<O> vec;
+#pragma unroll
+    for (int x = 0; x < kVec; ++x) vec.v[x] = from_float<O>(v[x]);
+    *reinterpret_cast<Vec16<O>*>(row_ptr(token, row_head[row]) + col) = vec;
+  }
+}
+
+}  // namespace tileinfer
