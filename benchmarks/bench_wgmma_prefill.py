@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
-from tileinfer_attn.testing import make_problem, ulp_error
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+
+common.load_tileinfer()  # puts the checkout on sys.path
+from tileinfer_attn.testing import make_problem, ulp_error  # noqa: E402
 
 CASES = [("1x512", [512]), ("1x1k", [1024]), ("1x2k", [2048]), ("1x8k", [8192]), ("1x16k", [16384]), ("4x2k", [2048] * 4), ("8x512", [512] * 8)]
 VARIANTS = [("tile kernel", {"TILEINFER_PREFILL_WGMMA": "0"}), ("wgmma (default)", {})]

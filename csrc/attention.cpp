@@ -28,9 +28,11 @@ bool use_decode_path(int64_t max_q_len, int64_t group_size) {
 // (132 SMs) 8 sequences at 32k positions took 320 us with 5 splits (320 blocks
 // for 264 slots, 1.2 waves) and 4 splits fit one wave. Never depends on context
 // length (a captured graph replays the same grid as sequences grow); empty splits
-// write a neutral partial. Steps of 9-16 queries use at most 8 splits: the
-// combine's fixed cost then stays below the prefill kernel's from ~200 positions
-// on (seed note, measured there). The int8 decode kernel of d <= 128 with one
+// write a neutral partial. Steps of 9-16 queries get the same rule: they had at
+// most 8 splits (the seed note's choice, to keep combine's cost low), but on
+// the H200 one sequence's 16-query step then took 39.9 us at 8k positions
+// against 20.0 us with 32 splits, and 15.7 vs 14.6 us at 2k (9.6 vs 10.4 at 256
+// positions; bench_decode, 2026-11-29). The int8 decode kernel of d <= 128 with one
 // 16-row tile runs three blocks per SM (its loop is instruction-bound and gains
 // from the extra warps): splits for three. (Up to 48 splits made one sequence
 // at 32k positions 4% faster but 1k-4k positions 10-15% slower: the cap stays 32.)
@@ -40,7 +42,7 @@ int64_t decode_num_splits_for(int64_t num_sms, int64_t num_seqs, int64_t num_kv_
                               int64_t group_size, int64_t head_dim, bool int8) {
   const int64_t sms = num_sms > 0 ? num_sms : 8;  // 8: the CPU path's "SMs" (threads it splits over)
   const int64_t per_sm = int8 && head_dim <= 128 && group_size * max_q_len <= 16 && num_sms > 0 ? 3 : 2;
-  const int64_t max_splits = max_q_len > 8 ? 8 : 32;
+  constexpr int64_t max_splits = 32;
   const int64_t work = std::max<int64_t>(1, num_seqs * num_kv_heads);
   const int64_t want = (per_sm * sms) / work;
   return std::min(max_splits, std::max<int64_t>(1, want));

@@ -55,6 +55,9 @@ def graph_us(fn, sets):
 
 
 def main():
+    mod, why = common.load_tileinfer()
+    if mod is None:
+        sys.exit(f"decode_breakdown: {why}")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
     args = parser.parse_args()

@@ -1,6 +1,6 @@
 """The decode split rule (csrc/attention.cpp, the op decode_num_splits): about two
 blocks per SM (three for the int8 decode kernel of d <= 128 with one 16-row
-tile), rounded down, at most 32 splits (8 for steps of more than 8 queries),
+tile), rounded down, at most 32 splits (whatever the step's query count),
 never fewer than 1; the CPU path counts 8 "SMs" and two blocks each."""
 import pytest
 import torch
@@ -19,7 +19,8 @@ split = torch.ops.tileinfer_attn.decode_num_splits
     ((132, 32, 8, 1, 4, 128, True), 1),     # more pairs than slots: one split
     ((132, 8, 8, 1, 4, 256, True), 4),      # d 256: one int8 block per SM fits, sized for two as bf16
     ((132, 8, 8, 8, 4, 128, True), 4),      # 32 packed rows: the 64-row tile, two per SM
-    ((132, 1, 8, 12, 1, 128, False), 8),    # 9-16 queries: at most 8 splits
+    ((132, 1, 8, 12, 1, 128, False), 32),   # 9-16 queries: the same rule
+    ((132, 1, 8, 16, 4, 128, False), 32),   # 64 packed rows (the 64-row tile): the same rule
     ((0, 1, 2, 1, 4, 128, True), 8),        # CPU: 8 "SMs", two blocks each
 ])
 def test_decode_num_splits(args, expected):

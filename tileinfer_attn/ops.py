@@ -123,7 +123,7 @@ def decode_num_splits(device, num_seqs: int, num_kv_heads: int, max_q_len: int, 
     """Split count that ``attention`` uses for decode (the rule of csrc/attention.cpp,
     called through the op of the same name): about two blocks per SM (three for
     the int8 kernel of d <= 128 with group_size * max_q_len <= 16), rounded down,
-    at most 32 (8 for steps of more than 8 queries).
+    at most 32.
     Depends on shapes only, never on context length."""
     device = torch.device(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
