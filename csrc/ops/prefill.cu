@@ -68,7 +68,12 @@ bool use_wgmma_prefill(const PagedShape& s, at::ScalarType dtype, int device) {
 #ifdef TILEINFER_SM90A
   const char* env = std::getenv("TILEINFER_PREFILL_WGMMA");
   if (env != nullptr && std::string(env) == "0") return false;
-  if (s.int8 || (s.head_dim != 64 && s.head_dim != 128)) return false;
+  if (s.int8 || (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)) return false;
+  // EXPERIMENT (not run on a GPU yet): d 256 on 64-key tiles, only when asked.
+  if (s.head_dim == 256) {
+    const char* d256 = std::getenv("TILEINFER_PREFILL_WGMMA_D256");
+    if (d256 == nullptr || std::string(d256) != "1") return false;
+  }
   if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
   return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9 &&
          cached_device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
@@ -77,7 +82,7 @@ bool use_wgmma_prefill(const PagedShape& s, at::ScalarType dtype, int device) {
 #endif
 }
 template <typename T, int D>
-using WgmmaPrefill = WgmmaPrefillConfig<T, D, 2, 128, 2>;
+using WgmmaPrefill = WgmmaPrefillConfig<T, D, 2, (D == 256 ? 64 : 128), 2>;
 template <class Cfg>
 void launch_wgmma(const AttentionParams& p, cudaStream_t stream) {
   launch_attention<attention_wgmma_kernel<Cfg, PrefillWork>, Cfg, PrefillWork>("prefill", p, stream);
@@ -121,8 +126,10 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
     TILEINFER_DISPATCH_HALF(q.scalar_type(), "prefill", [&] {
       if (s.head_dim == 64) {
         launch_wgmma<WgmmaPrefill<scalar_t, 64>>(p, stream);
-      } else {
+      } else if (s.head_dim == 128) {
         launch_wgmma<WgmmaPrefill<scalar_t, 128>>(p, stream);
+      } else {
+        launch_wgmma<WgmmaPrefill<scalar_t, 256>>(p, stream);
       }
     });
     if (!target.is_same(out)) out.copy_(target);

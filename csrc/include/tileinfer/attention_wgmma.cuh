@@ -1,5 +1,5 @@
 // Hopper (sm_90a) prefill kernel on warpgroup MMA (wgmma): bf16 / fp16, head
-// dim 64 or 128, a cache of the queries' type; csrc/ops/prefill.cu picks it on
+// dim 64 or 128 (256: EXPERIMENT, TILEINFER_PREFILL_WGMMA_D256=1), a cache of the queries' type; csrc/ops/prefill.cu picks it on
 // a 9.0 device of an sm_90a build (TILEINFER_PREFILL_WGMMA=0: the mma.sync
 // tile kernel instead). Same work mapping (PrefillWork), key walk, masking and
 // numerics as attention_tile_kernel (attention_kernel.cuh); only the matrix
@@ -162,19 +162,31 @@ struct Mma;
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));                                   \
     }                                                                                                            \
   };
+#define TILEINFER_WGMMA_F128 TILEINFER_WGMMA_F64, TILEINFER_WGMMA_F8(64), TILEINFER_WGMMA_F8(72), \
+                             TILEINFER_WGMMA_F8(80), TILEINFER_WGMMA_F8(88), TILEINFER_WGMMA_F8(96), \
+                             TILEINFER_WGMMA_F8(104), TILEINFER_WGMMA_F8(112), TILEINFER_WGMMA_F8(120)
+#define TILEINFER_WGMMA_R128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 #define TILEINFER_WGMMA_MMA_64(T, TYPE) \
   TILEINFER_WGMMA_MMA(T, TYPE, 64, TILEINFER_WGMMA_F32, TILEINFER_WGMMA_R32, "%32, %33", "%34", "{%32, %33, %34, %35}, %36")
 #define TILEINFER_WGMMA_MMA_128(T, TYPE) \
   TILEINFER_WGMMA_MMA(T, TYPE, 128, TILEINFER_WGMMA_F64, TILEINFER_WGMMA_R64, "%64, %65", "%66", "{%64, %65, %66, %67}, %68")
+#define TILEINFER_WGMMA_MMA_256(T, TYPE) \
+  TILEINFER_WGMMA_MMA(T, TYPE, 256, TILEINFER_WGMMA_F128, TILEINFER_WGMMA_R128, "%128, %129", "%130", \
+                      "{%128, %129, %130, %131}, %132")
+TILEINFER_WGMMA_MMA_256(__nv_bfloat16, "bf16")
+TILEINFER_WGMMA_MMA_256(__half, "f16")
 TILEINFER_WGMMA_MMA_64(__nv_bfloat16, "bf16")
 TILEINFER_WGMMA_MMA_128(__nv_bfloat16, "bf16")
 TILEINFER_WGMMA_MMA_64(__half, "f16")
 TILEINFER_WGMMA_MMA_128(__half, "f16")
+#undef TILEINFER_WGMMA_MMA_256
 #undef TILEINFER_WGMMA_MMA_128
 #undef TILEINFER_WGMMA_MMA_64
 #undef TILEINFER_WGMMA_MMA
+#undef TILEINFER_WGMMA_R128
 #undef TILEINFER_WGMMA_R64
 #undef TILEINFER_WGMMA_R32
+#undef TILEINFER_WGMMA_F128
 #undef TILEINFER_WGMMA_F64
 #undef TILEINFER_WGMMA_F32
 #undef TILEINFER_WGMMA_F8
@@ -192,8 +204,8 @@ struct Mma {
 
 // Tile shape of the wgmma prefill kernel: kWarpGroups x 64 query rows,
 // kBlockN keys per tile (64 or 128: the N of the S product), kStages K / V
-// stages. Head dim 64 or 128 (the P V product is one m64n{D}k16 per 16 keys;
-// d = 256 would hold a 128-register O accumulator per thread: not done).
+// stages. Head dim 64, 128 or 256 (the P V product is one m64n{D}k16 per 16
+// keys; d 256 holds a 128-register O accumulator per thread, so 64-key tiles).
 template <typename T_, int D_, int kWarpGroups_, int kBlockN_, int kStages_>
 struct WgmmaPrefillConfig {
   using T = T_;
@@ -209,7 +221,7 @@ struct WgmmaPrefillConfig {
   static constexpr int kFlags = KeyTiles<kBlockN, kStages, kRowSlots>::kFlags;
 
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "bf16 / fp16");
-  static_assert(D == 64 || D == 128, "head dim 64 or 128");
+  static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
   static_assert(kBlockN == 64 || kBlockN == 128, "S = Q K^T is one m64n{64,128} accumulator");
   static_assert(kBlockN <= kThreads, "one lookup thread per key");
   static_assert((kBlockN * kChunks) % kThreads == 0 && (kBlockM * kChunks) % kThreads == 0, "whole copy rounds");
