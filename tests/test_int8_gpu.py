@@ -35,11 +35,11 @@ ops = torch.ops.tileinfer_attn
 DEV = "cuda"
 DTYPES = [torch.bfloat16, torch.float16]  # q's dtype; an int8 cache takes bf16 / fp16 queries only
 # Output tolerance, in ulps of q's dtype at each row's magnitude: 6, where the
-# bf16 / fp16 caches get 4 (SPEC section 4). The int8 kernels compute in fp16 and
-# round two products that the float64 reference keeps exact: q * k_smooth (every
-# query channel gets up to half an fp16 ulp of error, which moves every score)
-# and p * v_scale (over the running maximum of the value scales) before the PV
-# product. A PyTorch emulation of the same roundings in bf16 (3 bits coarser)
+# bf16 / fp16 caches get 4 (SPEC section 4). The int8 kernels round two products
+# that the float64 reference keeps exact: q * k_smooth (to 15 bits per query row,
+# up to 2^-14 of the row's largest value per channel, which moves every score)
+# and p * v_scale (to fp16, over the running maximum of the value scales) before
+# the PV product. (Measured when q * k_smooth was rounded to fp16:) A PyTorch emulation of the same roundings in bf16 (3 bits coarser)
 # reached 2.8 ulps with smoothing and 1.2 without over d 64-256, pages 16/64,
 # lengths up to 700; online-softmax rescaling and the merge of splits add what
 # they add on the bf16 cache (within 4). 6 leaves that margin, and a real bug
@@ -99,17 +99,21 @@ def exact_attention(p, causal, q=None, k_smooth="problem"):
                                      exact=True, return_lse=True)
 
 
-def smoothed_queries(p):
-    """q * k_smooth in fp32, rounded to fp16 as the int8 kernels do (they compute
-    in fp16 and scale each block's queries by a power of two first, which only
-    keeps small values out of fp16's subnormals: one global power of two here
-    gives the same roundings), as float64 (each query head multiplied by its KV
-    head's factors)."""
+def kernel_queries(p):
+    """The queries as the int8 kernels' integer products see them, as float64:
+    x = q * k_smooth in fp32 (each query head times its KV head's factors; q
+    alone without k_smooth), then per (token, head) row a 15-bit integer,
+    round-half-even(x * 2^(14 - e)) with the row's max |x| in [2^(e-1), 2^e),
+    times 2^(e - 14)."""
     group = p.q.shape[1] // p.k_cache.shape[1]
-    x = p.q.float() * p.k_smooth.repeat_interleave(group, 0)[None]
-    amax = x.abs().max().item()
-    shift = 14 - math.ceil(math.log2(amax)) if amax > 0 else 0
-    return (x * 2.0 ** shift).half().double() * 2.0 ** -shift
+    x = p.q.float()
+    if p.k_smooth is not None:
+        x = x * p.k_smooth.repeat_interleave(group, 0)[None]
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    _, e = torch.frexp(amax)
+    scale = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), (14 - e).clamp(max=126)), torch.ones_like(amax))
+    q = torch.round(x * scale).clamp(-16384, 16384)
+    return q.double() / scale.double()
 
 
 def check_out(out, exact, dtype, what, ulps=ULPS):
@@ -119,10 +123,11 @@ def check_out(out, exact, dtype, what, ulps=ULPS):
 
 
 def check_lse(lse, exact_lse, p, causal, what):
-    """lse against float64, relative to max(1, |lse|). With k_smooth the scores
-    of the kernels are those of the rounded queries q * k_smooth (a shift of up
-    to ~1e-3 for d 128, above the bf16 caches' 1e-4): the reference is then
-    float64 attention of those rounded queries (smoothed_queries)."""
+    """lse against float64, relative to max(1, |lse|). The scores of the
+    kernels are those of their rounded queries (q * k_smooth in fp32, then 15
+    bits per row: with k_smooth a shift of up to ~1e-3 for d 128, above the
+    bf16 caches' 1e-4): the reference is float64 attention of those queries
+    (kernel_queries)."""
     lse = lse.double()
     assert not torch.isnan(lse).any(), f"{what}: NaN in lse"
     seen = torch.isfinite(exact_lse)
@@ -131,8 +136,7 @@ def check_lse(lse, exact_lse, p, causal, what):
     if not seen.any():
         return
     tol = LSE_REL * exact_lse.abs().clamp_min(1.0)
-    if p.k_smooth is not None:
-        _, exact_lse = exact_attention(p, causal, q=smoothed_queries(p), k_smooth=None)
+    _, exact_lse = exact_attention(p, causal, q=kernel_queries(p), k_smooth=None)
     excess = ((lse - exact_lse).abs() - tol)[seen]
     assert excess.max().item() <= 0, (f"{what}: lse error above tolerance by {excess.max().item():.3g} "
                                       f"(largest error {(lse - exact_lse)[seen].abs().max().item():.3g})")
@@ -367,6 +371,33 @@ def test_int8_value_scale_outlier(path, seed):
         out = run_attention(p, True)
     exact, _ = exact_attention(p, True)
     check_out(out, exact, torch.bfloat16, f"int8 {path}, one value scale 1e5x the others")
+
+
+@pytest.mark.parametrize("path", ["prefill", "decode"])
+def test_int8_non_finite_query_row(path, seed):
+    """A query row holding inf (or NaN) gives NaN output and lse for that row
+    (decode: in every split's partial), as the float reference's scores would;
+    the other rows of its tile are exact. (combine turns an all-NaN row of
+    partials into the empty row, 0 with lse -inf, for every cache type.)"""
+    need(*PATH_KERNELS["attention" if path == "decode" else "prefill"])
+    q_lens = [16, 3] if path == "prefill" else [1, 1]
+    p = int8_problem([200, 131], q_lens, 8, 2, 128, 64, seed=seed)
+    p.q[0, 1, 5] = float("inf")
+    p.q[-1, 6, 0] = float("nan")
+    bad = torch.zeros(p.q.shape[:2], dtype=torch.bool, device=DEV)
+    bad[0, 1] = bad[-1, 6] = True
+    if path == "prefill":
+        out, lse = run_prefill(p, True)
+        nan_out, nan_lse = out[bad], lse[bad]
+    else:
+        po, pl = run_decode(p, True, 4)
+        nan_out, nan_lse = po[:, bad], pl[:, bad]
+        out, lse = run_combine(po, pl, p.q.dtype)
+    assert torch.isnan(nan_out).all() and torch.isnan(nan_lse).all(), "non-finite query rows must give NaN"
+    assert torch.isfinite(out[~bad]).all() and torch.isfinite(lse[~bad]).all(), "NaN leaked into other rows"
+    clean = dataclasses.replace(p, q=torch.where(bad[..., None], torch.zeros_like(p.q), p.q))
+    exact, _ = exact_attention(clean, True)
+    assert ulp_error(out[~bad], exact[~bad], p.q.dtype) <= ULPS, "rows beside a non-finite row lost accuracy"
 
 
 # ------------------------------------------------------------------ CUDA graphs

@@ -35,9 +35,9 @@ namespace {
 //   re-read from shared memory per tile. 32-key tiles keep it within 255
 //   registers without spills (64-key tiles spilled and ran 1-4% slower), three
 //   stages; ~102 KB of shared memory, two blocks per SM. d <= 128.
-// - int8 cache: the same two shapes (fp16 math; the 128-row tile converts each
-//   K / V tile once for twice the rows); the int8 stages are half the bytes, so
-//   the 64-row tile keeps three of them at d <= 128.
+// - int8 cache: the same two shapes (integer scores, fp16 P V; the 128-row tile
+//   converts each V tile once for twice the rows); the int8 stages are half the
+//   bytes, so the 64-row tile keeps three of them at d <= 128.
 template <typename T, int D, typename CacheT = T>
 using PrefillTileSmall = TileConfig<TileElement<T, CacheT>, D, 4, 1, 1, (D == 256 ? 32 : 64),
                                     (std::is_same_v<CacheT, int8_t> && D <= 128 ? 3 : 2), CacheT, T>;

@@ -22,24 +22,33 @@
 // 16-byte vectors: `out` (prefill) or the fp32 partial (decode), plus the lse.
 //
 // INT8 cache (CacheT = int8_t, SPEC section 6): the int8 tiles and their
-// per-key fp32 scales are copied as above (half the bytes). Once a tile has
-// landed, the warps that read a key slice convert it exactly to fp16 in
-// registers (int8.cuh) into one shared tile that the unchanged ldmatrix / mma
-// code reads: it holds the stored integers, not dequantized values. A key's scale
-// multiplies its column of scores, a value's scale its probabilities before P is
-// rounded for the P V product, and queries are multiplied by the keys' smoothing
-// factors when they are staged (which undoes the smoothing in the scores).
-// The int8 kernels compute in fp16 whatever q's type (QT): the int8 -> fp16
-// conversion takes half the instructions of int8 -> bf16 (the int8 decode loop is
-// instruction-bound), and fp16 keeps 3 more mantissa bits. Its range is handled
-// by powers of two: queries are scaled so the block's largest finite
-// |q * smooth| is in [2^13, 2^14) (the softmax scale divides it out), and each
-// warp's probabilities are multiplied by v_scale * 2^15 / vmax, vmax being the
-// largest |v_scale| seen so far (a running maximum; the accumulator is rescaled
-// when it grows, the epilogue multiplies it back). So P * v_scale stays below
-// fp16's maximum, and the 2^15 of headroom keeps it out of fp16's subnormals
-// down to 2^-29 of vmax: one key with a huge value scale (an attention sink's
-// large values, say) does not wipe out the precision of all the others.
+// per-key fp32 scales are copied as above (half the bytes); no dequantized
+// copy is made. A key's scale multiplies its column of scores, a value's scale
+// its probabilities before P is rounded for the P V product, and queries are
+// multiplied by the keys' smoothing factors when they are staged (which undoes
+// the smoothing in the scores).
+// - Scores on the integer tensor cores (mma m16n8k32 s8): the keys are read
+//   from their staged tile as they are, and each query row becomes a 15-bit
+//   integer, q * smooth * 2^e rounded, 2^e putting the row's largest |value| in
+//   [2^13, 2^14), held as two int8 planes (q = 256 hi + lo). Two products give
+//   the exact integer dot product, which 2^-e turns back into a score. Per
+//   row, so a head of small queries next to a large one keeps its bits; at
+//   the row's maximum a 15-bit step is 8 times finer than fp16's. The int8
+//   decode loop is instruction-bound, and this removes the key conversion
+//   (int8 -> fp16 into shared memory, then ldmatrix) from it.
+// - P V in fp16: the warps that read a key slice convert its values exactly
+//   to fp16 (int8.cuh) into one shared tile that the ldmatrix / mma code reads:
+//   the stored integers, not dequantized values. fp16, whatever q's type (QT):
+//   the int8 -> fp16 conversion takes half the instructions of int8 -> bf16,
+//   and fp16 keeps 3 more mantissa bits. Its range is handled by a power of
+//   two: each warp's probabilities are multiplied by v_scale * 2^15 / vmax,
+//   vmax being the largest |v_scale| seen so far (a running maximum; the
+//   accumulator is rescaled when it grows, the epilogue multiplies it back). So
+//   P * v_scale stays below fp16's maximum, and the 2^15 of headroom keeps it
+//   out of fp16's subnormals down to 2^-29 of vmax: one key with a huge value
+//   scale (an attention sink's large values, say) does not wipe out the
+//   precision of all the others.
+// A query row holding inf or NaN (after smoothing) gets NaN output and lse.
 #pragma once
 
 #include <climits>
@@ -96,6 +105,7 @@ struct TileConfig {
   static_assert(std::is_same_v<CacheT, T> || std::is_same_v<CacheT, int8_t>, "cache: the element type or int8");
   static_assert(kInt8 ? std::is_same_v<T, __half> : std::is_same_v<QT, T>, "int8: fp16 math; else q is T");
   static_assert(!kInt8 || (kWarpN * kCacheChunks) % (32 * kWarpsM) == 0, "whole conversion rounds per key slice");
+  static_assert(!kInt8 || (D % 32 == 0 && 32 % kChunks == 0), "int8: k32 steps; a query row's chunks in one warp");
   static_assert(kStages >= 2, "at least double buffering");
 
   // Shared memory, in bytes. The K/V stages (and the int8 cache's converted
@@ -103,19 +113,16 @@ struct TileConfig {
   // buffer reuses them.
   static constexpr int kTileBytes = kBlockN * kRowBytes;  // one staged K or V tile
   static constexpr int kKVBytes = kStages * 2 * kTileBytes;
-  // int8: converted tiles. When each warp reads a key slice of its own
-  // (kWarpsM == 1, decode), K and V take turns in one tile, converted before
-  // the S and the P V products: the 16 KB saved let three blocks share an SM.
-  static constexpr int kConvTiles = kInt8 ? (kWarpsM == 1 ? 1 : 2) : 0;
-  static constexpr int kConvBytes = kConvTiles * kBlockN * D * 2;
+  // int8: the tile of values converted to fp16 (the keys are used as they are).
+  static constexpr int kConvBytes = kInt8 ? kBlockN * D * 2 : 0;
   static constexpr int kOBytes = kWarpsN * kBlockM * kOStride * 4;
   static constexpr int kMainBytes = kKVBytes + kConvBytes > kOBytes ? kKVBytes + kConvBytes : kOBytes;
-  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kQBytes = kBlockM * D * 2;  // int8: the hi and the lo plane, D bytes per row each
   static constexpr int kIntBytes = ((kRowSlots * kBlockN          // key rows
                                      + kStages * kBlockN           // their block-table entries
                                      + kRowSlots * (kBlockN / 32)  // "tile has skipped keys" flags
                                      + 3 * kBlockM                 // row token / head / position
-                                     + 1)                          // int8: the block's max |q * smooth|
+                                     + (kInt8 ? kBlockM : 0))      // int8: each row's max |q * smooth|
                                         * 4 +
                                     15) / 16 * 16;                 // the floats after it take float2 loads
   static constexpr int kFloatBytes = (2 * kWarpsN * kBlockM + kBlockM      // merge (m, l), lse
@@ -174,16 +181,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* kv_s = smem;                                               // [S][K, V][BN rows] swizzled
-  T* conv_s = reinterpret_cast<T*>(smem + Cfg::kKVBytes);             // int8: [K, V][BN * D] swizzled
+  T* conv_s = reinterpret_cast<T*>(smem + Cfg::kKVBytes);             // int8: [BN * D] values, swizzled
   float* o_s = reinterpret_cast<float*>(smem);                        // epilogue: [kWarpsN][BM][kOStride]
-  T* q_s = reinterpret_cast<T*>(smem + Cfg::kMainBytes);  // [BM * D] swizzled
+  T* q_s = reinterpret_cast<T*>(smem + Cfg::kMainBytes);  // [BM * D] swizzled (int8: [hi, lo][BM * D] bytes)
   int* key_rows_s = reinterpret_cast<int*>(smem + Cfg::kMainBytes + Cfg::kQBytes);  // [kSlots][BN]
   int* flags_s = key_rows_s + kSlots * BN;                                           // [kSlots][kFlags]
   int* row_token_s = flags_s + kSlots * kFlags;  // [BM] token of each row, -1: padding
   int* row_head_s = row_token_s + BM;            // [BM] query head of each row
   int* row_qpos_s = row_head_s + BM;             // [BM] position of each row's query
   int* entries_s = row_qpos_s + BM;              // [S][BN] block-table entry of each key's page
-  int* qmax_s = entries_s + S * BN;              // int8: max |q * smooth| of the block, as float bits
+  int* row_qmax_s = entries_s + S * BN;          // int8: [BM] max |q * smooth| of each row, float bits (inf: non-finite)
   // [kWarpsN][BM][m, l], then the lse and the int8 scales (float2 loads: kIntBytes keeps 16-byte alignment)
   float* merge_s = reinterpret_cast<float*>(smem + Cfg::kMainBytes + Cfg::kQBytes + Cfg::kIntBytes);
   float* lse_s = merge_s + 2 * Cfg::kWarpsN * BM;               // [BM]
@@ -208,7 +215,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
 
   write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
-  if (tid == 0) *qmax_s = 0;
 
   const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, key_rows_s, flags_s, entries_s};
   auto load_tile = [&](int tile) {
@@ -231,8 +237,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   __syncthreads();  // row table and the first lookups
 
   // Queries: copied as they are; with an int8 cache they go through registers
-  // instead (times the key smoothing factors, then a power-of-two scale into
-  // fp16), after the first tiles' copies are on their way.
+  // instead (times the key smoothing factors, then into two int8 planes), after
+  // the first tiles' copies are on their way.
   if constexpr (!Cfg::kInt8) {
     copy_query_rows<BM, Cfg::kThreads, Cfg::kChunks, T>(
         p, row_token_s, row_head_s, q_s, tid, [](int row, int ch) { return int(sizeof(T)) * Cfg::swz(row, ch); });
@@ -243,7 +249,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     if (j < num_tiles) load_tile(j);
     cp_async_commit();  // empty groups keep the group count uniform
   }
-  float q_scale = 1.f;  // int8: the queries' power-of-two scale (the softmax divides it out)
+  // int8: 2^e of query row `row`, which puts its largest |q * smooth| in
+  // [2^13, 2^14) (1 for a row of zeros or with a non-finite value). The
+  // exponent is capped so that tiny (even subnormal) rows get a finite scale.
+  auto row_q_scale = [&](int row) {
+    const float m = __int_as_float(row_qmax_s[row]);
+    if (!(m > 0.f) || isinf(m)) return 1.f;
+    const int e = ((__float_as_int(m) >> 23) & 0xff) - 126;  // frexp's exponent (subnormals: -126)
+    return __int_as_float((127 + min(14 - e, 126)) << 23);    // 2^(14 - e), a normal float
+  };
   if constexpr (Cfg::kInt8) {
     const float* smooth = p.kv.k_smooth == nullptr ? nullptr : p.kv.k_smooth + static_cast<int64_t>(w.kv_head) * D;
     // Chunk c of the block's queries times the smoothing factors, in fp32 (0 for padding rows).
@@ -261,33 +275,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 #pragma unroll
       for (int e = 0; e < 8; ++e) x[e] = to_float(v.v[e]) * (smooth == nullptr ? 1.f : smooth[ch * 8 + e]);
     };
-    float amax = 0.f;
+    // A row's kChunks chunks are consecutive lanes of one warp: their maximum
+    // is a shuffle reduction, stored by the row's first lane.
     for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {
       float x[8];
       smoothed(c, x);
+      float amax = 0.f;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {  // finite values only: a row holding inf must not rescale the others
-        if (isfinite(x[e])) amax = fmaxf(amax, fabsf(x[e]));
-      }
+      for (int e = 0; e < 8; ++e) amax = isfinite(x[e]) ? fmaxf(amax, fabsf(x[e])) : INFINITY;
+      amax = warp_max<Cfg::kChunks>(amax);
+      if (c % Cfg::kChunks == 0) row_qmax_s[c / Cfg::kChunks] = __float_as_int(amax);
     }
-    amax = warp_max(amax);
-    if (lane == 0) atomicMax(qmax_s, __float_as_int(amax));  // non-negative floats order as ints
     __syncthreads();
-    const float block_max = __int_as_float(*qmax_s);
-    // 2^(14 - e) with block_max in [2^(e-1), 2^e): the largest value lands in
-    // [2^13, 2^14). The exponent is capped so that tiny (even subnormal) queries
-    // get a finite scale.
-    if (block_max > 0.f) {
-      const int e = ((__float_as_int(block_max) >> 23) & 0xff) - 126;  // frexp's exponent (subnormals: -126)
-      q_scale = __int_as_float((127 + min(14 - e, 126)) << 23);        // 2^(14 - e), a normal float
-    }
+    uint8_t* q8 = reinterpret_cast<uint8_t*>(q_s);
     for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {  // the second pass reads L1
       float x[8];
       smoothed(c, x);
-      Vec16<T> v;
+      const int row = c / Cfg::kChunks;
+      const float qs = row_q_scale(row);
+      // q = 256 hi + lo with hi in [-64, 64], lo in [-128, 127], for |q| <= 2^14.
+      uint32_t hi[2] = {0, 0}, lo[2] = {0, 0};
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v.v[e] = from_float<T>(x[e] * q_scale);
-      *reinterpret_cast<Vec16<T>*>(q_s + Cfg::swz(c / Cfg::kChunks, c % Cfg::kChunks)) = v;
+      for (int e = 0; e < 8; ++e) {
+        const int q = static_cast<int>(fminf(fmaxf(rintf(x[e] * qs), -16384.f), 16384.f));
+        const int h = (q + 128) >> 8;
+        hi[e / 4] |= static_cast<uint32_t>(h & 0xff) << (8 * (e % 4));
+        lo[e / 4] |= static_cast<uint32_t>((q - 256 * h) & 0xff) << (8 * (e % 4));
+      }
+      // 8 bytes: half of the 16-byte chunk (c % kChunks) / 2 of the row's D bytes.
+      const int at = Cfg::stage_offset(row, (c % Cfg::kChunks) / 2) + 8 * (c % Cfg::kChunks % 2);
+      *reinterpret_cast<uint2*>(q8 + at) = make_uint2(hi[0], hi[1]);
+      *reinterpret_cast<uint2*>(q8 + BM * D + at) = make_uint2(lo[0], lo[1]);
     }
   }
 
@@ -316,16 +334,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // ldmatrix row addresses (bytes, shared space). Q (A operand) and V (B
   // operand, transposed): lane l reads row l % 16 of a 16-row block, chunk
   // 2m + l / 16; K (B operand): key 8 (l / 16) + l % 8, chunk 2m + (l / 8) % 2.
+  // The chunks are 16 bytes: 8 elements of T, or 16 of int8 (the int8 queries'
+  // planes and the staged int8 keys, rows swizzled as the staged cache rows).
   const SwizzleCols cols_a(lane >> 4, lane & 7);
-  const SwizzleCols cols_k((lane >> 3) & 1, lane & 7);
-  const uint32_t q_row = smem_addr(q_s) + 2 * (warp_m * Cfg::kWarpRows + (lane & 15)) * D;
+  const SwizzleCols cols_k((lane >> 3) & 1, lane & Cfg::kStageSwizzle);
+  const SwizzleCols cols_q8(lane >> 4, lane & Cfg::kStageSwizzle);
+  const int a_row = warp_m * Cfg::kWarpRows + (lane & 15);  // Q row of this lane's ldmatrix address
+  const uint32_t q_row = smem_addr(q_s) + (Cfg::kInt8 ? 1 : 2) * a_row * D;
   const int key0 = warp_n * WN;  // this warp's keys within a tile: [key0, key0 + WN)
   const int k_row = (key0 + (lane >> 4) * 8 + (lane & 7)) * D;  // elements, within a K tile
   const int v_row = (key0 + (lane & 15)) * D;                   // elements, within a V tile
   const uint32_t conv_base = smem_addr(conv_s);
 
-  // int8: converts this warp's key slice [key0, key0 + WN) of a staged K or V
-  // tile to T, together with the other warps that read the same slice.
+  // int8: converts this warp's key slice [key0, key0 + WN) of a staged V tile
+  // to T, together with the other warps that read the same slice.
   auto convert_slice = [&](const uint8_t* src, T* dst) {
     constexpr int kGroupThreads = 32 * Cfg::kWarpsM;
     const int gt = warp_m * 32 + lane;
@@ -349,14 +371,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     }
   };
 
-  // A fragment (16 rows x 16 columns, columns 16kk..) of Q for row tile mt.
-  auto q_frag_smem = [&](uint32_t (&a)[4], int mt, int kk) { ldmatrix_x4(a, q_row + 2 * (mt * 16 * D + cols_a(kk))); };
+  // A fragment of Q for row tile mt: 16 rows x columns 16 kk.. (T), or for
+  // int8 f = 2 kk + h, plane h (0: hi, 1: lo) of columns 32 kk...
+  auto q_frag_smem = [&](uint32_t (&a)[4], int mt, int f) {
+    if constexpr (Cfg::kInt8) {
+      ldmatrix_x4(a, q_row + (f & 1) * BM * D + mt * 16 * D + 2 * cols_q8(f >> 1));
+    } else {
+      ldmatrix_x4(a, q_row + 2 * (mt * 16 * D + cols_a(f)));
+    }
+  };
   uint32_t qf[Cfg::kQInRegs ? Cfg::kRowTiles : 1][Cfg::kQInRegs ? D / 16 : 1][4];
   if constexpr (Cfg::kQInRegs) {
 #pragma unroll
     for (int mt = 0; mt < Cfg::kRowTiles; ++mt)
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) q_frag_smem(qf[mt][kk], mt, kk);
+      for (int f = 0; f < D / 16; ++f) q_frag_smem(qf[mt][f], mt, f);
+  }
+  // int8: this lane's rows' 2^-e (scores come out of the integer products in
+  // units of 2^e), and whether a row holds a non-finite value.
+  float row_unscale[Cfg::kInt8 ? kR : 1];
+  bool row_bad[Cfg::kInt8 ? kR : 1];
+  if constexpr (Cfg::kInt8) {
+#pragma unroll
+    for (int R = 0; R < kR; ++R) {
+      row_unscale[R] = 1.f / row_q_scale(row_of(R));  // exact: a power of two
+      row_bad[R] = isinf(__int_as_float(row_qmax_s[row_of(R)]));
+    }
   }
 
   OnlineSoftmax<kR, 4> sm;  // each row spread over the 4 lanes of a quad
@@ -366,7 +406,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   for (int R = 0; R < kR; ++R)
 #pragma unroll
     for (int x = 0; x < D / 4; ++x) o[R][x] = 0.f;
-  const float scale_log2 = p.scale * kLog2e / q_scale;
+  const float scale_log2 = p.scale * kLog2e;
   // int8: the warp's running maximum of |value scale|, and the probabilities' factor 2^15 / vmax.
   constexpr float kPHeadroom = 32768.f;
   float vmax = 0.f, p_factor = 0.f;
@@ -384,52 +424,116 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 
     const uint8_t* k_stage = kv_s + (i % S) * 2 * Cfg::kTileBytes;
     const uint8_t* v_stage = k_stage + Cfg::kTileBytes;
-    if constexpr (Cfg::kConvTiles == 2) {  // before the skip below: warps converting a slice together all take part
-      convert_slice(k_stage, conv_s);
-      convert_slice(v_stage, conv_s + BN * D);
+    if constexpr (Cfg::kInt8 && Cfg::kWarpsM > 1) {  // before the skip below: all warps convert the tile together
+      convert_slice(v_stage, conv_s);
       slice_barrier();
     }
 
     const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
     if (!warp_has_rows || (p.causal && tile_pos + key0 > qmax)) continue;  // warp-uniform: nothing visible
 
-    if constexpr (Cfg::kConvTiles == 1) {
-      convert_slice(k_stage, conv_s);
-      slice_barrier();
-    }
-    const uint32_t k_tile = Cfg::kInt8 ? conv_base : smem_addr(k_stage);
-    const uint32_t v_tile = Cfg::kInt8 ? conv_base + (Cfg::kConvTiles - 1) * BN * D * 2 : smem_addr(v_stage);
+    // int8, a key slice per warp: its values now; ordered with their P V reads
+    // by the slice barrier there (and with the previous tile's by the loop's __syncthreads).
+    if constexpr (Cfg::kInt8 && Cfg::kWarpsM == 1) convert_slice(v_stage, conv_s);
+    const uint32_t v_tile = Cfg::kInt8 ? conv_base : smem_addr(v_stage);
 
     // S = Q K^T: s[R][2j + e] is row R, key key0 + 8j + 2(lane % 4) + e.
     float s[kR][WN / 4];
-#pragma unroll
-    for (int R = 0; R < kR; ++R)
-#pragma unroll
-      for (int x = 0; x < WN / 4; ++x) s[R][x] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[Cfg::kRowTiles][4];
+    // A fragments of k-step kk (f: fragment index, see q_frag_smem).
+    auto q_frags = [&](uint32_t (&a)[Cfg::kRowTiles][4], int f) {
 #pragma unroll
       for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
         if constexpr (Cfg::kQInRegs) {
 #pragma unroll
-          for (int x = 0; x < 4; ++x) a[mt][x] = qf[mt][kk][x];
+          for (int x = 0; x < 4; ++x) a[mt][x] = qf[mt][f][x];
         } else {
-          q_frag_smem(a[mt], mt, kk);
+          q_frag_smem(a[mt], mt, f);
+        }
+      }
+    };
+    if constexpr (Cfg::kInt8) {
+      // Exact integer products of the two query planes with the staged keys:
+      // q k = 256 (hi k) + (lo k), at most 2^14 * 127 * D in magnitude (< 2^31).
+      int acc[kR][WN / 4];
+#pragma unroll
+      for (int R = 0; R < kR; ++R)
+#pragma unroll
+        for (int x = 0; x < WN / 4; ++x) acc[R][x] = 0;
+      const uint32_t k_tile = smem_addr(k_stage);
+      auto k_frag = [&](uint32_t (&b)[4], int np, int kk) {  // keys 16 np.., columns 32 kk..
+        ldmatrix_x4(b, k_tile + k_row + np * 16 * D + 2 * cols_k(kk));
+      };
+      if constexpr (Cfg::kRowTiles == 1) {
+        // Each key fragment read once for both planes, into a second accumulator.
+        int acc_lo[kR][WN / 4];
+#pragma unroll
+        for (int R = 0; R < kR; ++R)
+#pragma unroll
+          for (int x = 0; x < WN / 4; ++x) acc_lo[R][x] = 0;
+#pragma unroll
+        for (int kk = 0; kk < D / 32; ++kk) {
+          uint32_t a_hi[Cfg::kRowTiles][4], a_lo[Cfg::kRowTiles][4];
+          q_frags(a_hi, 2 * kk);
+          q_frags(a_lo, 2 * kk + 1);
+#pragma unroll
+          for (int np = 0; np < WN / 16; ++np) {  // 16 keys: two 8-key n-blocks
+            uint32_t b[4];
+            k_frag(b, np, kk);
+            mma_row_tiles<int8_t>(acc, a_hi, b, np);
+            mma_row_tiles<int8_t>(acc_lo, a_lo, b, np);
+          }
+        }
+#pragma unroll
+        for (int R = 0; R < kR; ++R)
+#pragma unroll
+          for (int x = 0; x < WN / 4; ++x) acc[R][x] = 256 * acc[R][x] + acc_lo[R][x];
+      } else {
+        // Two row tiles: a second accumulator beside their outputs would spill,
+        // so the planes take turns and the key fragments are read twice.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (h == 1) {
+#pragma unroll
+            for (int R = 0; R < kR; ++R)
+#pragma unroll
+              for (int x = 0; x < WN / 4; ++x) acc[R][x] *= 256;
+          }
+#pragma unroll
+          for (int kk = 0; kk < D / 32; ++kk) {
+            uint32_t a[Cfg::kRowTiles][4];
+            q_frags(a, 2 * kk + h);
+#pragma unroll
+            for (int np = 0; np < WN / 16; ++np) {
+              uint32_t b[4];
+              k_frag(b, np, kk);
+              mma_row_tiles<int8_t>(acc, a, b, np);
+            }
+          }
         }
       }
 #pragma unroll
-      for (int np = 0; np < WN / 16; ++np) {  // 16 keys: two 8-key n-blocks
-        uint32_t b[4];
-        ldmatrix_x4(b, k_tile + 2 * (k_row + np * 16 * D + cols_k(kk)));
-        mma_row_tiles<T>(s, a, b, np);
+      for (int R = 0; R < kR; ++R)
+#pragma unroll
+        for (int x = 0; x < WN / 4; ++x) s[R][x] = static_cast<float>(acc[R][x]) * row_unscale[R];
+    } else {
+#pragma unroll
+      for (int R = 0; R < kR; ++R)
+#pragma unroll
+        for (int x = 0; x < WN / 4; ++x) s[R][x] = 0.f;
+      const uint32_t k_tile = smem_addr(k_stage);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[Cfg::kRowTiles][4];
+        q_frags(a, kk);
+#pragma unroll
+        for (int np = 0; np < WN / 16; ++np) {  // 16 keys: two 8-key n-blocks
+          uint32_t b[4];
+          ldmatrix_x4(b, k_tile + 2 * (k_row + np * 16 * D + cols_k(kk)));
+          mma_row_tiles<T>(s, a, b, np);
+        }
       }
     }
-    if constexpr (Cfg::kConvTiles == 1) {  // V into the tile K used (its ldmatrix reads are done)
-      slice_barrier();
-      convert_slice(v_stage, conv_s);
-      slice_barrier();
-    }
+    if constexpr (Cfg::kInt8 && Cfg::kWarpsM == 1) slice_barrier();  // the warp's converted values, before P V
     if (!fold_scale) {
 #pragma unroll
       for (int R = 0; R < kR; ++R)
@@ -585,7 +689,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   }
   if constexpr (Cfg::kInt8) {
 #pragma unroll
-    for (int R = 0; R < kR; ++R) out_scale[R] *= vmax * (1.f / kPHeadroom);  // the accumulator is in units of vmax / 2^15
+    for (int R = 0; R < kR; ++R) {
+      out_scale[R] *= vmax * (1.f / kPHeadroom);  // the accumulator is in units of vmax / 2^15
+      if (row_bad[R]) {  // a non-finite query value: NaN, as the reference's scores would give
+        out_scale[R] = __int_as_float(0x7fc00000);
+        if (warp_n == 0 && quad == 0) lse_s[row_of(R)] = out_scale[R];  // after this thread's own lse write
+      }
+    }
   }
 #pragma unroll
   for (int R = 0; R < kR; ++R) {

@@ -1,6 +1,7 @@
 // Tensor-core and async-copy primitives (sm_80+ PTX, used on Hopper as well):
-// 16- and 4-byte cp.async with zero fill, ldmatrix (plain and transposed) and
-// mma.sync m16n8k16 for bf16 / fp16 inputs with fp32 accumulators.
+// 16- and 4-byte cp.async with zero fill, ldmatrix (plain and transposed),
+// mma.sync m16n8k16 for bf16 / fp16 inputs with fp32 accumulators and m16n8k32
+// for int8 inputs with int32 accumulators.
 //
 // Fragment layouts of mma.m16n8k16 (lane = threadIdx.x % 32, g = lane / 4,
 // c = lane % 4), which the attention kernels rely on:
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -91,20 +93,45 @@ __device__ __forceinline__ void mma_16816<__half>(float& d0, float& d1, float& d
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// For every 16-row tile mt of a warp: C += A[mt] (16 x 16) x B (16 x 16; b[0..1]
+// D += A B for one 16x8x32 tile of int8 (s8 x s8, exact s32 accumulators).
+// Four int8 per b32 register, the lowest k in the low byte:
+//   A 16x32, 4 x b32: a0 (g, 4c..4c+3), a1 (g+8, 4c..), a2 (g, 16+4c..), a3 (g+8, 16+4c..)
+//   B 32x8 (k x n), 2 x b32: b0 (k = 4c..4c+3, n = g), b1 (k = 16+4c.., n = g)
+//   C 16x8 s32: as the fp32 C of m16n8k16.
+// ldmatrix (b16) of rows of int8 gives exactly these: lane l receives bytes
+// 4c..4c+3 of row g of each 8-row x 16-byte matrix, so the fragments of a
+// 16-bit type's 16 columns serve here for 32 int8 columns.
+__device__ __forceinline__ void mma_16832_s8(int& d0, int& d1, int& d2, int& d3, const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+r"(d0), "+r"(d1), "+r"(d2), "+r"(d3)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// For every 16-row tile mt of a warp: C += A[mt] (16 x K) x B (K x 16; b[0..1]
 // columns 0-7, b[2..3] columns 8-15), where C[2 mt] / C[2 mt + 1] hold rows
 // g / g + 8 and columns 16 n + 8 j + 2 (lane % 4) + e at [4 n + 2 j + e]: the
-// register layout of the kernels' scores S and outputs O.
-template <typename T, int kR, int N, int kRowTiles>
-__device__ __forceinline__ void mma_row_tiles(float (&c)[kR][N], const uint32_t (&a)[kRowTiles][4],
+// register layout of the kernels' scores S and outputs O. K = 16 for a 16-bit
+// T (fp32 C), 32 for T = int8_t (s32 C).
+template <typename T, int kR, int N, int kRowTiles, typename Acc>
+__device__ __forceinline__ void mma_row_tiles(Acc (&c)[kR][N], const uint32_t (&a)[kRowTiles][4],
                                               const uint32_t (&b)[4], int n) {
   static_assert(kR == 2 * kRowTiles, "two accumulator rows (g, g + 8) per 16-row tile");
+  static_assert(std::is_same_v<Acc, std::conditional_t<std::is_same_v<T, int8_t>, int, float>>,
+                "int8 products accumulate in int, the others in float");
 #pragma unroll
   for (int mt = 0; mt < kRowTiles; ++mt) {
-    float* c0 = c[2 * mt];
-    float* c1 = c[2 * mt + 1];
-    mma_16816<T>(c0[4 * n], c0[4 * n + 1], c1[4 * n], c1[4 * n + 1], a[mt], b[0], b[1]);
-    mma_16816<T>(c0[4 * n + 2], c0[4 * n + 3], c1[4 * n + 2], c1[4 * n + 3], a[mt], b[2], b[3]);
+    Acc* c0 = c[2 * mt];
+    Acc* c1 = c[2 * mt + 1];
+    if constexpr (std::is_same_v<T, int8_t>) {
+      mma_16832_s8(c0[4 * n], c0[4 * n + 1], c1[4 * n], c1[4 * n + 1], a[mt], b[0], b[1]);
+      mma_16832_s8(c0[4 * n + 2], c0[4 * n + 3], c1[4 * n + 2], c1[4 * n + 3], a[mt], b[2], b[3]);
+    } else {
+      mma_16816<T>(c0[4 * n], c0[4 * n + 1], c1[4 * n], c1[4 * n + 1], a[mt], b[0], b[1]);
+      mma_16816<T>(c0[4 * n + 2], c0[4 * n + 3], c1[4 * n + 2], c1[4 * n + 3], a[mt], b[2], b[3]);
+    }
   }
 }
 
