@@ -35,16 +35,18 @@ static_assert(DecodeTileSmall<__nv_bfloat16, 64, int8_t>::kMinBlocks == 3 &&
                   DecodeTileSmall<__nv_bfloat16, 128, int8_t>::kMinBlocks == 3 &&
                   DecodeTileSmall<__nv_bfloat16, 256, int8_t>::kMinBlocks == 1,
               "int8 decode blocks per SM no longer match the split rule in csrc/attention.cpp");
-// The same with 128-key tiles and two stages: two blocks per SM, but each warp
-// converts and multiplies 32 keys per barrier, per softmax step and per scale
-// load instead of 16. launch_decode picks it when the launch's blocks fit two
-// per SM anyway; on the H200 (2026-11-29) it took one sequence at 32k positions
+// The same with 128-key tiles: two blocks per SM, but each warp converts and
+// multiplies 32 keys per barrier, per softmax step and per scale load instead
+// of 16. launch_decode picks it when the launch's blocks fit two per SM anyway;
+// on the H200 (2026-11-29, two stages) it took one sequence at 32k positions
 // from 36.6 to 33.6 us and 32 x 4k from 111.1 to 100.3 us, while 8 x 32k, whose
 // 384 narrow blocks fill three per SM, went from 186.4 to 194.6 us with it
 // (and one sequence at 1k positions, whose splits hold one 64-key page each,
-// from 10.4 to 11.3 us: half of each 128-key tile is empty there).
+// from 10.4 to 11.3 us: half of each 128-key tile is empty there). Three
+// stages since the values stopped going through a converted shared tile (its
+// 32 KB now hold a third stage; two blocks per SM either way).
 template <typename T, int D>
-using DecodeTileInt8Wide = TileConfig<TileElement<T, int8_t>, D, 1, 4, 1, 128, 2, int8_t, T>;
+using DecodeTileInt8Wide = TileConfig<TileElement<T, int8_t>, D, 1, 4, 1, 128, 3, int8_t, T>;
 static_assert(DecodeTileInt8Wide<__nv_bfloat16, 128>::kSmemBytes * 2 <= 227 * 1024 &&
                   DecodeTileInt8Wide<__nv_bfloat16, 128>::kSmemBytes * 3 > 227 * 1024,
               "the wide int8 decode tile is meant for two blocks per SM");

@@ -113,8 +113,12 @@ struct TileConfig {
   // buffer reuses them.
   static constexpr int kTileBytes = kBlockN * kRowBytes;  // one staged K or V tile
   static constexpr int kKVBytes = kStages * 2 * kTileBytes;
-  // int8: the tile of values converted to fp16 (the keys are used as they are).
-  static constexpr int kConvBytes = kInt8 ? kBlockN * D * 2 : 0;
+  // int8: values go from the staged tile into fp16 fragments in registers when
+  // each warp reads a key slice of its own (kWarpsM == 1, decode); when all
+  // warps read the whole tile (prefill), they convert it once, together, into
+  // this shared fp16 tile. (The keys are always used as they are.)
+  static constexpr bool kValuesInRegs = kInt8 && kWarpsM == 1;
+  static constexpr int kConvBytes = kInt8 && !kValuesInRegs ? kBlockN * D * 2 : 0;
   static constexpr int kOBytes = kWarpsN * kBlockM * kOStride * 4;
   static constexpr int kMainBytes = kKVBytes + kConvBytes > kOBytes ? kKVBytes + kConvBytes : kOBytes;
   static constexpr int kQBytes = kBlockM * D * 2;  // int8: the hi and the lo plane, D bytes per row each
@@ -181,7 +185,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* kv_s = smem;                                               // [S][K, V][BN rows] swizzled
-  T* conv_s = reinterpret_cast<T*>(smem + Cfg::kKVBytes);             // int8: [BN * D] values, swizzled
+  T* conv_s = reinterpret_cast<T*>(smem + Cfg::kKVBytes);             // int8 prefill: [BN * D] values, swizzled
   float* o_s = reinterpret_cast<float*>(smem);                        // epilogue: [kWarpsN][BM][kOStride]
   T* q_s = reinterpret_cast<T*>(smem + Cfg::kMainBytes);  // [BM * D] swizzled (int8: [hi, lo][BM * D] bytes)
   int* key_rows_s = reinterpret_cast<int*>(smem + Cfg::kMainBytes + Cfg::kQBytes);  // [kSlots][BN]
@@ -338,7 +342,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // planes and the staged int8 keys, rows swizzled as the staged cache rows).
   const SwizzleCols cols_a(lane >> 4, lane & 7);
   const SwizzleCols cols_k((lane >> 3) & 1, lane & Cfg::kStageSwizzle);
-  const SwizzleCols cols_q8(lane >> 4, lane & Cfg::kStageSwizzle);
+  const SwizzleCols cols_q8(lane >> 4, lane & Cfg::kStageSwizzle);  // also the int8 V rows (transposed)
   const int a_row = warp_m * Cfg::kWarpRows + (lane & 15);  // Q row of this lane's ldmatrix address
   const uint32_t q_row = smem_addr(q_s) + (Cfg::kInt8 ? 1 : 2) * a_row * D;
   const int key0 = warp_n * WN;  // this warp's keys within a tile: [key0, key0 + WN)
@@ -346,28 +350,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   const int v_row = (key0 + (lane & 15)) * D;                   // elements, within a V tile
   const uint32_t conv_base = smem_addr(conv_s);
 
-  // int8: converts this warp's key slice [key0, key0 + WN) of a staged V tile
-  // to T, together with the other warps that read the same slice.
-  auto convert_slice = [&](const uint8_t* src, T* dst) {
+  // int8 prefill: converts a staged V tile to T, all warps together.
+  auto convert_tile = [&](const uint8_t* src, T* dst) {
     constexpr int kGroupThreads = 32 * Cfg::kWarpsM;
     const int gt = warp_m * 32 + lane;
 #pragma unroll
     for (int it = 0; it < WN * Cfg::kCacheChunks / kGroupThreads; ++it) {
       const int idx = gt + it * kGroupThreads;
-      const int row = key0 + idx % WN;  // consecutive lanes: consecutive rows, no bank conflicts either side
+      const int row = idx % WN;  // consecutive lanes: consecutive rows, no bank conflicts either side
       const int ch = idx / WN;          // 16 int8 = chunks 2 ch, 2 ch + 1 of the converted row
       uint4 lo, hi;
       int8x16_to_half(*reinterpret_cast<const uint4*>(src + Cfg::stage_offset(row, ch)), lo, hi);
       *reinterpret_cast<uint4*>(dst + Cfg::swz(row, 2 * ch)) = lo;
       *reinterpret_cast<uint4*>(dst + Cfg::swz(row, 2 * ch + 1)) = hi;
-    }
-  };
-  // Orders the conversions of a slice with its readers (and the next conversion).
-  auto slice_barrier = [&]() {
-    if constexpr (Cfg::kWarpsM == 1) {
-      __syncwarp();
-    } else {
-      __syncthreads();  // kWarpsN == 1: all warps read the whole tile
     }
   };
 
@@ -424,18 +419,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 
     const uint8_t* k_stage = kv_s + (i % S) * 2 * Cfg::kTileBytes;
     const uint8_t* v_stage = k_stage + Cfg::kTileBytes;
-    if constexpr (Cfg::kInt8 && Cfg::kWarpsM > 1) {  // before the skip below: all warps convert the tile together
-      convert_slice(v_stage, conv_s);
-      slice_barrier();
+    if constexpr (Cfg::kInt8 && !Cfg::kValuesInRegs) {  // before the skip below: all warps convert the tile together
+      convert_tile(v_stage, conv_s);
+      __syncthreads();
     }
 
     const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
     if (!warp_has_rows || (p.causal && tile_pos + key0 > qmax)) continue;  // warp-uniform: nothing visible
 
-    // int8, a key slice per warp: its values now; ordered with their P V reads
-    // by the slice barrier there (and with the previous tile's by the loop's __syncthreads).
-    if constexpr (Cfg::kInt8 && Cfg::kWarpsM == 1) convert_slice(v_stage, conv_s);
-    const uint32_t v_tile = Cfg::kInt8 ? conv_base : smem_addr(v_stage);
+    const uint32_t v_tile = Cfg::kInt8 && !Cfg::kValuesInRegs ? conv_base : smem_addr(v_stage);
 
     // S = Q K^T: s[R][2j + e] is row R, key key0 + 8j + 2(lane % 4) + e.
     float s[kR][WN / 4];
@@ -533,7 +525,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
         }
       }
     }
-    if constexpr (Cfg::kInt8 && Cfg::kWarpsM == 1) slice_barrier();  // the warp's converted values, before P V
     if (!fold_scale) {
 #pragma unroll
       for (int R = 0; R < kR; ++R)
@@ -637,11 +628,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
         a[mt][2] = pack2<T>(s0[4 * kk + 2], s0[4 * kk + 3]);
         a[mt][3] = pack2<T>(s1[4 * kk + 2], s1[4 * kk + 3]);
       }
+      if constexpr (Cfg::kValuesInRegs) {
+        // int8 values from their staged tile (rows of D bytes): a transposed
+        // ldmatrix of 16-byte chunks gives lane (g, c) the bytes of keys 2c,
+        // 2c + 1 at columns 2g, 2g + 1 of the chunk, converted to two fp16 B
+        // fragments (int8.cuh): columns 16 ch + 2n (n-block 0 of pair ch) and
+        // 16 ch + 2n + 1 (n-block 1). So o[R][4 ch + 2 j + e] holds column
+        // 16 ch + 4 (lane % 4) + 2 e + j (the epilogue puts them in order).
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {  // 16 output columns: two 8-column n-blocks
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, v_tile + 2 * (v_row + kk * 16 * D + cols_a(dp)));
-        mma_row_tiles<T>(o, a, b, dp);
+        for (int m = 0; m < D / 32; ++m) {  // chunks 2m, 2m + 1
+          uint32_t r[4];  // [chunk 2m: keys 0-7, keys 8-15; chunk 2m + 1: ...]
+          ldmatrix_x4_trans(r, v_tile + v_row + kk * 16 * D + 2 * cols_q8(m));
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t b[4];
+            int8_key_pairs_to_half(r[2 * h], r[2 * h + 1], b);
+            mma_row_tiles<T>(o, a, b, 2 * m + h);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {  // 16 output columns: two 8-column n-blocks
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_tile + 2 * (v_row + kk * 16 * D + cols_a(dp)));
+          mma_row_tiles<T>(o, a, b, dp);
+        }
       }
     }
   }
@@ -699,10 +710,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   }
 #pragma unroll
   for (int R = 0; R < kR; ++R) {
-    float* dst = o_s + (warp_n * BM + row_of(R)) * Cfg::kOStride + 2 * quad;
+    float* row = o_s + (warp_n * BM + row_of(R)) * Cfg::kOStride;
+    const float f = out_scale[R];
+    if constexpr (Cfg::kValuesInRegs) {  // columns 16 ch + 4 quad .. + 3 (see the P V product)
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[R][2 * j] * out_scale[R], o[R][2 * j + 1] * out_scale[R]);
+      for (int ch = 0; ch < D / 16; ++ch)
+        *reinterpret_cast<float4*>(row + 16 * ch + 4 * quad) =
+            make_float4(o[R][4 * ch] * f, o[R][4 * ch + 2] * f, o[R][4 * ch + 1] * f, o[R][4 * ch + 3] * f);
+    } else {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<float2*>(row + 8 * j + 2 * quad) = make_float2(o[R][2 * j] * f, o[R][2 * j + 1] * f);
+    }
   }
   __syncthreads();
 

@@ -38,4 +38,22 @@ __device__ __forceinline__ void int8x16_to_half(const uint4& in, uint4& out0, ui
   int8x4_to_half(in.w, out1.z, out1.w);
 }
 
+// The P V B fragments of 16 keys x 16 columns of int8 values, from a
+// transposed ldmatrix of their rows (8 keys each): `lo` (keys 0-7) and `hi`
+// (keys 8-15) hold bytes [key 2c, column 2g], [2c, 2g + 1], [2c + 1, 2g],
+// [2c + 1, 2g + 1] of lane (g = lane / 4, c = lane % 4). b[0], b[1]: the keys
+// (2c, 2c + 1) and (8 + 2c, 9 + 2c) of column 2g as fp16 pairs (one 8-column
+// n-block: the even columns); b[2], b[3]: the same of column 2g + 1.
+__device__ __forceinline__ void int8_key_pairs_to_half(uint32_t lo, uint32_t hi, uint32_t (&b)[4]) {
+  const uint32_t ul = lo ^ 0x80808080u, uh = hi ^ 0x80808080u;
+  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
+  const uint32_t w[4] = {__byte_perm(ul, 0x64646464u, 0x4240), __byte_perm(uh, 0x64646464u, 0x4240),
+                         __byte_perm(ul, 0x64646464u, 0x4341), __byte_perm(uh, 0x64646464u, 0x4341)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&w[i]), bias);
+    b[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
 }  // namespace tileinfer
