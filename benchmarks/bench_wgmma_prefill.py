@@ -39,8 +39,6 @@ def main():
     dtype = torch.float16 if args.fp16 else torch.bfloat16
     ops = torch.ops.tileinfer_attn
     hq, hkv, d = 32, 8, args.d
-    if d == 256:
-        os.environ["TILEINFER_PREFILL_WGMMA_D256"] = "1"  # EXPERIMENT switch (csrc/ops/prefill.cu)
     print(f"{torch.cuda.get_device_name()}  {dtype}  heads {hq}/{hkv}  d {d}  page 64  causal")
     print(f"{'case':8s} " + " ".join(f"{name:>18s}" for name, _ in VARIANTS) + "   (TFLOP/s; ulps between them)")
     for label, lens in CASES:

@@ -89,14 +89,14 @@ def run_decode(prob, causal, splits):
 # rows: the kernel. "64" / "128": the mma.sync tile kernel with that tile,
 # forced through TILEINFER_PREFILL_ROWS (64-row tiles by default for short
 # prompts, 128-row tiles for long ones at d <= 128) and TILEINFER_PREFILL_WGMMA=0;
-# "wgmma": the default on a Hopper build for bf16 / fp16 at d 64 / 128.
+# "wgmma": the default on a Hopper build for bf16 / fp16 (every head dim).
 PREFILL_CASES = []
 for dtype in (torch.bfloat16, torch.float16, torch.float32):
     for d in (64, 128, 256):
         for page in (16, 32, 64, 128):
             for causal in (True, False):
                 for rows in ("64", "128", "wgmma"):
-                    if rows != "64" and (dtype == torch.float32 or d == 256):
+                    if rows != "64" and dtype == torch.float32 or rows == "128" and d == 256:
                         continue
                     PREFILL_CASES.append((dtype, d, page, causal, rows))
 

@@ -36,15 +36,12 @@ def hopper():
 
 @pytest.fixture(params=[128, 64, 256], ids=["d128", "d64", "d256"])
 def D(request, monkeypatch):
-    """The head dim; the wgmma path on (the default; d 256: the experiment,
-    TILEINFER_PREFILL_WGMMA_D256=1); skips where it cannot run."""
+    """The head dim; the wgmma path on (the default); skips where it cannot run."""
     if not has_cuda_kernel("prefill"):
         pytest.skip("this build has no CUDA kernel for tileinfer_attn::prefill")
     if not hopper():
         pytest.skip("the wgmma prefill kernel needs a compute-capability 9.0 (Hopper) device")
     monkeypatch.delenv("TILEINFER_PREFILL_WGMMA", raising=False)
-    if request.param == 256:
-        monkeypatch.setenv("TILEINFER_PREFILL_WGMMA_D256", "1")
     return request.param
 
 

@@ -54,26 +54,24 @@ bool use_large_prefill_tile(int64_t max_q_len, int64_t head_dim) {
 }
 
 // Hopper: the wgmma kernel (attention_wgmma.cuh) for bf16 / fp16 queries over
-// a cache of the same type, head dim 64 or 128, on a 9.0 device of a build
-// with sm_90a code (setup.py defines TILEINFER_SM90A then; without that code
-// the kernel would trap). 128 query rows (two warpgroups) x 128-key tiles, two
-// stages. H200, bf16, d 128, 32 q / 8 KV heads, causal, TFLOP/s, 2026-11-29
+// a cache of the same type, head dim 64, 128 or 256, on a 9.0 device of a
+// build with sm_90a code (setup.py defines TILEINFER_SM90A then; without that
+// code the kernel would trap). 128 query rows (two warpgroups) x 128-key tiles
+// (d 256: 64-key tiles, whose m64n256 P V accumulator is 128 registers), two
+// stages. H200, bf16, 32 q / 8 KV heads, causal, TFLOP/s, 2026-11-29
 // (bench_wgmma_prefill.py):
-//                  1x2k   1x8k   1x16k  4x2k   8x512
-//   tile kernel    251    304    318    272    164
-//   wgmma 128x128  327    431    445    342    184
-//   wgmma 64-key   291    351    366    300    186   (64-key tiles, 3 stages)
+//                        1x2k   1x8k   1x16k  4x2k   8x512
+//   d 128 tile kernel    251    304    318    272    164
+//   d 128 wgmma 128x128  327    431    445    342    184
+//   d 128 wgmma 64-key   291    351    366    300    186   (64-key tiles, 3 stages)
+//   d 256 tile kernel    232    260    266    237    175
+//   d 256 wgmma 128x64   395    458    465    383    244
 // TILEINFER_PREFILL_WGMMA=0 (read at every call) turns it off, for A/B runs.
 bool use_wgmma_prefill(const PagedShape& s, at::ScalarType dtype, int device) {
 #ifdef TILEINFER_SM90A
   const char* env = std::getenv("TILEINFER_PREFILL_WGMMA");
   if (env != nullptr && std::string(env) == "0") return false;
   if (s.int8 || (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)) return false;
-  // EXPERIMENT (not run on a GPU yet): d 256 on 64-key tiles, only when asked.
-  if (s.head_dim == 256) {
-    const char* d256 = std::getenv("TILEINFER_PREFILL_WGMMA_D256");
-    if (d256 == nullptr || std::string(d256) != "1") return false;
-  }
   if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
   return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9 &&
          cached_device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;

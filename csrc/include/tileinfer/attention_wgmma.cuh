@@ -1,5 +1,5 @@
 // Hopper (sm_90a) prefill kernel on warpgroup MMA (wgmma): bf16 / fp16, head
-// dim 64 or 128 (256: EXPERIMENT, TILEINFER_PREFILL_WGMMA_D256=1), a cache of the queries' type; csrc/ops/prefill.cu picks it on
+// dim 64, 128 or 256, a cache of the queries' type; csrc/ops/prefill.cu picks it on
 // a 9.0 device of an sm_90a build (TILEINFER_PREFILL_WGMMA=0: the mma.sync
 // tile kernel instead). Same work mapping (PrefillWork), key walk, masking and
 // numerics as attention_tile_kernel (attention_kernel.cuh); only the matrix
