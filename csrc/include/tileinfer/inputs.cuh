@@ -26,10 +26,11 @@ namespace tileinfer {
 
 // 256 threads: 8 warps of 1 to 4 row groups each.
 constexpr int kInputsThreads = 256;
-// Blocks per SM asked of ptxas (registers at most 65536 / (256 * n)): the
-// kernels are latency-bound, and the operands loaded ahead (NormWeights,
-// RopeCoefs) cost registers.
-constexpr int kRowsMinBlocks = 5;
+// Blocks per SM asked of ptxas (registers at most 65536 / (256 * n)). The
+// operands loaded ahead (NormWeights, RopeCoefs) cost registers: at 48 (five
+// blocks) ptxas sank the cos / sin loads behind the norm again, at 64 (four)
+// they leave before it; kv_write needs 80 (three blocks, as before).
+constexpr int kRowsMinBlocks = 4;
 constexpr int kKVWriteMinBlocks = 3;
 
 // Rows a group carries, their loads all issued before any math: each row alone
