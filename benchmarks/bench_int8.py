@@ -126,7 +126,9 @@ def ours_int8(p: ap.Problem, op: str, causal: bool = True):
                 i8["k_scale"], i8["v_scale"], i8["k_smooth"])
 
 
-INT8_SPLITS = [48, 64]  # split counts tried on one sequence besides the rule's 32
+# Split counts tried on one sequence besides the rule's 32: 48 and 64 were slower
+# at every length on the H200 (NOTES v5; 1 x 32k: 26.3 / 29.2 / 37.5 us).
+INT8_SPLITS = [48]
 
 
 def ours_int8_splits(p: ap.Problem, splits: int, causal: bool = True):

@@ -26,12 +26,6 @@ namespace tileinfer {
 
 // 256 threads: 8 warps of 1 to 4 row groups each.
 constexpr int kInputsThreads = 256;
-// Blocks per SM asked of ptxas (registers at most 65536 / (256 * n)). The
-// operands loaded ahead (NormWeights, RopeCoefs) cost registers: at 48 (five
-// blocks) ptxas sank the cos / sin loads behind the norm again, at 64 (four)
-// they leave before it; kv_write needs 80 (three blocks, as before).
-constexpr int kRowsMinBlocks = 4;
-constexpr int kKVWriteMinBlocks = 3;
 
 // Rows a group carries, their loads all issued before any math: each row alone
 // is one 16-byte load per thread followed by a chain of dependent metadata and
@@ -144,16 +138,16 @@ __device__ __forceinline__ int64_t token_position(const PagedKVParams& p, int to
   return static_cast<int64_t>(p.seq_lens[seq]) - (end - begin) + (token - begin);
 }
 
-// Where a token at position r.pos of sequence seq (token_position) goes in the
-// cache: a position outside what the block table holds, or on a page id
-// outside the pool, gets page = -1 (skipped; the Python validate_metadata
-// helper reports such entries).
-__device__ __forceinline__ void place_on_page(const PagedKVParams& p, int seq, TokenPlace& r) {
-  r.page = -1;
-  r.slot = 0;
-  if (seq < 0 || r.pos < 0 || r.pos >= static_cast<int64_t>(p.max_pages) * p.page_size) return;
+// Where a token goes in the cache: a position outside what the block table
+// holds, or on a page id outside the pool, gets page = -1 (skipped; the Python
+// validate_metadata helper reports such entries).
+__device__ __forceinline__ TokenPlace place_of_token(const PagedKVParams& p, int token) {
+  int seq;
+  TokenPlace r{token_position(p, token, &seq), -1, 0};
+  if (seq < 0 || r.pos < 0 || r.pos >= static_cast<int64_t>(p.max_pages) * p.page_size) return r;
   r.page = page_of(p, seq, static_cast<int>(r.pos / p.page_size));
   r.slot = static_cast<int>(r.pos % p.page_size);
+  return r;
 }
 
 // ---------------------------------------------------------------------------
@@ -189,53 +183,6 @@ __device__ __forceinline__ float round_to(float x) {
 }
 
 // ---------------------------------------------------------------------------
-// Operands of the stages, loaded ahead: the kernels issue these loads as soon
-// as their addresses are known (the weights at once, cos / sin when the
-// position is), so their latency overlaps the row's own load instead of
-// following it. (Loaded inside the stages, after the norm's shuffles, they
-// made each row wait for three memory round trips in a row: the ncu profile
-// of the queries kernel was bound by long-scoreboard stalls.)
-
-// A lane's norm weights, as stored.
-template <typename T, int D>
-struct NormWeights {
-  Vec16<T> w[RowLayout<T, D>::kVecs];
-  __device__ __forceinline__ void load(const T* weight, int lane) {
-#pragma unroll
-    for (int i = 0; i < RowLayout<T, D>::kVecs; ++i)
-      w[i] = *reinterpret_cast<const Vec16<T>*>(weight + RowLayout<T, D>::col(lane, i));
-  }
-};
-
-// The cos / sin of a lane's columns for a full-width rotation (vector i <
-// kVecs / 2 and its partner i + kVecs / 2 share those of vector i's columns),
-// from the position's row cs of the table (RopeTable.vec_ok: float4 loads).
-template <typename T, int D>
-struct RopeCoefs {
-  using L = RowLayout<T, D>;
-  static constexpr int kN = L::kVecs / 2 * L::kVec;
-  float c[kN], s[kN];
-  __device__ __forceinline__ void load(const float* cs, int lane) {
-#pragma unroll
-    for (int i = 0; i < L::kVecs / 2; ++i)
-#pragma unroll
-      for (int e = 0; e < L::kVec; e += 4) {
-        const float4 c4 = __ldg(reinterpret_cast<const float4*>(cs + L::col(lane, i) + e));
-        const float4 s4 = __ldg(reinterpret_cast<const float4*>(cs + D / 2 + L::col(lane, i) + e));
-        const int j = i * L::kVec + e;
-        c[j] = c4.x, c[j + 1] = c4.y, c[j + 2] = c4.z, c[j + 3] = c4.w;
-        s[j] = s4.x, s[j + 1] = s4.y, s[j + 2] = s4.z, s[j + 3] = s4.w;
-      }
-  }
-};
-
-// A full-width rotation with vector-aligned rows: the partner of every channel
-// is in the same lane, and RopeCoefs holds what it needs.
-__device__ __forceinline__ bool full_width_rope(const RopeTable& rt, int head_dim) {
-  return rt.vec_ok && rt.rotary_dim == head_dim;
-}
-
-// ---------------------------------------------------------------------------
 // Stages. Each takes and leaves values of T (in fp32 registers).
 
 // Qwen3's RMSNorm: sum of squares in fp32 (each lane its elements in order,
@@ -244,8 +191,8 @@ __device__ __forceinline__ bool full_width_rope(const RopeTable& rt, int head_di
 // weight in T (one fp32 product rounded to T, as `weight * h.to(dtype)` in
 // eager PyTorch). rsqrtf as PyTorch's CUDA rsqrt.
 template <typename T, int D>
-__device__ __forceinline__ void rms_norm_stage(float (&x)[RowLayout<T, D>::kElems], const NormWeights<T, D>& weight,
-                                               float eps) {
+__device__ __forceinline__ void rms_norm_stage(float (&x)[RowLayout<T, D>::kElems], const T* weight, float eps,
+                                               int lane) {
   using L = RowLayout<T, D>;
   float ss = 0.f;
 #pragma unroll
@@ -255,10 +202,11 @@ __device__ __forceinline__ void rms_norm_stage(float (&x)[RowLayout<T, D>::kElem
   const float inv = rsqrtf(__fadd_rn(__fmul_rn(ss, 1.f / D), eps));
 #pragma unroll
   for (int i = 0; i < L::kVecs; ++i) {
+    const Vec16<T> w = *reinterpret_cast<const Vec16<T>*>(weight + L::col(lane, i));
 #pragma unroll
     for (int e = 0; e < L::kVec; ++e) {
       float& v = x[i * L::kVec + e];
-      v = round_to<T>(__fmul_rn(to_float(weight.w[i].v[e]), round_to<T>(__fmul_rn(v, inv))));
+      v = round_to<T>(__fmul_rn(to_float(w.v[e]), round_to<T>(__fmul_rn(v, inv))));
     }
   }
 }
@@ -272,25 +220,34 @@ __device__ __forceinline__ void rms_norm_stage(float (&x)[RowLayout<T, D>::kElem
 // another lane, and the row goes through shared memory (`row`, D floats of
 // this group). cs: the position's row of the table, or null to skip the math
 // (the group still takes part in __syncwarp; the choice of path is the same
-// for every row of a launch). A full-width rotation (full_width_rope) takes
-// its cos / sin from `coefs`, loaded from cs by the caller.
+// for every row of a launch).
 template <typename T, int D>
 __device__ __forceinline__ void rope_stage(float (&x)[RowLayout<T, D>::kElems], float* row, const float* cs,
-                                           const RopeTable& rt, int lane, const RopeCoefs<T, D>& coefs) {
+                                           const RopeTable& rt, int lane) {
   using L = RowLayout<T, D>;
-  if (full_width_rope(rt, D)) {
+  if (rt.vec_ok && rt.rotary_dim == D) {
     // Full width: vector i (columns c < D / 2) and vector i + kVecs / 2 (c + D / 2)
     // are partners, in this lane, and share the cos / sin of c.
     if (cs == nullptr) return;
     constexpr int H = L::kVecs / 2;
 #pragma unroll
-    for (int j = 0; j < H * L::kVec; ++j) {
-      float& a = x[j];
-      float& b = x[H * L::kVec + j];
-      const float ya = round_to<T>(__fsub_rn(__fmul_rn(a, coefs.c[j]), __fmul_rn(b, coefs.s[j])));
-      const float yb = round_to<T>(__fadd_rn(__fmul_rn(b, coefs.c[j]), __fmul_rn(a, coefs.s[j])));
-      a = ya;
-      b = yb;
+    for (int i = 0; i < H; ++i) {
+      const int c0 = L::col(lane, i);
+#pragma unroll
+      for (int e = 0; e < L::kVec; e += 4) {
+        const float4 c = __ldg(reinterpret_cast<const float4*>(cs + c0 + e));
+        const float4 sn = __ldg(reinterpret_cast<const float4*>(cs + D / 2 + c0 + e));
+        const float cosv[4] = {c.x, c.y, c.z, c.w}, sinv[4] = {sn.x, sn.y, sn.z, sn.w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          float& a = x[i * L::kVec + e + u];
+          float& b = x[(i + H) * L::kVec + e + u];
+          const float ya = round_to<T>(__fsub_rn(__fmul_rn(a, cosv[u]), __fmul_rn(b, sinv[u])));
+          const float yb = round_to<T>(__fadd_rn(__fmul_rn(b, cosv[u]), __fmul_rn(a, sinv[u])));
+          a = ya;
+          b = yb;
+        }
+      }
     }
     return;
   }
@@ -417,7 +374,7 @@ __device__ __forceinline__ GroupRows group_rows(int64_t first, int num_tokens, i
 // rotation has no valid position (explicit position outside the table; with
 // kMetadata also a token of no sequence).
 template <typename T, int D, bool NORM, PosFrom POS>
-__global__ void __launch_bounds__(kInputsThreads, kRowsMinBlocks) rows_kernel(const RowsParams p) {
+__global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p) {
   allow_dependent_launch();  // programmatic launches (common.cuh)
   wait_for_prior_grids();
   using L = RowLayout<T, D>;
@@ -441,9 +398,6 @@ __global__ void __launch_bounds__(kInputsThreads, kRowsMinBlocks) rows_kernel(co
     }
   }
 
-  NormWeights<T, D> weight;
-  if constexpr (NORM) weight.load(static_cast<const T*>(p.weight), lane);
-
   int64_t pos[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -458,23 +412,17 @@ __global__ void __launch_bounds__(kInputsThreads, kRowsMinBlocks) rows_kernel(co
     }
   }
 
-  bool write[R];
-  const float* cs[R];
-  RopeCoefs<T, D> coefs[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    write[r] = g.in_range[r];
-    if constexpr (kRope) write[r] = write[r] && pos[r] >= 0 && pos[r] < p.rope.max_position;
-    cs[r] = kRope && write[r] ? p.rope.cos_sin + pos[r] * p.rope.stride : nullptr;
-    if (kRope && cs[r] != nullptr && full_width_rope(p.rope, D)) coefs[r].load(cs[r], lane);
-  }
-
   __shared__ __align__(16) float rows[kRope ? L::kGroups : 1][kRope ? D : 4];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    if constexpr (NORM) rms_norm_stage<T, D>(x[r], weight, p.eps);
-    if constexpr (kRope) rope_stage<T, D>(x[r], rows[group], cs[r], p.rope, lane, coefs[r]);
-    if (write[r]) {
+    bool write = g.in_range[r];
+    if constexpr (kRope) write = write && pos[r] >= 0 && pos[r] < p.rope.max_position;
+    if constexpr (NORM) rms_norm_stage<T, D>(x[r], static_cast<const T*>(p.weight), p.eps, lane);
+    if constexpr (kRope) {
+      const float* cs = write ? p.rope.cos_sin + pos[r] * p.rope.stride : nullptr;
+      rope_stage<T, D>(x[r], rows[group], cs, p.rope, lane);
+    }
+    if (write) {
       store_row<T, D>(static_cast<T*>(p.out) + g.token[r] * p.out_stride_token + g.head[r] * p.out_stride_head,
                       x[r], lane);
     }
@@ -488,7 +436,7 @@ __global__ void __launch_bounds__(kInputsThreads, kRowsMinBlocks) rows_kernel(co
 // position outside the cos/sin table. Grid: ceil(num_tokens * num_kv_heads /
 // kRowsPerBlock) blocks of kInputsThreads; a group carries kRowsPerGroup rows.
 template <typename T, int D, bool NORM, bool ROPE, bool INT8>
-__global__ void __launch_bounds__(kInputsThreads, kKVWriteMinBlocks) kv_write_kernel(const KVWriteParams p) {
+__global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteParams p) {
   allow_dependent_launch();  // programmatic launches (common.cuh)
   wait_for_prior_grids();
   using L = RowLayout<T, D>;
@@ -512,27 +460,11 @@ __global__ void __launch_bounds__(kInputsThreads, kKVWriteMinBlocks) kv_write_ke
     }
   }
 
-  NormWeights<T, D> weight;
-  if constexpr (NORM) weight.load(static_cast<const T*>(p.k_weight), lane);
-
-  // The position first, so that cos / sin are on their way while the block
-  // table is read (for a row that turns out to be skipped they are simply unused).
   TokenPlace place[R];
-  const float* cs[R];
-  RopeCoefs<T, D> coefs[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     place[r] = TokenPlace{-1, -1, 0};
-    cs[r] = nullptr;
-    if (g.in_range[r]) {
-      int seq;
-      place[r].pos = token_position(p.kv, g.token[r], &seq);
-      if (ROPE && place[r].pos >= 0 && place[r].pos < p.rope.max_position) {
-        cs[r] = p.rope.cos_sin + place[r].pos * p.rope.stride;
-        if (full_width_rope(p.rope, D)) coefs[r].load(cs[r], lane);
-      }
-      place_on_page(p.kv, seq, place[r]);
-    }
+    if (g.in_range[r]) place[r] = place_of_token(p.kv, g.token[r]);
   }
 
   __shared__ __align__(16) float rows[ROPE ? L::kGroups : 1][ROPE ? D : 4];
@@ -540,8 +472,11 @@ __global__ void __launch_bounds__(kInputsThreads, kKVWriteMinBlocks) kv_write_ke
   for (int r = 0; r < R; ++r) {
     bool write = place[r].page >= 0;
     if constexpr (ROPE) write = write && place[r].pos < p.rope.max_position;  // pos >= 0 when page >= 0
-    if constexpr (NORM) rms_norm_stage<T, D>(k[r], weight, p.eps);
-    if constexpr (ROPE) rope_stage<T, D>(k[r], rows[group], write ? cs[r] : nullptr, p.rope, lane, coefs[r]);
+    if constexpr (NORM) rms_norm_stage<T, D>(k[r], static_cast<const T*>(p.k_weight), p.eps, lane);
+    if constexpr (ROPE) {
+      const float* cs = write ? p.rope.cos_sin + place[r].pos * p.rope.stride : nullptr;
+      rope_stage<T, D>(k[r], rows[group], cs, p.rope, lane);
+    }
     const int head = g.head[r];
     const int64_t at = write ? scale_offset(p.kv, place[r].page, head, place[r].slot) : 0;  // vector index
     if constexpr (INT8) {
