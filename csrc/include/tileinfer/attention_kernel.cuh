@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 
   OnlineSoftmax<kR, 4> sm;  // each row spread over the 4 lanes of a quad
   sm.init();
-  float o[kR][D / 4];  // O row R; column 8j + 2(lane % 4) + e at [2j + e]
+  float o[kR][D / 4];  // O row R; column 8j + 2(lane % 4) + e at [2j + e] (int8 decode: see P V)
 #pragma unroll
   for (int R = 0; R < kR; ++R)
 #pragma unroll
