@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     for (int it = 0; it < WN * Cfg::kCacheChunks / kGroupThreads; ++it) {
       const int idx = gt + it * kGroupThreads;
       const int row = idx % WN;  // consecutive lanes: consecutive rows, no bank conflicts either side
-      const int ch = idx / WN;          // 16 int8 = chunks 2 ch, 2 ch + 1 of the converted row
+      const int ch = idx / WN;   // 16 int8 = chunks 2 ch, 2 ch + 1 of the converted row
       uint4 lo, hi;
       int8x16_to_half(*reinterpret_cast<const uint4*>(src + Cfg::stage_offset(row, ch)), lo, hi);
       *reinterpret_cast<uint4*>(dst + Cfg::swz(row, 2 * ch)) = lo;
