@@ -165,21 +165,25 @@ def ours_attention_no_pdl(p: Problem, causal: bool = True):
     return with_env(ours_attention(p, causal), TILEINFER_NO_PDL="1")
 
 
-def ours_decode_combine(p: Problem, splits: int, causal: bool = True):
+def ours_decode_combine(p: Problem, splits: int, causal: bool = True, int8: Optional[dict] = None):
     """decode into `splits` fp32 partials, then combine: the attention op's
     decode path with another split count than the dispatcher's
-    (decode_num_splits), to measure that choice."""
+    (decode_num_splits), to measure that choice. int8: the int8 cache to read
+    instead of p's (bench_int8's p.int8: k_cache, v_cache, k_scale, v_scale,
+    k_smooth)."""
     ops = torch.ops.tileinfer_attn
     t, h, d = p.q.shape
     out = torch.empty_like(p.q)
     po = torch.empty(splits, t, h, d, dtype=torch.float32, device=p.q.device)
     pl = torch.empty(splits, t, h, dtype=torch.float32, device=p.q.device)
+    caches = (p.k_cache, p.v_cache) if int8 is None else (int8["k_cache"], int8["v_cache"])
+    extra = () if int8 is None else (int8["k_scale"], int8["v_scale"], int8["k_smooth"])
 
-    def fn(out, po, pl, q, kc, vc, bt, sl, cu):
-        ops.decode(po, pl, q, kc, vc, bt, sl, cu, p.max_q_len, p.scale, causal)
+    def fn(out, po, pl, q, kc, vc, bt, sl, cu, *scales):
+        ops.decode(po, pl, q, kc, vc, bt, sl, cu, p.max_q_len, p.scale, causal, *scales)
         ops.combine(out, None, po, pl)
         return out
-    return fn, (out, po, pl, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
+    return fn, (out, po, pl, p.q, *caches, p.block_tables, p.seq_lens, p.cu_seqlens_q, *extra)
 
 
 def ours_prefill_tile_kernel(p: Problem, causal: bool = True):

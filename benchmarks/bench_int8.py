@@ -131,24 +131,6 @@ def ours_int8(p: ap.Problem, op: str, causal: bool = True):
 INT8_SPLITS = [48]
 
 
-def ours_int8_splits(p: ap.Problem, splits: int, causal: bool = True):
-    """decode into `splits` partials + combine on the int8 cache of p: the
-    attention op's path with another split count than decode_num_splits."""
-    ops = torch.ops.tileinfer_attn
-    t, h, d = p.q.shape
-    out = torch.empty_like(p.q)
-    po = torch.empty(splits, t, h, d, dtype=torch.float32, device=p.q.device)
-    pl = torch.empty(splits, t, h, dtype=torch.float32, device=p.q.device)
-    i8 = p.int8
-
-    def fn(out, po, pl, q, kc, vc, bt, sl, cu, ks, vs, sm):
-        ops.decode(po, pl, q, kc, vc, bt, sl, cu, p.max_q_len, p.scale, causal, ks, vs, sm)
-        ops.combine(out, None, po, pl)
-        return out
-    return fn, (out, po, pl, p.q, i8["k_cache"], i8["v_cache"], p.block_tables, p.seq_lens, p.cu_seqlens_q,
-                i8["k_scale"], i8["v_scale"], i8["k_smooth"])
-
-
 def free_memory():
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -164,7 +146,7 @@ def run_decode(label, batch, ctx, args, ceil, errors):
              (INT8, lambda p: ours_int8(p, "attention"), True)]  # int8 last: a fault then costs no bf16 row
     if batch == 1:  # more blocks than the split rule's 32 (the int8 loop is latency-bound at 2 blocks per SM)
         for splits in INT8_SPLITS:
-            impls.append((f"int8 decode+combine, {splits} splits", lambda p, s=splits: ours_int8_splits(p, s), True))
+            impls.append((f"int8 decode+combine, {splits} splits", lambda p, s=splits: ap.ours_decode_combine(p, s, int8=p.int8), True))
     rows = ap.time_impls(label, impls, sets, errors, ours=INT8, base=[BF16], metrics=lambda t: {},
                          extra=dict(batch=batch, ctx=ctx, n=1, page=PAGE, **QWEN3), **kw)
     del sets
