@@ -17,17 +17,20 @@
 
 namespace tileinfer {
 
+// An fp16 pair of biased bytes placed under 0x64 (1024 + x + 128, exactly)
+// minus 1152: the pair of int8 values x.
+__device__ __forceinline__ uint32_t unbias_half2(uint32_t h) {
+  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
+  const __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&h), bias);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 // Four int8 (one 32-bit word, byte 0 first) -> four fp16 in two b32 registers,
 // element order kept (lo holds bytes 0, 1; hi holds bytes 2, 3).
 __device__ __forceinline__ void int8x4_to_half(uint32_t w, uint32_t& lo, uint32_t& hi) {
   const uint32_t u = w ^ 0x80808080u;
-  const uint32_t h01 = __byte_perm(u, 0x64646464u, 0x5140);  // [0x64, u1, 0x64, u0]
-  const uint32_t h23 = __byte_perm(u, 0x64646464u, 0x7362);  // [0x64, u3, 0x64, u2]
-  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
-  __half2 a = __hsub2(*reinterpret_cast<const __half2*>(&h01), bias);
-  __half2 b = __hsub2(*reinterpret_cast<const __half2*>(&h23), bias);
-  lo = *reinterpret_cast<uint32_t*>(&a);
-  hi = *reinterpret_cast<uint32_t*>(&b);
+  lo = unbias_half2(__byte_perm(u, 0x64646464u, 0x5140));  // [0x64, u1, 0x64, u0]
+  hi = unbias_half2(__byte_perm(u, 0x64646464u, 0x7362));  // [0x64, u3, 0x64, u2]
 }
 
 // Sixteen int8 -> sixteen fp16 (two 16-byte vectors, elements 0-7 and 8-15).
@@ -46,14 +49,10 @@ __device__ __forceinline__ void int8x16_to_half(const uint4& in, uint4& out0, ui
 // n-block: the even columns); b[2], b[3]: the same of column 2g + 1.
 __device__ __forceinline__ void int8_key_pairs_to_half(uint32_t lo, uint32_t hi, uint32_t (&b)[4]) {
   const uint32_t ul = lo ^ 0x80808080u, uh = hi ^ 0x80808080u;
-  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
   const uint32_t w[4] = {__byte_perm(ul, 0x64646464u, 0x4240), __byte_perm(uh, 0x64646464u, 0x4240),
                          __byte_perm(ul, 0x64646464u, 0x4341), __byte_perm(uh, 0x64646464u, 0x4341)};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&w[i]), bias);
-    b[i] = *reinterpret_cast<const uint32_t*>(&v);
-  }
+  for (int i = 0; i < 4; ++i) b[i] = unbias_half2(w[i]);
 }
 
 }  // namespace tileinfer
