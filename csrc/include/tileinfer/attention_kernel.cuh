@@ -36,9 +36,10 @@
 //   the row's maximum a 15-bit step is 8 times finer than fp16's. The int8
 //   decode loop is instruction-bound, and this removes the key conversion
 //   (int8 -> fp16 into shared memory, then ldmatrix) from it.
-// - P V in fp16: the warps that read a key slice convert its values exactly
-//   to fp16 (int8.cuh) into one shared tile that the ldmatrix / mma code reads:
-//   the stored integers, not dequantized values. fp16, whatever q's type (QT):
+// - P V in fp16: values are converted exactly to fp16 (int8.cuh), the stored
+//   integers, not dequantized values: in decode straight from the staged tile
+//   into B fragments (TileConfig::kValuesInRegs), in prefill once per tile into
+//   a shared fp16 tile that all warps read. fp16, whatever q's type (QT):
 //   the int8 -> fp16 conversion takes half the instructions of int8 -> bf16,
 //   and fp16 keeps 3 more mantissa bits. Its range is handled by a power of
 //   two: each warp's probabilities are multiplied by v_scale * 2^15 / vmax,
