@@ -76,6 +76,30 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 #endif
 }
 
+// Block timeline for scripts/decode_timeline.cu (off unless TILEINFER_TIMELINE
+// is defined; one translation unit): thread 0 of each block records the
+// global timer at stamp i (slots 0-7 of its 16) and, at stamp 0, its SM (slot 8).
+#ifdef TILEINFER_TIMELINE
+__device__ unsigned long long tileinfer_timeline[1 << 20];
+__device__ __forceinline__ void timeline_stamp(int i) {
+  if (threadIdx.x != 0) return;
+  unsigned long long* slots = tileinfer_timeline + ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * 16;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  slots[i] = t;
+  if (i == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    slots[8] = sm;
+  }
+}
+#define TILEINFER_STAMP(i) timeline_stamp(i)
+#else
+#define TILEINFER_STAMP(i) \
+  do {                     \
+  } while (0)
+#endif
+
 // Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic
 // dependent launch when `programmatic` (see above; the caller checks sm_90).
 // Works in captured CUDA graphs (the dependency becomes a programmatic edge).

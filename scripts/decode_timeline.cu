@@ -1,0 +1,261 @@
+// Where a decode launch spends its time, block by block: the decode kernel of
+// csrc/ops/decode.cu (same tile configurations, copied below) built with
+// TILEINFER_TIMELINE, so thread 0 of every block records the global timer at
+//   0 start, 1 metadata read (seq_lens, cu_seqlens_q), 2 first block-table
+//   entries read, 3 first K/V tile landed, 4 key loop done (warp 0), 6 every
+//   warp's loop done, 7 the warps' parts merged into shared memory, 5 partial
+//   written (stores issued).
+// No torch, no paging
+// library: a synthetic cache (Qwen3-4B heads 32 / 8, d 128, page 64, pages in
+// random order). Prints, per context length, the kernel's time and the
+// median / max over blocks of every interval. Build and run on the GPU:
+//   bash scripts/decode_timeline.sh
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "tileinfer/attention_kernel.cuh"
+
+using namespace tileinfer;
+
+
+#define CHECK(x)                                                                        \
+  do {                                                                                  \
+    cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) {                                                            \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+constexpr int kHq = 32, kHkv = 8, kD = 128, kPage = 64;
+
+// csrc/ops/decode.cu: DecodeTileSmall (bf16) and DecodeTileInt8Wide / Small at d 128.
+using Bf16Tile = TileConfig<__nv_bfloat16, kD, 1, 4, 1, 64, 3>;
+using Int8WideTile = TileConfig<__half, kD, 1, 4, 1, 128, 3, int8_t, __nv_bfloat16>;
+using Int8SmallTile = TileConfig<__half, kD, 1, 4, 1, 64, 3, int8_t, __nv_bfloat16>;
+
+__global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed, bool int8) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    // bf16 pairs: a small random value (exponent 0x3c..0x3f); int8: any byte but -128
+    p[i] = int8 ? uint8_t(h % 255) : (i & 1 ? uint8_t(0x3c + (h & 3)) : uint8_t(h));
+  }
+}
+
+struct Stats {
+  double med, max;
+};
+static Stats stats(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.back()};
+}
+
+template <class Cfg>
+void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int splits_override = 0) {
+  constexpr bool kInt8 = Cfg::kInt8;
+  const int row_bytes = kD * (kInt8 ? 1 : 2);
+  const int pages_per_seq = (len + kPage - 1) / kPage;
+  const int num_pages = seqs * pages_per_seq;
+  const size_t pool_bytes = size_t(num_pages) * kHkv * kPage * row_bytes;
+  const int per_sm = kInt8 ? 3 : 2;  // decode_num_splits_for (csrc/attention.cpp)
+  const int splits = splits_override ? splits_override : std::min(32, std::max(1, per_sm * sms / (seqs * kHkv)));
+
+  uint8_t *k, *v;
+  CHECK(cudaMalloc(&k, pool_bytes));
+  CHECK(cudaMalloc(&v, pool_bytes));
+  fill_bytes<<<1024, 256>>>(k, pool_bytes, 1, kInt8);
+  fill_bytes<<<1024, 256>>>(v, pool_bytes, 2, kInt8);
+  float *k_scale = nullptr, *v_scale = nullptr;
+  if (kInt8) {
+    const size_t n = size_t(num_pages) * kHkv * kPage;
+    std::vector<float> s(n);
+    std::mt19937 rng(3);
+    for (auto& x : s) x = 0.01f + 0.01f * (rng() % 100) / 100.f;
+    CHECK(cudaMalloc(&k_scale, n * 4));
+    CHECK(cudaMalloc(&v_scale, n * 4));
+    CHECK(cudaMemcpy(k_scale, s.data(), n * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(v_scale, s.data(), n * 4, cudaMemcpyHostToDevice));
+  }
+  std::vector<int> table(num_pages);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(7));
+  std::vector<int> lens(seqs, len), cu(seqs + 1);
+  for (int i = 0; i <= seqs; ++i) cu[i] = i;
+  std::vector<__nv_bfloat16> q(size_t(seqs) * kHq * kD);
+  std::mt19937 rng(5);
+  for (auto& x : q) x = __float2bfloat16(float(int(rng() % 2001) - 1000) / 1000.f);
+
+  int *d_table, *d_lens, *d_cu;
+  __nv_bfloat16* d_q;
+  float *d_po, *d_pl;
+  CHECK(cudaMalloc(&d_table, table.size() * 4));
+  CHECK(cudaMalloc(&d_lens, lens.size() * 4));
+  CHECK(cudaMalloc(&d_cu, cu.size() * 4));
+  CHECK(cudaMalloc(&d_q, q.size() * 2));
+  CHECK(cudaMalloc(&d_po, size_t(splits) * seqs * kHq * kD * 4));
+  CHECK(cudaMalloc(&d_pl, size_t(splits) * seqs * kHq * 4));
+  CHECK(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_cu, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+
+  AttentionParams p{};
+  p.kv = PagedKVParams{k, v, k_scale, v_scale, nullptr, d_table, d_lens, d_cu, seqs, pages_per_seq, num_pages,
+                       kHkv, kPage, kD};
+  p.q = d_q;
+  p.q_stride_token = kHq * kD;
+  p.q_stride_head = kD;
+  p.partial_out = d_po;
+  p.partial_lse = d_pl;
+  p.num_tokens = seqs;
+  p.num_q_heads = kHq;
+  p.group_size = kHq / kHkv;
+  p.max_q_len = 1;
+  p.num_splits = splits;
+  p.scale = 0.0884f;
+  p.causal = true;
+
+  auto kernel = attention_tile_kernel<Cfg, DecodeWork>;
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const dim3 grid = DecodeWork::grid<Cfg::kBlockM>(p);
+  const int blocks = grid.x * grid.y * grid.z;
+  const double bytes = 2.0 * seqs * len * kHkv * row_bytes + (kInt8 ? 2.0 * seqs * len * kHkv * 4 : 0.0);
+
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  auto time_us = [&](auto launch) {
+    for (int i = 0; i < 5; ++i) launch();
+    constexpr int kIters = 50;
+    CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < kIters; ++i) launch();
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    return 1e3 * ms / kIters;
+  };
+  // The timeline of one launch (the last of a few), intervals in us.
+  std::vector<unsigned long long> tl(size_t(blocks) * 16);
+  auto timeline = [&](auto launch) {
+    std::fill(tl.begin(), tl.end(), 0ull);  // stamps a block never reaches stay 0
+    CHECK(cudaMemcpyToSymbol(tileinfer::tileinfer_timeline, tl.data(), tl.size() * 8));
+    for (int i = 0; i < 3; ++i) launch();
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpyFromSymbol(tl.data(), tileinfer::tileinfer_timeline, tl.size() * 8));
+    unsigned long long t0 = ~0ull, t_end = 0;
+    for (int b = 0; b < blocks; ++b) {
+      t0 = std::min(t0, tl[b * 16]);
+      t_end = std::max(t_end, tl[b * 16 + 5]);
+    }
+    return std::make_pair(t0, (t_end - t0) / 1e3);
+  };
+
+  auto decode = [&] { kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(p); };
+  const double t_dec = time_us(decode);
+  const auto [t0, span] = timeline(decode);
+  // Intervals between stamps, in the order a block passes them.
+  constexpr int kOrder[8] = {0, 1, 2, 3, 4, 6, 7, 5};
+  const char* lab[8] = {"", "meta", "table", "tile0", "loop", "wait", "merge", "store"};
+  std::vector<double> d[8], end;
+  for (int b = 0; b < blocks; ++b) {
+    const unsigned long long* s = &tl[b * 16];
+    bool ordered = true;  // blocks without keys skip the loop's stamp (stale)
+    for (int i = 1; i < 8; ++i) ordered &= s[kOrder[i]] >= s[kOrder[i - 1]];
+    if (!ordered) continue;
+    end.push_back((s[5] - t0) / 1e3);
+    for (int i = 1; i < 8; ++i) d[i].push_back((double(s[kOrder[i]]) - double(s[kOrder[i - 1]])) / 1e3);
+  }
+  std::printf("%-6s %3dx%-6d splits %2d blocks %4d | kernel %6.1f us (%4.0f GB/s) span %6.1f |", name, seqs, len,
+              splits, blocks, t_dec, bytes / t_dec / 1e3, span);
+  for (int i = 1; i < 8; ++i) {
+    const Stats s = stats(d[i]);
+    std::printf(" %s %.2f/%.2f", lab[i], s.med, s.max);
+  }
+  const Stats en = stats(end);
+  std::printf(" | end med %5.1f max %5.1f (%zu blocks with keys)\n", en.med, en.max, end.size());
+  if (by_sm) {
+    // Is the spread of loop times tied to the SMs? Per-SM mean loop time in
+    // two launches (blocks land on other SMs each time), their correlation,
+    // and the loop time by the number of blocks an SM held.
+    auto per_sm = [&](std::vector<double>& mean, std::vector<int>& count) {
+      mean.assign(sms, 0.0);
+      count.assign(sms, 0);
+      for (int b = 0; b < blocks; ++b) {
+        const unsigned long long* s = &tl[b * 16];
+        if (s[3] == 0 || s[4] < s[3]) continue;
+        mean[s[8]] += (s[4] - s[3]) / 1e3;
+        ++count[s[8]];
+      }
+      for (int i = 0; i < sms; ++i) mean[i] = count[i] ? mean[i] / count[i] : 0.0;
+    };
+    std::vector<double> m1, m2;
+    std::vector<int> c1, c2;
+    per_sm(m1, c1);
+    timeline(decode);
+    per_sm(m2, c2);
+    double sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
+    int n = 0;
+    double by_count[5] = {}, n_count[5] = {};
+    for (int i = 0; i < sms; ++i) {
+      if (c1[i] && c2[i]) {
+        sx += m1[i], sy += m2[i], sxx += m1[i] * m1[i], syy += m2[i] * m2[i], sxy += m1[i] * m2[i];
+        ++n;
+      }
+      if (c1[i] > 0 && c1[i] < 5) by_count[c1[i]] += m1[i], ++n_count[c1[i]];
+    }
+    const double r = (n * sxy - sx * sy) / std::sqrt((n * sxx - sx * sx) * (n * syy - sy * sy));
+    std::printf("       per SM: loop-time correlation between two launches r = %.2f over %d SMs; mean loop by blocks per SM:", r, n);
+    for (int c = 1; c < 5; ++c)
+      if (n_count[c]) std::printf(" %d: %.1f us (%d SMs)", c, by_count[c] / n_count[c], int(n_count[c]));
+    std::printf("\n       per SM mean loop, launch 1 (SM 0..%d):", sms - 1);
+    for (int i = 0; i < sms; ++i) std::printf(" %.0f", m1[i]);
+    std::printf("\n");
+  }
+  for (void* ptr : {(void*)k, (void*)v, (void*)k_scale, (void*)v_scale, (void*)d_table, (void*)d_lens, (void*)d_cu,
+                    (void*)d_q, (void*)d_po, (void*)d_pl})
+    if (ptr) CHECK(cudaFree(ptr));
+}
+
+int main() {
+  int sms;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  // Copy bandwidth of the same order of bytes (read + write), for scale.
+  {
+    const size_t n = size_t(64) << 20;
+    void *a, *b;
+    CHECK(cudaMalloc(&a, n));
+    CHECK(cudaMalloc(&b, n));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    for (int i = 0; i < 5; ++i) CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
+    CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < 50; ++i) CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    std::printf("copy 64 MiB: %.1f us, %.0f GB/s (read + write)\n", 1e3 * ms / 50, 2.0 * n / (ms / 50) / 1e6);
+    CHECK(cudaFree(a));
+    CHECK(cudaFree(b));
+  }
+  std::printf("intervals: med/max over blocks, us (meta: start -> metadata read; table: -> first table entries;"
+              " tile0: -> first tile landed; loop: -> keys done; epi: -> partial written)\n");
+  for (int len : {1024, 8192, 32768, 131072}) run<Bf16Tile>("bf16", 1, len, sms, len == 32768);
+  run<Bf16Tile>("bf16", 8, 32768, sms, true);
+  run<Bf16Tile>("bf16", 32, 4096, sms);
+  for (int len : {8192, 32768, 131072}) run<Int8WideTile>("int8w", 1, len, sms);
+  run<Int8WideTile>("int8w", 32, 4096, sms);
+  run<Int8SmallTile>("int8s", 8, 32768, sms, true);
+  run<Int8WideTile>("int8w", 8, 32768, sms, true, 4);  // two blocks per SM instead of three
+  return 0;
+}
