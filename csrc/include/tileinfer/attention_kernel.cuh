@@ -201,12 +201,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   float* lse_s = merge_s + 2 * Cfg::kWarpsN * BM;               // [BM]
   float* scale_s = lse_s + BM;  // int8: [S][K, V][BN] per-key scales, copied with their tile
 
+  TILEINFER_STAMP(0);
   wait_for_prior_grids();  // programmatic launches (common.cuh)
   // make's metadata loads first: the padding rows' own load then overlaps them
   // (marking first put a round trip before every block of the last sequence).
   const WorkItem w = Work::template make<BM>(p);
   Work::template mark_padding_rows<QT>(p);
   if (!w.active) return;  // block-uniform
+  TILEINFER_STAMP(1);  // metadata read
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -238,12 +240,47 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     }
   };
 
+  // Queries: copied as they are (below); with an int8 cache they go through
+  // registers instead (times the key smoothing factors, then into two int8
+  // planes). Those loads leave with the block-table reads, before any tile's
+  // copies: behind the copies they would wait for the first wave of copies of
+  // every block (H200, one sequence at 32k positions: the first tile landed
+  // 5.6 us after the block-table reads, against 2.8 for bf16;
+  // scripts/decode_timeline.cu). Decode's few rows (<= 2 chunks per thread)
+  // wait in registers; prefill's many rows are loaded when used.
+  constexpr int kQChunks = BM * Cfg::kChunks;
+  constexpr int kQIters = (kQChunks + Cfg::kThreads - 1) / Cfg::kThreads;
+  constexpr bool kQAhead = Cfg::kInt8 && kQIters <= 2;
+  constexpr int kQUnroll = kQAhead ? kQIters : 1;  // prefill keeps a rolled loop
+  const float* smooth = p.kv.k_smooth == nullptr ? nullptr : p.kv.k_smooth + static_cast<int64_t>(w.kv_head) * D;
+  struct QChunk {
+    Vec16<QT> v;
+    float s[8];
+  };
+  // Chunk c of the block's queries and its smoothing factors (zeros for padding rows).
+  auto load_q_chunk = [&](int c, QChunk& qc) {
+    const int rr = w.row_base + c / Cfg::kChunks;  // the row table's (query, head), from w: no barrier
+    const int ch = c % Cfg::kChunks;
+    const int t = rr / w.group;
+    const int token = t < w.q_count ? w.q_begin + t : -1;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qc.v.v[e] = from_float<QT>(0.f);
+    if (token >= 0)
+      qc.v = *reinterpret_cast<const Vec16<QT>*>(q_ptr + token * p.q_stride_token +
+                                                 (w.head0 + rr % w.group) * p.q_stride_head + ch * 8);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qc.s[e] = token < 0 ? 0.f : smooth == nullptr ? 1.f : smooth[ch * 8 + e];
+  };
+  QChunk q_ahead[kQAhead ? kQIters : 1];
+  if constexpr (kQAhead) {
+#pragma unroll
+    for (int it = 0; it < kQIters; ++it)
+      if (tid + it * Cfg::kThreads < kQChunks) load_q_chunk(tid + it * Cfg::kThreads, q_ahead[it]);
+  }
   for (int j = 0; j < S && j < num_tiles; ++j) keys.lookup(j, false);
   __syncthreads();  // row table and the first lookups
+  TILEINFER_STAMP(2);  // first block-table entries read
 
-  // Queries: copied as they are; with an int8 cache they go through registers
-  // instead (times the key smoothing factors, then into two int8 planes), after
-  // the first tiles' copies are on their way.
   if constexpr (!Cfg::kInt8) {
     copy_query_rows<BM, Cfg::kThreads, Cfg::kChunks, T>(
         p, row_token_s, row_head_s, q_s, tid, [](int row, int ch) { return int(sizeof(T)) * Cfg::swz(row, ch); });
@@ -264,27 +301,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     return __int_as_float((127 + min(14 - e, 126)) << 23);    // 2^(14 - e), a normal float
   };
   if constexpr (Cfg::kInt8) {
-    const float* smooth = p.kv.k_smooth == nullptr ? nullptr : p.kv.k_smooth + static_cast<int64_t>(w.kv_head) * D;
-    // Chunk c of the block's queries times the smoothing factors, in fp32 (0 for padding rows).
-    auto smoothed = [&](int c, float (&x)[8]) {
-      const int row = c / Cfg::kChunks;
-      const int ch = c % Cfg::kChunks;
-      const int token = row_token_s[row];
-      if (token < 0) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) x[e] = 0.f;
-        return;
+    // Chunk c (the it-th of this thread) times the smoothing factors, in fp32.
+    auto smoothed = [&](int it, int c, float (&x)[8]) {
+      QChunk qc;
+      if constexpr (kQAhead) {
+        qc = q_ahead[it];
+      } else {
+        load_q_chunk(c, qc);
       }
-      const Vec16<QT> v = *reinterpret_cast<const Vec16<QT>*>(
-          q_ptr + token * p.q_stride_token + row_head_s[row] * p.q_stride_head + ch * 8);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) x[e] = to_float(v.v[e]) * (smooth == nullptr ? 1.f : smooth[ch * 8 + e]);
+      for (int e = 0; e < 8; ++e) x[e] = to_float(qc.v.v[e]) * qc.s[e];
     };
     // A row's kChunks chunks are consecutive lanes of one warp: their maximum
     // is a shuffle reduction, stored by the row's first lane.
-    for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {
+#pragma unroll kQUnroll
+    for (int it = 0; it < kQIters; ++it) {
+      const int c = tid + it * Cfg::kThreads;
+      if (c >= kQChunks) break;
       float x[8];
-      smoothed(c, x);
+      smoothed(it, c, x);
       float amax = 0.f;
 #pragma unroll
       for (int e = 0; e < 8; ++e) amax = isfinite(x[e]) ? fmaxf(amax, fabsf(x[e])) : INFINITY;
@@ -293,9 +328,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     }
     __syncthreads();
     uint8_t* q8 = reinterpret_cast<uint8_t*>(q_s);
-    for (int c = tid; c < BM * Cfg::kChunks; c += Cfg::kThreads) {  // the second pass reads L1
+#pragma unroll kQUnroll
+    for (int it = 0; it < kQIters; ++it) {  // prefill's second pass reads L1
+      const int c = tid + it * Cfg::kThreads;
+      if (c >= kQChunks) break;
       float x[8];
-      smoothed(c, x);
+      smoothed(it, c, x);
       const int row = c / Cfg::kChunks;
       const float qs = row_q_scale(row);
       // q = 256 hi + lo with hi in [-64, 64], lo in [-128, 127], for |q| <= 2^14.
@@ -414,6 +452,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   for (int i = 0; i < num_tiles; ++i) {
     cp_async_wait<S - 2>();  // tile i has landed (this thread's copies) ...
     __syncthreads();         // ... everyone's, and everyone is done with tile i - 1
+    if (i == 0) TILEINFER_STAMP(3);  // first tile landed
     if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
     cp_async_commit();
     if (i + S < num_tiles) keys.lookup(i + S, true);  // into the slot tile i - 1 used
@@ -662,9 +701,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // The next kernel (combine) may be scheduled once every block is here, not
   // at their start: blocks of a next decode step resident early, beside this
   // grid, took SM slots unevenly (H200: d 64, 32 x 4k, 64.8 -> 72.0 us).
+  TILEINFER_STAMP(4);  // key loop done
   allow_dependent_launch();
   cp_async_wait<0>();
   __syncthreads();  // K/V stages are free: o_s may overwrite them
+  TILEINFER_STAMP(6);  // every warp's keys done
   sm.reduce_sums();
   float out_scale[kR];
   if constexpr (Cfg::kWarpsN == 1) {
@@ -725,6 +766,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     }
   }
   __syncthreads();
+  TILEINFER_STAMP(7);  // warps' parts in shared memory
 
   // 16-byte stores of whole rows of elements O at row_ptr(token, head); the
   // key-slice warps' parts add up in a fixed order.
@@ -742,6 +784,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     float* lse = Work::lse_at(p, w, row_token_s[tid], row_head_s[tid]);
     if (lse != nullptr) *lse = lse_s[tid];
   }
+  TILEINFER_STAMP(5);
 }
 
 }  // namespace tileinfer
