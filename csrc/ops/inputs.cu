@@ -262,6 +262,7 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
   KVWriteParams kp = kv_write_params(kv, k_cache, v_cache, k_scale, v_scale, k, v);
   kp.k_weight = k_norm_weight.has_value() ? k_norm_weight->data_ptr() : nullptr;
   kp.eps = static_cast<float>(eps);
+  kp.after_queries = q.size(0) * q.size(1) > 0;  // launch 1 below runs (else launch 2 waits as usual)
 
   // Launch 1: the queries. (The table's float4 path depends on the element width.)
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

@@ -90,6 +90,7 @@ struct KVWriteParams {
   float eps;
   RopeTable rope;             // used when the kernel rotates keys
   int num_tokens;
+  bool after_queries;         // launched right behind attention_inputs' rows_kernel (see kv_write_kernel)
 };
 
 // How a row of D elements of T spreads over a group of threads: at least two
@@ -375,8 +376,10 @@ __device__ __forceinline__ GroupRows group_rows(int64_t first, int num_tokens, i
 // kMetadata also a token of no sequence).
 template <typename T, int D, bool NORM, PosFrom POS>
 __global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p) {
-  allow_dependent_launch();  // programmatic launches (common.cuh)
+  // Programmatic launches (common.cuh). The next kernel may start only once
+  // this one's predecessors are done: kv_write_kernel relies on it.
   wait_for_prior_grids();
+  allow_dependent_launch();
   using L = RowLayout<T, D>;
   constexpr int R = kRowsPerGroup;
   constexpr bool kRope = POS != PosFrom::kNone;
@@ -435,10 +438,17 @@ __global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p
 // outside the block table or on a page id outside the pool, and (ROPE) a
 // position outside the cos/sin table. Grid: ceil(num_tokens * num_kv_heads /
 // kRowsPerBlock) blocks of kInputsThreads; a group carries kRowsPerGroup rows.
+//
+// Behind attention_inputs' queries kernel (p.after_queries) it does not wait
+// for that kernel at its start: the two read the same inputs and write
+// disjoint outputs, and rows_kernel lets it start only after its own wait, so
+// every earlier kernel is done by then. The keys and values then overlap the
+// queries' last wave. It waits at its end instead, so that its completion
+// still implies the queries' (what the attention kernel that waits on it needs).
 template <typename T, int D, bool NORM, bool ROPE, bool INT8>
 __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteParams p) {
-  allow_dependent_launch();  // programmatic launches (common.cuh)
-  wait_for_prior_grids();
+  if (!p.after_queries) wait_for_prior_grids();  // programmatic launches (common.cuh)
+  allow_dependent_launch();
   using L = RowLayout<T, D>;
   constexpr int R = kRowsPerGroup;
   const int group = threadIdx.x / L::kLanes;
@@ -494,6 +504,7 @@ __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteP
       store_row<T, D>(static_cast<T*>(p.v_pool) + at * D, v[r], lane);
     }
   }
+  if (p.after_queries) wait_for_prior_grids();
 }
 
 }  // namespace tileinfer
