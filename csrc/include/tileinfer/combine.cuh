@@ -57,20 +57,6 @@ struct CombineTraits {
   static_assert(kLanesPerRow % kSplitBatch == 0, "split batches must tile a chunk");
 };
 
-// Two channels rounded to a 16-bit type, packed in one 32-bit word (first in the low half).
-template <typename scalar_t>
-__device__ __forceinline__ uint32_t pack2(float a, float b);
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return reinterpret_cast<uint32_t&>(v);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
-  __half2 v = __floats2half2_rn(a, b);
-  return reinterpret_cast<uint32_t&>(v);
-}
-
 // Stores `C` channels converted to scalar_t with vector stores (16 bytes; 8 for
 // four 16-bit channels), or element by element when a strided view of `out`
 // leaves the address unaligned. __stwb (a plain write-back store) because

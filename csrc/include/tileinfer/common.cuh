@@ -36,6 +36,22 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(x);
 }
 
+// Two floats rounded (to nearest even) into one b32 register of a 16-bit type,
+// `lo` in the low half: the element order of the mma fragments (mma.cuh) and of
+// memory.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
 // Warp-wide reductions over all 32 lanes (or over groups of `Width` lanes).
 template <int Width = 32>
 __device__ __forceinline__ float warp_sum(float x) {

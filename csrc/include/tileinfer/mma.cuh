@@ -17,6 +17,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common.cuh"  // pack2
+
 namespace tileinfer {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -133,23 +135,6 @@ __device__ __forceinline__ void mma_row_tiles(Acc (&c)[kR][N], const uint32_t (&
       mma_16816<T>(c0[4 * n + 2], c0[4 * n + 3], c1[4 * n + 2], c1[4 * n + 3], a[mt], b[2], b[3]);
     }
   }
-}
-
-// Two floats rounded (to nearest even) into one b32 register of the element
-// type, `lo` in the low half: the element order of every fragment above.
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 }  // namespace tileinfer
