@@ -32,16 +32,19 @@ bool use_decode_path(int64_t max_q_len, int64_t group_size) {
 // most 8 splits (the seed note's choice, to keep combine's cost low), but on
 // the H200 one sequence's 16-query step then took 39.9 us at 8k positions
 // against 20.0 us with 32 splits, and 15.7 vs 14.6 us at 2k (9.6 vs 10.4 at 256
-// positions; bench_decode, 2026-11-29). The int8 decode kernel of d <= 128 with one
-// 16-row tile runs three blocks per SM (its loop is instruction-bound and gains
-// from the extra warps): splits for three. (Up to 48 splits made one sequence
-// at 32k positions 4% faster but 1k-4k positions 10-15% slower: the cap stays 32.)
-// Where the resulting blocks fit two per SM anyway (one sequence: 32 x 8 = 256
-// blocks), decode.cu runs its wide int8 tile, two per SM, instead: same splits.
+// positions; bench_decode, 2026-11-29). The int8 cache gets the same rule: its
+// splits were sized for three blocks per SM (the narrow int8 tile), but on the
+// H200 8 sequences at 32k positions ran a decode + combine step in 134.5 us with
+// 4 splits (256 blocks, decode.cu's wide int8 tile, two per SM) against 140.3 us
+// with 6 (384 narrow blocks, three per SM; scripts/decode_timeline.cu,
+// 2026-11-29): the narrow blocks' SMs hold three blocks or two, and the
+// three-block ones set the pace. (Up to 48 splits made one int8 sequence at 32k
+// positions 4% faster but 1k-4k positions 10-15% slower: the cap stays 32.)
 int64_t decode_num_splits_for(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
                               int64_t group_size, int64_t head_dim, bool int8) {
   const int64_t sms = num_sms > 0 ? num_sms : 8;  // 8: the CPU path's "SMs" (threads it splits over)
-  const int64_t per_sm = int8 && head_dim <= 128 && group_size * max_q_len <= 16 && num_sms > 0 ? 3 : 2;
+  (void)max_q_len, (void)group_size, (void)head_dim, (void)int8;  // the same rule for every step and cache
+  constexpr int64_t per_sm = 2;
   constexpr int64_t max_splits = 32;
   const int64_t work = std::max<int64_t>(1, num_seqs * num_kv_heads);
   const int64_t want = (per_sm * sms) / work;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tileinfer/attention_kernel.cuh"
+#include "tileinfer/combine.cuh"
 
 using namespace tileinfer;
 
@@ -59,7 +60,7 @@ static Stats stats(std::vector<double> v) {
 }
 
 template <class Cfg>
-void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int splits_override = 0) {
+void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int splits_override = 0, bool chain = false) {
   constexpr bool kInt8 = Cfg::kInt8;
   const int row_bytes = kD * (kInt8 ? 1 : 2);
   const int pages_per_seq = (len + kPage - 1) / kPage;
@@ -220,6 +221,25 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
     for (int i = 0; i < sms; ++i) std::printf(" %.0f", m1[i]);
     std::printf("\n");
   }
+  if (chain) {
+    // The attention op's pair of launches, decode then combine, back to back:
+    // plain launches against programmatic ones (as the package launches them).
+    __nv_bfloat16* out;
+    CHECK(cudaMalloc(&out, size_t(seqs) * kHq * kD * 2));
+    AttentionParams c = p;
+    c.out = out;
+    c.o_stride_token = kHq * kD;
+    c.o_stride_head = kD;
+    c.lse = nullptr;
+    for (bool pdl : {false, true}) {
+      const double t = time_us([&] {
+        CHECK(launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, cudaStream_t(0), pdl, p));
+        CHECK((launch_combine<__nv_bfloat16, kD>(c, cudaStream_t(0), pdl)));
+      });
+      std::printf("       decode + combine, %s launches: %.1f us per step\n", pdl ? "programmatic" : "plain", t);
+    }
+    CHECK(cudaFree(out));
+  }
   for (void* ptr : {(void*)k, (void*)v, (void*)k_scale, (void*)v_scale, (void*)d_table, (void*)d_lens, (void*)d_cu,
                     (void*)d_q, (void*)d_po, (void*)d_pl})
     if (ptr) CHECK(cudaFree(ptr));
@@ -250,12 +270,12 @@ int main() {
   }
   std::printf("intervals: med/max over blocks, us (meta: start -> metadata read; table: -> first table entries;"
               " tile0: -> first tile landed; loop: -> keys done; epi: -> partial written)\n");
-  for (int len : {1024, 8192, 32768, 131072}) run<Bf16Tile>("bf16", 1, len, sms, len == 32768);
-  run<Bf16Tile>("bf16", 8, 32768, sms, true);
+  for (int len : {1024, 8192, 32768, 131072}) run<Bf16Tile>("bf16", 1, len, sms, false, 0, len == 32768);
+  run<Bf16Tile>("bf16", 8, 32768, sms, true, 0, true);
   run<Bf16Tile>("bf16", 32, 4096, sms);
-  for (int len : {8192, 32768, 131072}) run<Int8WideTile>("int8w", 1, len, sms);
-  run<Int8WideTile>("int8w", 32, 4096, sms);
-  run<Int8SmallTile>("int8s", 8, 32768, sms, true);
-  run<Int8WideTile>("int8w", 8, 32768, sms, true, 4);  // two blocks per SM instead of three
+  for (int len : {8192, 32768, 131072}) run<Int8WideTile>("int8w", 1, len, sms, false, 0, len == 32768);
+  run<Int8WideTile>("int8w", 32, 4096, sms, false, 0, true);
+  run<Int8SmallTile>("int8s", 8, 32768, sms, true, 0, true);
+  run<Int8WideTile>("int8w", 8, 32768, sms, true, 4, true);  // two blocks per SM instead of three
   return 0;
 }

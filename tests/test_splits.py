@@ -1,7 +1,7 @@
 """The decode split rule (csrc/attention.cpp, the op decode_num_splits): about two
-blocks per SM (three for the int8 decode kernel of d <= 128 with one 16-row
-tile), rounded down, at most 32 splits (whatever the step's query count),
-never fewer than 1; the CPU path counts 8 "SMs" and two blocks each."""
+blocks per SM, rounded down, at most 32 splits (whatever the step's query
+count or cache type), never fewer than 1; the CPU path counts 8 "SMs" and two
+blocks each."""
 import pytest
 import torch
 
@@ -13,11 +13,11 @@ split = torch.ops.tileinfer_attn.decode_num_splits
 @pytest.mark.parametrize("args,expected", [
     # (num_sms, num_seqs, num_kv_heads, max_q_len, group, head_dim, int8)
     ((132, 8, 8, 1, 4, 128, False), 4),     # 264 slots / 64 (sequence, head) pairs
-    ((132, 8, 8, 1, 4, 128, True), 6),      # 396 slots: three int8 blocks per SM
+    ((132, 8, 8, 1, 4, 128, True), 4),      # int8 too (decode.cu's wide int8 tile, two per SM)
     ((132, 1, 8, 1, 4, 128, False), 32),    # one sequence: capped at 32
     ((132, 1, 8, 1, 4, 128, True), 32),
     ((132, 32, 8, 1, 4, 128, True), 1),     # more pairs than slots: one split
-    ((132, 8, 8, 1, 4, 256, True), 4),      # d 256: one int8 block per SM fits, sized for two as bf16
+    ((132, 8, 8, 1, 4, 256, True), 4),      # d 256
     ((132, 8, 8, 8, 4, 128, True), 4),      # 32 packed rows: the 64-row tile, two per SM
     ((132, 1, 8, 12, 1, 128, False), 32),   # 9-16 queries: the same rule
     ((132, 1, 8, 16, 4, 128, False), 32),   # 64 packed rows (the 64-row tile): the same rule

@@ -26,15 +26,11 @@ namespace {
 // into 16-key slices, merged at the end. Decode is a stream over the cache, so
 // three stages keep two tiles of copies in flight per block (d = 128: 100 KB,
 // two blocks per SM); d = 256 keeps two stages to fit.
-// An int8 cache's stages are half the bytes: with three of them and one
-// converted tile, three blocks share an SM at d <= 128 (72 KB each).
+// An int8 cache's stages are half the bytes: with three of them, three blocks
+// share an SM at d <= 128 (~72 KB each), for launches of more blocks than fit
+// two per SM (the splits are sized for two, the wide tile below).
 template <typename T, int D, typename CacheT = T>
 using DecodeTileSmall = TileConfig<TileElement<T, CacheT>, D, 1, 4, 1, 64, (D == 256 ? 2 : 3), CacheT, T>;
-// decode_num_splits (csrc/attention.cpp) sizes the int8 splits for these residencies.
-static_assert(DecodeTileSmall<__nv_bfloat16, 64, int8_t>::kMinBlocks == 3 &&
-                  DecodeTileSmall<__nv_bfloat16, 128, int8_t>::kMinBlocks == 3 &&
-                  DecodeTileSmall<__nv_bfloat16, 256, int8_t>::kMinBlocks == 1,
-              "int8 decode blocks per SM no longer match the split rule in csrc/attention.cpp");
 // The same with 128-key tiles: two blocks per SM, but each warp converts and
 // multiplies 32 keys per barrier, per softmax step and per scale load instead
 // of 16. launch_decode picks it when the launch's blocks fit two per SM anyway;
@@ -44,7 +40,9 @@ static_assert(DecodeTileSmall<__nv_bfloat16, 64, int8_t>::kMinBlocks == 3 &&
 // (and one sequence at 1k positions, whose splits hold one 64-key page each,
 // from 10.4 to 11.3 us: half of each 128-key tile is empty there). Three
 // stages since the values stopped going through a converted shared tile (its
-// 32 KB now hold a third stage; two blocks per SM either way).
+// 32 KB now hold a third stage; two blocks per SM either way); with them, 8 x
+// 32k is faster with this tile and 4 splits than with 6 narrow ones, and the
+// split rule (csrc/attention.cpp) now sizes int8 splits for two blocks per SM.
 template <typename T, int D>
 using DecodeTileInt8Wide = TileConfig<TileElement<T, int8_t>, D, 1, 4, 1, 128, 3, int8_t, T>;
 static_assert(DecodeTileInt8Wide<__nv_bfloat16, 128>::kSmemBytes * 2 <= 227 * 1024 &&
