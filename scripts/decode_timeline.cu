@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tileinfer/attention_kernel.cuh"
@@ -245,7 +246,7 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
     if (ptr) CHECK(cudaFree(ptr));
 }
 
-int main() {
+int main(int argc, char** argv) {
   int sms;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   // Copy bandwidth of the same order of bytes (read + write), for scale.
@@ -270,6 +271,15 @@ int main() {
   }
   std::printf("intervals: med/max over blocks, us (meta: start -> metadata read; table: -> first table entries;"
               " tile0: -> first tile landed; loop: -> keys done; epi: -> partial written)\n");
+  if (argc > 1 && std::string(argv[1]) == "int8-splits") {
+    // The int8 split rule: splits for three narrow blocks per SM (before
+    // 2026-11-29's session 6) against two wide ones (now), at 32k positions.
+    for (int seqs : {2, 4, 8, 16}) {
+      run<Int8SmallTile>("int8s", seqs, 32768, sms, false, std::min(32, 3 * sms / (seqs * kHkv)), true);
+      run<Int8WideTile>("int8w", seqs, 32768, sms, false, std::min(32, 2 * sms / (seqs * kHkv)), true);
+    }
+    return 0;
+  }
   for (int len : {1024, 8192, 32768, 131072}) run<Bf16Tile>("bf16", 1, len, sms, false, 0, len == 32768);
   run<Bf16Tile>("bf16", 8, 32768, sms, true, 0, true);
   run<Bf16Tile>("bf16", 32, 4096, sms);
