@@ -37,9 +37,10 @@ bool use_decode_path(int64_t max_q_len, int64_t group_size) {
 // H200 8 sequences at 32k positions ran a decode + combine step in 134.5 us with
 // 4 splits (256 blocks, decode.cu's wide int8 tile, two per SM) against 140.3 us
 // with 6 (384 narrow blocks, three per SM; scripts/decode_timeline.cu,
-// 2026-11-29): the narrow blocks' SMs hold three blocks or two, and the
-// three-block ones set the pace. (Up to 48 splits made one int8 sequence at 32k
-// positions 4% faster but 1k-4k positions 10-15% slower: the cap stays 32.)
+// 2026-11-29; 3-7% faster at 2, 4 and 16 sequences too): the narrow blocks'
+// SMs hold three blocks or two, and the three-block ones set the pace. (Up to
+// 48 splits made one int8 sequence at 32k positions 4% faster but 1k-4k
+// positions 10-15% slower: the cap stays 32.)
 int64_t decode_num_splits_for(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
                               int64_t group_size, int64_t head_dim, bool int8) {
   const int64_t sms = num_sms > 0 ? num_sms : 8;  // 8: the CPU path's "SMs" (threads it splits over)
