@@ -271,6 +271,13 @@ int main(int argc, char** argv) {
   }
   std::printf("intervals: med/max over blocks, us (meta: start -> metadata read; table: -> first table entries;"
               " tile0: -> first tile landed; loop: -> keys done; epi: -> partial written)\n");
+  if (argc > 1 && std::string(argv[1]) == "bf16-splits") {
+    // One sequence with more splits than two blocks per SM (second-wave blocks
+    // go to the SMs that finish first): the cap of 32 against 48 and 64.
+    for (int len : {1024, 4096, 8192, 32768})
+      for (int splits : {32, 48, 64}) run<Bf16Tile>("bf16", 1, len, sms, false, splits, true);
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "int8-splits") {
     // The int8 split rule: splits for three narrow blocks per SM (before
     // 2026-11-29's session 6) against two wide ones (now), at 32k positions.
