@@ -22,17 +22,9 @@
 #include "tileinfer/attention_kernel.cuh"
 #include "tileinfer/combine.cuh"
 
+#include "cuda_check.h"
+
 using namespace tileinfer;
-
-
-#define CHECK(x)                                                                        \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kPage = 64;
 

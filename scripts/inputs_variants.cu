@@ -15,16 +15,9 @@
 
 #include "tileinfer/inputs.cuh"
 
-using namespace tileinfer;
+#include "cuda_check.h"
 
-#define CHECK(x)                                                                     \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
+using namespace tileinfer;
 
 using T = __nv_bfloat16;
 constexpr int kD = 128, kHq = 32, kHkv = 8, kHeads = kHq + 2 * kHkv;

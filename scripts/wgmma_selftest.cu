@@ -18,6 +18,8 @@
 
 #include "tileinfer/attention_wgmma.cuh"
 
+#include "cuda_check.h"
+
 using namespace tileinfer;
 
 constexpr int kRows = 128;  // query rows: two warpgroups, as the kernel's blocks
@@ -99,15 +101,6 @@ __global__ void __launch_bounds__(256, 1)
       for (int e = 0; e < 2; ++e) o_out[(r0 + 8 * R) * 128 + 8 * j + 2 * c + e] = o[4 * j + 2 * R + e];
 #endif
 }
-
-#define CHECK(x)                                                                             \
-  do {                                                                                       \
-    cudaError_t err_ = (x);                                                                  \
-    if (err_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(err_), __FILE__, __LINE__); \
-      std::exit(2);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 float to_float_host(float x, __nv_bfloat16*) { return __bfloat162float(__float2bfloat16_rn(x)); }
 float to_float_host(float x, __half*) { return __half2float(__float2half_rn(x)); }
