@@ -259,17 +259,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   };
   // Chunk c of the block's queries and its smoothing factors (zeros for padding rows).
   auto load_q_chunk = [&](int c, QChunk& qc) {
-    const int rr = w.row_base + c / Cfg::kChunks;  // the row table's (query, head), from w: no barrier
+    const RowQuery rq = row_query(w, c / Cfg::kChunks);  // as the row table has it, without its barrier
     const int ch = c % Cfg::kChunks;
-    const int t = rr / w.group;
-    const int token = t < w.q_count ? w.q_begin + t : -1;
 #pragma unroll
     for (int e = 0; e < 8; ++e) qc.v.v[e] = from_float<QT>(0.f);
-    if (token >= 0)
-      qc.v = *reinterpret_cast<const Vec16<QT>*>(q_ptr + token * p.q_stride_token +
-                                                 (w.head0 + rr % w.group) * p.q_stride_head + ch * 8);
+    if (rq.token >= 0)
+      qc.v = *reinterpret_cast<const Vec16<QT>*>(q_ptr + rq.token * p.q_stride_token + rq.head * p.q_stride_head +
+                                                 ch * 8);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) qc.s[e] = token < 0 ? 0.f : smooth == nullptr ? 1.f : smooth[ch * 8 + e];
+    for (int e = 0; e < 8; ++e) qc.s[e] = rq.token < 0 ? 0.f : smooth == nullptr ? 1.f : smooth[ch * 8 + e];
   };
   QChunk q_ahead[kQAhead ? kQIters : 1];
   if constexpr (kQAhead) {

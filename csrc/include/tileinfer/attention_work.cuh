@@ -36,19 +36,30 @@ struct WorkItem {
   bool active;    // false: no row of this block is a query of the step
 };
 
-// The block's row table in shared memory: for each of its BM rows (a (query,
-// query head) pair of its KV head's group), the token (-1: no query), the
-// query head, and the query's position (INT_MAX for no query: never masked).
+// Row r of a block: a (query, query head) pair of its KV head's group. The
+// token (-1: no query), the query head, and the query's position (INT_MAX for
+// no query: never masked).
+struct RowQuery {
+  int token;
+  int head;
+  int qpos;
+};
+__device__ __forceinline__ RowQuery row_query(const WorkItem& w, int r) {
+  const int rr = w.row_base + r;
+  const int t = rr / w.group;
+  const bool valid = t < w.q_count;
+  return {valid ? w.q_begin + t : -1, w.head0 + rr % w.group, valid ? w.seq_len - w.q_count + t : INT_MAX};
+}
+
+// The block's row table in shared memory: row_query of each of its BM rows.
 template <int BM, int kThreads>
 __device__ __forceinline__ void write_row_table(const WorkItem& w, int tid, int* row_token, int* row_head,
                                                 int* row_qpos) {
   for (int r = tid; r < BM; r += kThreads) {
-    const int rr = w.row_base + r;
-    const int t = rr / w.group;
-    const bool valid = t < w.q_count;
-    row_token[r] = valid ? w.q_begin + t : -1;
-    row_head[r] = w.head0 + rr % w.group;
-    row_qpos[r] = valid ? w.seq_len - w.q_count + t : INT_MAX;
+    const RowQuery q = row_query(w, r);
+    row_token[r] = q.token;
+    row_head[r] = q.head;
+    row_qpos[r] = q.qpos;
   }
 }
 
