@@ -122,13 +122,8 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (use_wgmma_prefill(s, q.scalar_type(), q.get_device())) {
     TILEINFER_DISPATCH_HALF(q.scalar_type(), "prefill", [&] {
-      if (s.head_dim == 64) {
-        launch_wgmma<WgmmaPrefill<scalar_t, 64>>(p, stream);
-      } else if (s.head_dim == 128) {
-        launch_wgmma<WgmmaPrefill<scalar_t, 128>>(p, stream);
-      } else {
-        launch_wgmma<WgmmaPrefill<scalar_t, 256>>(p, stream);
-      }
+      TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "prefill",
+                                  [&] { launch_wgmma<WgmmaPrefill<scalar_t, HEAD_DIM>>(p, stream); });
     });
     if (!target.is_same(out)) out.copy_(target);
     return;
