@@ -11,6 +11,7 @@
 
 #include "checks.h"
 #include "ops.h"
+#include "tileinfer/decode_splits.h"
 
 namespace tileinfer {
 
@@ -22,36 +23,6 @@ bool use_decode_path(int64_t max_q_len, int64_t group_size) {
   return max_q_len >= 1 && max_q_len <= kMaxDecodeQueries && pow2 && group_size <= 16;
 }
 
-// Splits per (sequence, KV head): enough blocks for about two per SM (the decode
-// kernel's residency at d = 128) even for a single sequence, rounded down so
-// that the blocks never spill a fraction of a wave past those slots: on the H200
-// (132 SMs) 8 sequences at 32k positions took 320 us with 5 splits (320 blocks
-// for 264 slots, 1.2 waves) and 4 splits fit one wave. Never depends on context
-// length (a captured graph replays the same grid as sequences grow); empty splits
-// write a neutral partial. Steps of 9-16 queries get the same rule: they had at
-// most 8 splits (the seed note's choice, to keep combine's cost low), but on
-// the H200 one sequence's 16-query step then took 39.9 us at 8k positions
-// against 20.0 us with 32 splits, and 15.7 vs 14.6 us at 2k (9.6 vs 10.4 at 256
-// positions; bench_decode, 2026-11-29). The int8 cache gets the same rule: its
-// splits were sized for three blocks per SM (the narrow int8 tile), but on the
-// H200 8 sequences at 32k positions ran a decode + combine step in 134.5 us with
-// 4 splits (256 blocks, decode.cu's wide int8 tile, two per SM) against 140.3 us
-// with 6 (384 narrow blocks, three per SM; scripts/decode_timeline.cu,
-// 2026-11-29; 3-7% faster at 2, 4 and 16 sequences too): the narrow blocks'
-// SMs hold three blocks or two, and the three-block ones set the pace. (Up to
-// 48 splits made one int8 sequence at 32k positions 4% faster but 1k-4k
-// positions 10-15% slower: the cap stays 32.)
-int64_t decode_num_splits_for(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
-                              int64_t group_size, int64_t head_dim, bool int8) {
-  const int64_t sms = num_sms > 0 ? num_sms : 8;  // 8: the CPU path's "SMs" (threads it splits over)
-  (void)max_q_len, (void)group_size, (void)head_dim, (void)int8;  // the same rule for every step and cache
-  constexpr int64_t per_sm = 2;
-  constexpr int64_t max_splits = 32;
-  const int64_t work = std::max<int64_t>(1, num_seqs * num_kv_heads);
-  const int64_t want = (per_sm * sms) / work;
-  return std::min(max_splits, std::max<int64_t>(1, want));
-}
-
 int64_t sm_count(const at::Device& device) {
 #ifdef TILEINFER_WITH_CUDA
   if (device.is_cuda()) return cached_device_attribute<cudaDevAttrMultiProcessorCount>(device.index());
@@ -59,9 +30,16 @@ int64_t sm_count(const at::Device& device) {
   return 0;
 }
 
-int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
-                          int64_t group_size, int64_t head_dim, bool int8) {
-  return decode_num_splits_for(sm_count(device), num_seqs, num_kv_heads, max_q_len, group_size, head_dim, int8);
+int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads) {
+  return decode_num_splits_for(sm_count(device), num_seqs, num_kv_heads);
+}
+
+int64_t decode_num_splits_op(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
+                             int64_t group_size, int64_t head_dim, bool int8) {
+  // The rule gives every step and cache type the same splits (decode_splits.h);
+  // the op keeps these arguments, which it depended on until 2026-11-29.
+  (void)max_q_len, (void)group_size, (void)head_dim, (void)int8;
+  return decode_num_splits_for(num_sms, num_seqs, num_kv_heads);
 }
 
 void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -80,8 +58,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
     static auto combine_op = c10::Dispatcher::singleton()
                                  .findSchemaOrThrow("tileinfer_attn::combine", "")
                                  .typed<decltype(cpu::combine)>();
-    const int64_t splits =
-        decode_num_splits(q.device(), s.num_seqs, s.num_kv_heads, max_q_len, group, s.head_dim, s.int8);
+    const int64_t splits = decode_num_splits(q.device(), s.num_seqs, s.num_kv_heads);
 #ifdef TILEINFER_WITH_CUDA
     if (splits == 1 && q.is_cuda()) {  // nothing to merge: no partials, no combine launch
       cuda::decode_single_split(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,

@@ -74,10 +74,10 @@ int64_t sm_count(const at::Device& device);
 
 // The dispatcher's rule, exposed for tests and benchmarks.
 bool use_decode_path(int64_t max_q_len, int64_t group_size);
-int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
-                          int64_t group_size, int64_t head_dim, bool int8);
-// The same rule for a device of num_sms multiprocessors (<= 0: the CPU path);
-// registered as the op decode_num_splits so that Python uses this one rule.
-int64_t decode_num_splits_for(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
-                              int64_t group_size, int64_t head_dim, bool int8);
+int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads);
+// The op decode_num_splits: the same rule (tileinfer/decode_splits.h) for a
+// device of num_sms multiprocessors (<= 0: the CPU path), so that Python uses
+// this one rule.
+int64_t decode_num_splits_op(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
+                             int64_t group_size, int64_t head_dim, bool int8);
 }  // namespace tileinfer

@@ -68,7 +68,7 @@ TORCH_LIBRARY(tileinfer_attn, m) {
   // (<= 0: the CPU path). Shapes only, never context length.
   m.def("decode_num_splits(int num_sms, int num_seqs, int num_kv_heads, int max_q_len, int group_size=1, "
         "int head_dim=128, bool int8=False) -> int",
-        &tileinfer::decode_num_splits_for);
+        &tileinfer::decode_num_splits_op);
 
   // Per-head RMSNorm over the last dim, as Qwen3's q_norm / k_norm:
   // out = weight * round(x * rsqrt(mean(x^2) + eps)), computed in fp32.

@@ -1,5 +1,5 @@
 // Where a decode launch spends its time, block by block: the decode kernel of
-// csrc/ops/decode.cu (same tile configurations, copied below) built with
+// csrc/ops/decode.cu (its tile shapes, tileinfer/decode_tiles.cuh) built with
 // TILEINFER_TIMELINE, so thread 0 of every block records the global timer at
 //   0 start, 1 metadata read (seq_lens, cu_seqlens_q), 2 first block-table
 //   entries read, 3 first K/V tile landed, 4 key loop done (warp 0), 6 every
@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "tileinfer/attention_kernel.cuh"
+#include "tileinfer/decode_splits.h"
+#include "tileinfer/decode_tiles.cuh"
 #include "tileinfer/combine.cuh"
 
 #include "cuda_check.h"
@@ -29,9 +31,12 @@ using namespace tileinfer;
 constexpr int kHq = 32, kHkv = 8, kD = 128, kPage = 64;
 
 // csrc/ops/decode.cu: DecodeTileSmall (bf16) and DecodeTileInt8Wide / Small at d 128.
-using Bf16Tile = TileConfig<__nv_bfloat16, kD, 1, 4, 1, 64, 3>;
-using Int8WideTile = TileConfig<__half, kD, 1, 4, 1, 128, 3, int8_t, __nv_bfloat16>;
-using Int8SmallTile = TileConfig<__half, kD, 1, 4, 1, 64, 3, int8_t, __nv_bfloat16>;
+using Bf16Tile = DecodeTileSmall<__nv_bfloat16, kD>;
+using Int8WideTile = DecodeTileInt8Wide<__nv_bfloat16, kD>;
+using Int8SmallTile = DecodeTileSmall<__nv_bfloat16, kD, int8_t>;
+
+// The int8 split rule before 2026-11-29's sixth session: three narrow blocks per SM.
+int old_int8_splits(int sms, int seqs) { return std::min(32, std::max(1, 3 * sms / (seqs * kHkv))); }
 
 __global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed, bool int8) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -59,8 +64,7 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
   const int pages_per_seq = (len + kPage - 1) / kPage;
   const int num_pages = seqs * pages_per_seq;
   const size_t pool_bytes = size_t(num_pages) * kHkv * kPage * row_bytes;
-  const int per_sm = kInt8 ? 3 : 2;  // decode_num_splits_for (csrc/attention.cpp)
-  const int splits = splits_override ? splits_override : std::min(32, std::max(1, per_sm * sms / (seqs * kHkv)));
+  const int splits = splits_override ? splits_override : int(decode_num_splits_for(sms, seqs, kHkv));
 
   uint8_t *k, *v;
   CHECK(cudaMalloc(&k, pool_bytes));
@@ -274,8 +278,8 @@ int main(int argc, char** argv) {
     // The int8 split rule: splits for three narrow blocks per SM (before
     // 2026-11-29's session 6) against two wide ones (now), at 32k positions.
     for (int seqs : {2, 4, 8, 16}) {
-      run<Int8SmallTile>("int8s", seqs, 32768, sms, false, std::min(32, 3 * sms / (seqs * kHkv)), true);
-      run<Int8WideTile>("int8w", seqs, 32768, sms, false, std::min(32, 2 * sms / (seqs * kHkv)), true);
+      run<Int8SmallTile>("int8s", seqs, 32768, sms, false, old_int8_splits(sms, seqs), true);
+      run<Int8WideTile>("int8w", seqs, 32768, sms, false, 0, true);
     }
     return 0;
   }
@@ -284,7 +288,7 @@ int main(int argc, char** argv) {
   run<Bf16Tile>("bf16", 32, 4096, sms);
   for (int len : {8192, 32768, 131072}) run<Int8WideTile>("int8w", 1, len, sms, false, 0, len == 32768);
   run<Int8WideTile>("int8w", 32, 4096, sms, false, 0, true);
-  run<Int8SmallTile>("int8s", 8, 32768, sms, true, 0, true);
-  run<Int8WideTile>("int8w", 8, 32768, sms, true, 4, true);  // two blocks per SM instead of three
+  run<Int8SmallTile>("int8s", 8, 32768, sms, true, old_int8_splits(sms, 8), true);  // the old rule
+  run<Int8WideTile>("int8w", 8, 32768, sms, true, 0, true);
   return 0;
 }
