@@ -1,4 +1,4 @@
-"""The decode split rule (csrc/attention.cpp, the op decode_num_splits): about two
+"""The decode split rule (tileinfer/decode_splits.h, the op decode_num_splits): about two
 blocks per SM, rounded down, at most 32 splits (whatever the step's query
 count or cache type), never fewer than 1; the CPU path counts 8 "SMs" and two
 blocks each."""

@@ -120,11 +120,11 @@ def prefill(
 
 def decode_num_splits(device, num_seqs: int, num_kv_heads: int, max_q_len: int, group_size: int = 1,
                       head_dim: int = 128, int8: bool = False) -> int:
-    """Split count that ``attention`` uses for decode (the rule of csrc/attention.cpp,
-    called through the op of the same name): about two blocks per SM (three for
-    the int8 kernel of d <= 128 with group_size * max_q_len <= 16), rounded down,
-    at most 32.
-    Depends on shapes only, never on context length."""
+    """Split count that ``attention`` uses for decode (the rule of
+    csrc/include/tileinfer/decode_splits.h, called through the op of the same
+    name): about two blocks per SM, rounded down, at most 32, for every step
+    size and cache type (max_q_len, group_size, head_dim and int8 are accepted
+    and do not change it). Depends on shapes only, never on context length."""
     device = torch.device(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
     return _ops.decode_num_splits(sms, num_seqs, num_kv_heads, max_q_len, group_size, head_dim, int8)
