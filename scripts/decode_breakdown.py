@@ -1,8 +1,8 @@
 """Where the time of one decode-path step goes: the device time of each kernel
 (decode tile kernel, combine) of the attention op, from the PyTorch profiler
 (CUPTI), with every launch the ordinary way (TILEINFER_NO_PDL=1, so kernels do
-not overlap and their durations add up), next to the step's CUDA-event time
-with and without PDL. bf16 and int8 caches, Qwen3-4B heads (32 / 8, d 128,
+not overlap and their durations add up), next to the step's CUDA-graph replay
+time with and without PDL. bf16 and int8 caches, Qwen3-4B heads (32 / 8, d 128,
 page 64). Several input sets rotate so the cache is read from DRAM.
 
     python3 scripts/decode_breakdown.py [--reps 50]

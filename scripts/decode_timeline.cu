@@ -125,6 +125,10 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid = DecodeWork::grid<Cfg::kBlockM>(p);
   const int blocks = grid.x * grid.y * grid.z;
+  if (blocks * 16 > (1 << 20)) {  // tileinfer_timeline's slots (common.cuh)
+    std::printf("%s: %d blocks, more than the timeline holds\n", name, blocks);
+    std::exit(1);
+  }
   const double bytes = 2.0 * seqs * len * kHkv * row_bytes + (kInt8 ? 2.0 * seqs * len * kHkv * 4 : 0.0);
 
   cudaEvent_t e0, e1;
