@@ -1,18 +1,34 @@
-// Experiment: the queries kernel of attention_inputs (rows_kernel: q RMSNorm +
-// RoPE, Qwen3-4B shapes, bf16, d 128, 32 query heads out of a packed qkv of
-// 48 heads) against variants, on one prefill-sized step (4096 tokens, one
-// sequence). Each variant's output is compared bit for bit with rows_kernel's.
-//   V0  rows_kernel as the package launches it (one 32-row block per token)
-//   V1  one wave of blocks (or two), each walking tokens gridDim apart, the
-//       next 0-2 tokens' row loads in flight while it works on the current
-//       one; some with a register cap for more blocks per SM
+// Experiment: the fused attention inputs' two kernels (rows_kernel: q RMSNorm +
+// RoPE; kv_write_kernel: k RMSNorm + RoPE and the cache write of k and v) on
+// one prefill-sized step: 4096 tokens of one sequence, Qwen3-4B shapes (bf16,
+// d 128, 32 query and 8 KV heads of a packed qkv, page 64, pages in random
+// order). Times each kernel alone, with stages switched off, and the pair as
+// attention_inputs launches it (programmatic, the keys / values kernel not
+// waiting at its start); with OLD_INPUTS set (a path to an earlier
+// inputs.cuh, which inputs_variants.sh makes from git), the same for that
+// version, outputs compared bit for bit. Also checks, over every pair of
+// 16-bit values, whether the packed multiply (__hmul2_rn) rounds as the fp32
+// product rounded to the type.
 // No torch. Build and run on the GPU: bash scripts/inputs_variants.sh
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <vector>
 
+// The earlier kernels first: calls in the new header then find only its own
+// functions (the old ones are declared in another namespace).
+#include "tileinfer/common.cuh"
+#include "tileinfer/paged_kv.cuh"
+#ifdef OLD_INPUTS
+namespace old {
+using namespace ::tileinfer;
+#include OLD_INPUTS
+}  // namespace old
+#endif
 #include "tileinfer/inputs.cuh"
 
 #include "cuda_check.h"
@@ -20,60 +36,37 @@
 using namespace tileinfer;
 
 using T = __nv_bfloat16;
-constexpr int kD = 128, kHq = 32, kHkv = 8, kHeads = kHq + 2 * kHkv;
+constexpr int kD = 128, kHq = 32, kHkv = 8, kHeads = kHq + 2 * kHkv, kPage = 64;
 
-template <typename TT, int D, bool NORM, int kAhead, int kMinBlocks>
-__global__ void __launch_bounds__(kInputsThreads, kMinBlocks) rows_one_wave(const RowsParams p) {
-  wait_for_prior_grids();
-  allow_dependent_launch();
-  using L = RowLayout<TT, D>;
-  const int group = threadIdx.x / L::kLanes;
-  const int lane = threadIdx.x % L::kLanes;
-  const int64_t total = static_cast<int64_t>(p.num_tokens) * p.num_heads;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * L::kGroups;
-  __shared__ __align__(16) float rows[L::kGroups][D];
-  // Raw rows in flight: slot s holds row r + s * stride.
-  Vec16<TT> raw[kAhead + 1][L::kVecs];
-  auto fetch = [&](int64_t r, Vec16<TT> (&v)[L::kVecs]) {
-    if (r >= total) return;
-    const int token = static_cast<int>(r / p.num_heads), head = static_cast<int>(r % p.num_heads);
-    const TT* src = static_cast<const TT*>(p.x) + token * p.x_stride_token + head * p.x_stride_head;
-#pragma unroll
-    for (int i = 0; i < L::kVecs; ++i) v[i] = *reinterpret_cast<const Vec16<TT>*>(src + L::col(lane, i));
-  };
-  int64_t r = static_cast<int64_t>(blockIdx.x) * L::kGroups + group;
-#pragma unroll
-  for (int s = 0; s < kAhead; ++s) fetch(r + s * stride, raw[s]);
-  for (; r < total; r += stride) {
-    fetch(r + kAhead * stride, raw[kAhead]);
-    const int token = static_cast<int>(r / p.num_heads), head = static_cast<int>(r % p.num_heads);
-    int seq;
-    const int64_t pos = token_position(p.kv, token, &seq);
-    float x[L::kElems];
-#pragma unroll
-    for (int i = 0; i < L::kVecs; ++i)
-#pragma unroll
-      for (int e = 0; e < L::kVec; ++e) x[i * L::kVec + e] = to_float(raw[0][i].v[e]);
-    const bool write = pos >= 0 && pos < p.rope.max_position;
-    if constexpr (NORM) rms_norm_stage<TT, D>(x, static_cast<const TT*>(p.weight), p.eps, lane);
-    rope_stage<TT, D>(x, rows[group], write ? p.rope.cos_sin + pos * p.rope.stride : nullptr, p.rope, lane);
-    if (write)
-      store_row<TT, D>(static_cast<TT*>(p.out) + token * p.out_stride_token + head * p.out_stride_head, x, lane);
-#pragma unroll
-    for (int s = 0; s < kAhead; ++s)
-#pragma unroll
-      for (int i = 0; i < L::kVecs; ++i) raw[s][i] = raw[s + 1][i];
+// Mismatches between __hmul2_rn and the fp32 product rounded to the type, over
+// all pairs (a, b) with a in [a0, a0 + gridDim.x * blockDim.x); NaN = NaN.
+template <typename H2, typename H>
+__global__ void hmul_check(unsigned long long* bad) {
+  const uint32_t a = blockIdx.x * blockDim.x + threadIdx.x;
+  if (a >= 65536) return;
+  unsigned long long n = 0;
+  for (uint32_t b = 0; b < 65536; b += 2) {
+    const uint32_t wa = a | (a << 16), wb = b | ((b + 1) << 16);
+    H2 x = *reinterpret_cast<const H2*>(&wa), y = *reinterpret_cast<const H2*>(&wb);
+    const H2 z = __hmul2_rn(x, y);
+    const float2 fx = RowPair<H>::unpack(x), fy = RowPair<H>::unpack(y);
+    const H2 r = RowPair<H>::round(__fmul_rn(fx.x, fy.x), __fmul_rn(fx.y, fy.y));
+    const float2 fz = RowPair<H>::unpack(z), fr = RowPair<H>::unpack(r);
+    const uint32_t bz = *reinterpret_cast<const uint32_t*>(&z), br = *reinterpret_cast<const uint32_t*>(&r);
+    const bool lo_ok = (bz & 0xffff) == (br & 0xffff) || (isnan(fz.x) && isnan(fr.x));
+    const bool hi_ok = (bz >> 16) == (br >> 16) || (isnan(fz.y) && isnan(fr.y));
+    n += !lo_ok + !hi_ok;
   }
+  if (n) atomicAdd(bad, n);
 }
 
 int main() {
-  int sms;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int tokens = 4096, max_pos = 8192;
+  const int tokens = 4096, max_pos = 8192, pages = tokens / kPage + 8;
   std::mt19937 rng(1);
-  std::vector<T> qkv(size_t(tokens) * kHeads * kD), w(kD);
+  std::vector<T> qkv(size_t(tokens) * kHeads * kD), w(kD), kw(kD);
   for (auto& v : qkv) v = __float2bfloat16(float(int(rng() % 2001) - 1000) / 500.f);
   for (auto& v : w) v = __float2bfloat16(0.5f + float(rng() % 1000) / 1000.f);
+  for (auto& v : kw) v = __float2bfloat16(0.5f + float(rng() % 1000) / 1000.f);
   std::vector<float> cs(size_t(max_pos) * kD);
   for (int pos = 0; pos < max_pos; ++pos)
     for (int c = 0; c < kD / 2; ++c) {
@@ -81,24 +74,50 @@ int main() {
       cs[size_t(pos) * kD + c] = float(std::cos(a));
       cs[size_t(pos) * kD + kD / 2 + c] = float(std::sin(a));
     }
+  std::vector<int> table(tokens / kPage);
+  std::iota(table.begin(), table.end(), 4);
+  std::shuffle(table.begin(), table.end(), rng);
   const int seq_lens[1] = {tokens}, cu[2] = {0, tokens};
 
-  T *d_qkv, *d_w, *d_out0, *d_out1;
+  T *d_qkv, *d_w, *d_kw, *d_out0, *d_out1;
   float* d_cs;
-  int *d_lens, *d_cu;
+  int *d_lens, *d_cu, *d_table;
   const size_t out_bytes = size_t(tokens) * kHq * kD * 2;
+  const size_t pool_bytes = size_t(pages) * kHkv * kPage * kD * 2;
   CHECK(cudaMalloc(&d_qkv, qkv.size() * 2));
   CHECK(cudaMalloc(&d_w, kD * 2));
+  CHECK(cudaMalloc(&d_kw, kD * 2));
   CHECK(cudaMalloc(&d_out0, out_bytes));
   CHECK(cudaMalloc(&d_out1, out_bytes));
   CHECK(cudaMalloc(&d_cs, cs.size() * 4));
   CHECK(cudaMalloc(&d_lens, 4));
   CHECK(cudaMalloc(&d_cu, 8));
+  CHECK(cudaMalloc(&d_table, table.size() * 4));
+  T* pool[2][2];  // [version][k, v]
+  for (auto& pv : pool)
+    for (auto& pp : pv) {
+      CHECK(cudaMalloc(&pp, pool_bytes));
+      CHECK(cudaMemset(pp, 0x7f, pool_bytes));
+    }
   CHECK(cudaMemcpy(d_qkv, qkv.data(), qkv.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(d_w, w.data(), kD * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_kw, kw.data(), kD * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(d_cs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(d_lens, seq_lens, 4, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(d_cu, cu, 8, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+
+  PagedKVParams kv{};
+  kv.block_tables = d_table;
+  kv.seq_lens = d_lens;
+  kv.cu_seqlens_q = d_cu;
+  kv.num_seqs = 1;
+  kv.max_pages = static_cast<int>(table.size());
+  kv.num_pages = pages;
+  kv.num_kv_heads = kHkv;
+  kv.page_size = kPage;
+  kv.head_dim = kD;
+  const RopeTable rope{d_cs, kD, max_pos, kD, true};
 
   RowsParams p{};
   p.x = d_qkv;
@@ -109,75 +128,105 @@ int main() {
   p.out_stride_head = kD;
   p.weight = d_w;
   p.eps = 1e-6f;
-  p.rope = RopeTable{d_cs, kD, max_pos, kD, true};
-  p.kv.seq_lens = d_lens;
-  p.kv.cu_seqlens_q = d_cu;
-  p.kv.num_seqs = 1;
+  p.rope = rope;
+  p.kv = kv;
   p.num_tokens = tokens;
   p.num_heads = kHq;
+
+  KVWriteParams kp{};
+  kp.kv = kv;
+  kp.k = d_qkv + kHq * kD;
+  kp.v = d_qkv + (kHq + kHkv) * kD;
+  kp.k_stride_token = kp.v_stride_token = kHeads * kD;
+  kp.k_stride_head = kp.v_stride_head = kD;
+  kp.k_weight = d_kw;
+  kp.eps = 1e-6f;
+  kp.rope = rope;
+  kp.num_tokens = tokens;
 
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
+  // ITERS=1 (under a profiler): one timed launch per kernel.
+  const int iters = std::getenv("ITERS") ? std::max(1, std::atoi(std::getenv("ITERS"))) : 100;
   auto time_us = [&](auto launch) {
-    for (int i = 0; i < 5; ++i) launch();
+    for (int i = 0; i < std::min(5, iters); ++i) launch();
     CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < 100; ++i) launch();
+    for (int i = 0; i < iters; ++i) launch();
     CHECK(cudaEventRecord(e1));
     CHECK(cudaEventSynchronize(e1));
     float ms;
     CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    return 1e3 * ms / 100;
+    return 1e3 * ms / iters;
   };
-  const double bytes = 2.0 * out_bytes;  // q rows read + written
+  auto fetch = [](const void* d, size_t n) {
+    std::vector<uint8_t> h(n);
+    CHECK(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost));
+    return h;
+  };
+  const double q_bytes = 2.0 * out_bytes;                     // q rows read + written
+  const double kv_bytes = 4.0 * tokens * kHkv * kD * 2;       // k, v rows read + written
   using L = RowLayout<T, kD>;
-  const int v0_blocks = tokens * kHq / L::kRowsPerBlock;
-  const double t0 = time_us([&] {
-    rows_kernel<T, kD, true, PosFrom::kMetadata><<<v0_blocks, kInputsThreads>>>(p);
-  });
-  std::printf("V0 rows_kernel        %5d blocks: %6.1f us, %5.0f GB/s\n", v0_blocks, t0, bytes / t0 / 1e3);
-  std::vector<uint8_t> ref(out_bytes), got(out_bytes);
-  CHECK(cudaMemcpy(ref.data(), d_out0, out_bytes, cudaMemcpyDeviceToHost));
-  // The same kernel with fewer stages: how much of the time is the work (into
-  // another buffer). And with explicit positions (the rope op's way: one load
-  // instead of the metadata search), which must give the same bits.
-  RowsParams scratch = p;
-  scratch.out = d_out1;
-  std::vector<int> positions(tokens);
-  for (int t = 0; t < tokens; ++t) positions[t] = t;  // seq_len - q_count + t, one sequence
-  int* d_pos;
-  CHECK(cudaMalloc(&d_pos, tokens * 4));
-  CHECK(cudaMemcpy(d_pos, positions.data(), tokens * 4, cudaMemcpyHostToDevice));
-  scratch.positions = d_pos;
-  const double t_norope = time_us([&] { rows_kernel<T, kD, true, PosFrom::kNone><<<v0_blocks, kInputsThreads>>>(scratch); });
-  const double t_nonorm = time_us([&] { rows_kernel<T, kD, false, PosFrom::kMetadata><<<v0_blocks, kInputsThreads>>>(scratch); });
-  const double t_copy = time_us([&] { rows_kernel<T, kD, false, PosFrom::kNone><<<v0_blocks, kInputsThreads>>>(scratch); });
-  std::printf("   same kernel, norm only: %.1f us; rope only: %.1f us; neither (a copy of the rows): %.1f us (%.0f GB/s)\n",
-              t_norope, t_nonorm, t_copy, bytes / t_copy / 1e3);
-  const double t_pos = time_us([&] { rows_kernel<T, kD, true, PosFrom::kInt32><<<v0_blocks, kInputsThreads>>>(scratch); });
-  std::vector<uint8_t> pos_out(out_bytes);
-  CHECK(cudaMemcpy(pos_out.data(), d_out1, out_bytes, cudaMemcpyDeviceToHost));
-  std::printf("   explicit positions: %.1f us (%s)\n", t_pos,
-              std::memcmp(ref.data(), pos_out.data(), out_bytes) == 0 ? "same bits" : "DIFFERENT");
+  const int q_blocks = tokens * kHq / L::kRowsPerBlock, kv_blocks = tokens * kHkv / L::kRowsPerBlock;
 
-  auto variant = [&](const char* name, auto kernel) {
-    int per_sm;
-    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kInputsThreads, 0));
-    for (int waves : {1, 2}) {
-      const int blocks = std::min(v0_blocks, per_sm * sms * waves);
-      RowsParams q = p;
-      q.out = d_out1;
-      CHECK(cudaMemset(d_out1, 0xff, out_bytes));
-      const double t = time_us([&] { kernel<<<blocks, kInputsThreads>>>(q); });
-      CHECK(cudaMemcpy(got.data(), d_out1, out_bytes, cudaMemcpyDeviceToHost));
-      std::printf("%-20s %5d blocks (%d per SM x %d): %6.1f us, %5.0f GB/s, %s\n", name, blocks, per_sm, waves, t,
-                  bytes / t / 1e3, std::memcmp(ref.data(), got.data(), out_bytes) == 0 ? "same bits" : "DIFFERENT");
-    }
+  // The package's kernels (index 0) and, with OLD_INPUTS, the earlier ones (1).
+  // (The earlier version's parameter structs are the same fields, copied as bytes.)
+  auto run = [&]<typename RP, typename KP>(int version, const char* name, void (*rows)(RP), void (*kvw)(KP)) {
+    static_assert(sizeof(RP) == sizeof(RowsParams) && sizeof(KP) == sizeof(KVWriteParams));
+    RowsParams qn = p;
+    qn.out = version == 0 ? d_out0 : d_out1;
+    KVWriteParams kn = kp;
+    kn.k_pool = pool[version][0];
+    kn.v_pool = pool[version][1];
+    kn.kv.k_cache = kn.k_pool;
+    kn.kv.v_cache = kn.v_pool;
+    RP q;
+    KP k;
+    std::memcpy(&q, &qn, sizeof q);
+    std::memcpy(&k, &kn, sizeof k);
+    const double tq = time_us([&] { CHECK(launch_kernel(rows, dim3(q_blocks), dim3(kInputsThreads), 0, 0, true, q)); });
+    const double tk = time_us([&] { CHECK(launch_kernel(kvw, dim3(kv_blocks), dim3(kInputsThreads), 0, 0, true, k)); });
+    KP after = k;
+    after.after_queries = true;
+    const double tp = time_us([&] {
+      CHECK(launch_kernel(rows, dim3(q_blocks), dim3(kInputsThreads), 0, 0, true, q));
+      CHECK(launch_kernel(kvw, dim3(kv_blocks), dim3(kInputsThreads), 0, 0, true, after));
+    });
+    std::printf("%-4s queries %6.1f us (%4.0f GB/s) | keys+values %6.1f us (%4.0f GB/s) | pair %6.1f us (%4.0f GB/s)\n", name,
+                tq, q_bytes / tq / 1e3, tk, kv_bytes / tk / 1e3, tp, (q_bytes + kv_bytes) / tp / 1e3);
   };
-  variant("V1 one wave, ahead 0", rows_one_wave<T, kD, true, 0, 1>);
-  variant("V1 one wave, ahead 1", rows_one_wave<T, kD, true, 1, 1>);
-  variant("V1 ahead 1, 5 blk/SM", rows_one_wave<T, kD, true, 1, 5>);
-  variant("V1 one wave, ahead 2", rows_one_wave<T, kD, true, 2, 1>);
-  variant("V1 ahead 2, 4 blk/SM", rows_one_wave<T, kD, true, 2, 4>);
+  run(0, "new", rows_kernel<T, kD, true, PosFrom::kMetadata>, kv_write_kernel<T, kD, true, true, false>);
+  {
+    RowsParams s = p;
+    s.out = d_out1;
+    const double t_norm = time_us([&] { rows_kernel<T, kD, true, PosFrom::kNone><<<q_blocks, kInputsThreads>>>(s); });
+    const double t_rope = time_us([&] { rows_kernel<T, kD, false, PosFrom::kMetadata><<<q_blocks, kInputsThreads>>>(s); });
+    const double t_copy = time_us([&] { rows_kernel<T, kD, false, PosFrom::kNone><<<q_blocks, kInputsThreads>>>(s); });
+    std::printf("     queries kernel with norm only %.1f us, rope only %.1f, neither (a copy of the rows) %.1f (%.0f GB/s)\n",
+                t_norm, t_rope, t_copy, q_bytes / t_copy / 1e3);
+  }
+#ifdef OLD_INPUTS
+  run(1, "old", old::tileinfer::rows_kernel<T, kD, true, old::tileinfer::PosFrom::kMetadata>,
+      old::tileinfer::kv_write_kernel<T, kD, true, true, false>);
+  const bool q_same = fetch(d_out0, out_bytes) == fetch(d_out1, out_bytes);
+  const bool k_same = fetch(pool[0][0], pool_bytes) == fetch(pool[1][0], pool_bytes);
+  const bool v_same = fetch(pool[0][1], pool_bytes) == fetch(pool[1][1], pool_bytes);
+  std::printf("     new vs old: q_out %s, k pool %s, v pool %s\n", q_same ? "same bits" : "DIFFERENT",
+              k_same ? "same bits" : "DIFFERENT", v_same ? "same bits" : "DIFFERENT");
+#endif
+
+  unsigned long long* d_bad;
+  CHECK(cudaMalloc(&d_bad, 8));
+  for (int half = 0; half < 2; ++half) {
+    CHECK(cudaMemset(d_bad, 0, 8));
+    if (half) {
+      hmul_check<__half2, __half><<<256, 256>>>(d_bad);
+    } else {
+      hmul_check<__nv_bfloat162, __nv_bfloat16><<<256, 256>>>(d_bad);
+    }
+    unsigned long long bad;
+    CHECK(cudaMemcpy(&bad, d_bad, 8, cudaMemcpyDeviceToHost));
+    std::printf("__hmul2_rn vs fp32 product rounded, %s, all 2^32 pairs: %llu differ\n", half ? "fp16" : "bf16", bad);
+  }
   return 0;
 }

@@ -4,9 +4,9 @@
 // The separate ops (rms_norm, rope, cache_write) and the fused attention_inputs
 // are the same two kernels below with different stages switched on, so every
 // value is computed by the same code in both paths: a stage takes and leaves
-// values already rounded to the element type (held in fp32 registers, where
-// that is exact), just as the separate ops leave them in memory. That is what
-// makes the fused op bit-identical to the separate ones (SPEC section 2).
+// values already rounded to the element type (held as pairs of T, RowPair),
+// just as the separate ops leave them in memory. That is what makes the fused
+// op bit-identical to the separate ones (SPEC section 2).
 //
 // Layout: a row (one head of one token, head_dim elements) is held by a group
 // of kLanes threads, each with kVecs 16-byte vectors; lane l holds vectors
@@ -17,6 +17,7 @@
 // simply neither reads cos/sin nor stores.
 #pragma once
 
+#include <cstring>
 #include <type_traits>
 
 #include "common.cuh"
@@ -32,7 +33,10 @@ constexpr int kInputsThreads = 256;
 // cos/sin loads, too little in flight to reach copy speed on large steps (one
 // row per group ran at 47% of copy bandwidth at 4096 tokens on an H200). But 4
 // rows per group measured slower on the H200 (2026-11-29, bench_inputs --quick):
-// 10.7 vs 5.2 us for a 1-token step, 66 vs 50 us at 4096 tokens, so 1 it is.
+// 10.7 vs 5.2 us for a 1-token step, 66 vs 50 us at 4096 tokens, and with rows
+// held as pairs (RowPair) 2 rows per group left the queries kernel at 22.2 us
+// and took the keys / values kernel from 8.6 to 9.8 us (scripts/inputs_variants.cu,
+// 4096 tokens), so 1 it is.
 constexpr int kRowsPerGroup = 1;
 
 // Where the rotary position of a token comes from.
@@ -105,6 +109,7 @@ struct RowLayout {
   static constexpr int kLanes = kRowVecs / 2 < 32 ? kRowVecs / 2 : 32;
   static constexpr int kVecs = kRowVecs / kLanes;      // vectors per lane
   static constexpr int kElems = kVecs * kVec;          // elements per lane
+  static constexpr int kPairs = kElems / 2;            // pairs of adjacent elements per lane (RowPair)
   static constexpr int kGroups = kInputsThreads / kLanes;           // groups per block
   static constexpr int kRowsPerBlock = kGroups * kRowsPerGroup;
   static_assert(D % kVec == 0 && kRowVecs % kLanes == 0, "head_dim must be a multiple of the vector width");
@@ -152,30 +157,108 @@ __device__ __forceinline__ TokenPlace place_of_token(const PagedKVParams& p, int
 }
 
 // ---------------------------------------------------------------------------
-// Loads and stores of a lane's part of a row.
+// A lane's part of a row, as pairs of adjacent elements (element 2k + e of
+// the lane's kElems is component e of pair k). For the 16-bit types a pair is
+// one b32 register of two T: what a 16-byte load gives and a store takes, and
+// what one cvt.rn.{bf16,f16}x2.f32 rounds two floats into. The stages take and
+// leave pairs and unpack to fp32 only for their math. Rows kept as floats
+// (rounded to T and widened again after every step, converted once more for
+// the store) cost a quarter more instructions: on the H200 (2026-11-29, 4096
+// tokens, Qwen3-4B heads, ncu) the queries kernel went from 14.5M to 11.2M warp
+// instructions and 25.7 to 22.2 us, the keys / values kernel from 10.3 to 8.6
+// us, same bits (scripts/inputs_variants.sh). fp32 rows: float2.
+// RowPair<T>: unpack (to floats), round (two floats to a pair, to nearest
+// even), mul: the product of two pairs rounded to T, as the fp32 product
+// rounded to T (eager PyTorch's `a * b` of two tensors of T). For bf16 / fp16
+// that is __hmul2_rn, which rounds the exact product once: the same bits for
+// every one of the 2^32 pairs of values of either type (NaN as NaN), checked
+// on the H200 by scripts/inputs_variants.cu (2026-11-29).
+template <typename T>
+struct RowPair;
+template <>
+struct RowPair<float> {
+  using P = float2;
+  __device__ static __forceinline__ float2 unpack(P p) { return p; }
+  __device__ static __forceinline__ P round(float a, float b) { return make_float2(a, b); }
+  __device__ static __forceinline__ P mul(P a, P b) { return make_float2(__fmul_rn(a.x, b.x), __fmul_rn(a.y, b.y)); }
+};
+template <>
+struct RowPair<__nv_bfloat16> {
+  using P = __nv_bfloat162;
+  __device__ static __forceinline__ float2 unpack(P p) { return __bfloat1622float2(p); }
+  __device__ static __forceinline__ P round(float a, float b) { return __floats2bfloat162_rn(a, b); }
+  __device__ static __forceinline__ P mul(P a, P b) { return __hmul2_rn(a, b); }
+};
+template <>
+struct RowPair<__half> {
+  using P = __half2;
+  __device__ static __forceinline__ float2 unpack(P p) { return __half22float2(p); }
+  __device__ static __forceinline__ P round(float a, float b) { return __floats2half2_rn(a, b); }
+  __device__ static __forceinline__ P mul(P a, P b) { return __hmul2_rn(a, b); }
+};
+template <typename T>
+using Pair = typename RowPair<T>::P;
+
+// One 16-byte vector of a row as pairs, moved as one 16-byte access (a copy
+// of the struct itself compiles to four 4-byte ones).
+template <typename T>
+struct alignas(16) PairVec {
+  Pair<T> p[16 / sizeof(Pair<T>)];
+
+  __device__ static __forceinline__ PairVec load(const T* src) {
+    const uint4 u = *reinterpret_cast<const uint4*>(src);
+    PairVec v;
+    memcpy(&v, &u, 16);
+    return v;
+  }
+  __device__ __forceinline__ void store(T* dst) const {
+    uint4 u;
+    memcpy(&u, this, 16);
+    *reinterpret_cast<uint4*>(dst) = u;
+  }
+};
 
 template <typename T, int D>
-__device__ __forceinline__ void load_row(float (&x)[RowLayout<T, D>::kElems], const T* row, int lane) {
+__device__ __forceinline__ void load_row(Pair<T> (&x)[RowLayout<T, D>::kPairs], const T* row, int lane) {
   using L = RowLayout<T, D>;
+  constexpr int kN = L::kVec / 2;
 #pragma unroll
   for (int i = 0; i < L::kVecs; ++i) {
-    const Vec16<T> v = *reinterpret_cast<const Vec16<T>*>(row + L::col(lane, i));
+    const PairVec<T> v = PairVec<T>::load(row + L::col(lane, i));
 #pragma unroll
-    for (int e = 0; e < L::kVec; ++e) x[i * L::kVec + e] = to_float(v.v[e]);
+    for (int e = 0; e < kN; ++e) x[i * kN + e] = v.p[e];
   }
 }
 
-// x holds values of T (rounded already), so the conversion is exact.
 template <typename T, int D>
-__device__ __forceinline__ void store_row(T* row, const float (&x)[RowLayout<T, D>::kElems], int lane) {
+__device__ __forceinline__ void store_row(T* row, const Pair<T> (&x)[RowLayout<T, D>::kPairs], int lane) {
   using L = RowLayout<T, D>;
+  constexpr int kN = L::kVec / 2;
 #pragma unroll
   for (int i = 0; i < L::kVecs; ++i) {
-    Vec16<T> v;
+    PairVec<T> v;
 #pragma unroll
-    for (int e = 0; e < L::kVec; ++e) v.v[e] = from_float<T>(x[i * L::kVec + e]);
-    *reinterpret_cast<Vec16<T>*>(row + L::col(lane, i)) = v;
+    for (int e = 0; e < kN; ++e) v.p[e] = x[i * kN + e];
+    v.store(row + L::col(lane, i));
   }
+}
+
+// A lane's elements as floats, and back (exact: they hold values of T).
+template <typename T, int D>
+__device__ __forceinline__ void unpack_row(float (&f)[RowLayout<T, D>::kElems],
+                                           const Pair<T> (&x)[RowLayout<T, D>::kPairs]) {
+#pragma unroll
+  for (int k = 0; k < RowLayout<T, D>::kPairs; ++k) {
+    const float2 v = RowPair<T>::unpack(x[k]);
+    f[2 * k] = v.x;
+    f[2 * k + 1] = v.y;
+  }
+}
+template <typename T, int D>
+__device__ __forceinline__ void pack_row(Pair<T> (&x)[RowLayout<T, D>::kPairs],
+                                         const float (&f)[RowLayout<T, D>::kElems]) {
+#pragma unroll
+  for (int k = 0; k < RowLayout<T, D>::kPairs; ++k) x[k] = RowPair<T>::round(f[2 * k], f[2 * k + 1]);
 }
 
 template <typename T>
@@ -184,7 +267,7 @@ __device__ __forceinline__ float round_to(float x) {
 }
 
 // ---------------------------------------------------------------------------
-// Stages. Each takes and leaves values of T (in fp32 registers).
+// Stages. Each takes and leaves a lane's pairs (values of T).
 
 // Qwen3's RMSNorm: sum of squares in fp32 (each lane its elements in order,
 // then a butterfly over the group: a fixed order, so the same row gives the
@@ -192,24 +275,74 @@ __device__ __forceinline__ float round_to(float x) {
 // weight in T (one fp32 product rounded to T, as `weight * h.to(dtype)` in
 // eager PyTorch). rsqrtf as PyTorch's CUDA rsqrt.
 template <typename T, int D>
-__device__ __forceinline__ void rms_norm_stage(float (&x)[RowLayout<T, D>::kElems], const T* weight, float eps,
+__device__ __forceinline__ void rms_norm_stage(Pair<T> (&x)[RowLayout<T, D>::kPairs], const T* weight, float eps,
                                                int lane) {
   using L = RowLayout<T, D>;
+  using RP = RowPair<T>;
   float ss = 0.f;
 #pragma unroll
-  for (int i = 0; i < L::kElems; ++i) ss = fmaf(x[i], x[i], ss);
+  for (int k = 0; k < L::kPairs; ++k) {
+    const float2 v = RP::unpack(x[k]);
+    ss = fmaf(v.x, v.x, ss);
+    ss = fmaf(v.y, v.y, ss);
+  }
   ss = warp_sum<L::kLanes>(ss);
   // D is a power of two: the mean is exact as a product.
   const float inv = rsqrtf(__fadd_rn(__fmul_rn(ss, 1.f / D), eps));
+  constexpr int kN = L::kVec / 2;
 #pragma unroll
   for (int i = 0; i < L::kVecs; ++i) {
-    const Vec16<T> w = *reinterpret_cast<const Vec16<T>*>(weight + L::col(lane, i));
+    const PairVec<T> w = PairVec<T>::load(weight + L::col(lane, i));
 #pragma unroll
-    for (int e = 0; e < L::kVec; ++e) {
-      float& v = x[i * L::kVec + e];
-      v = round_to<T>(__fmul_rn(to_float(w.v[e]), round_to<T>(__fmul_rn(v, inv))));
+    for (int e = 0; e < kN; ++e) {
+      Pair<T>& p = x[i * kN + e];
+      const float2 v = RP::unpack(p);
+      p = RP::mul(w.p[e], RP::round(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv)));
     }
   }
+}
+
+// A full-width rotation (rotary_dim == D, float4 table rows) in two steps: the
+// cos / sin of the lane's columns, once per token (the same for all its heads),
+// then the rotation of a row with them. Vector i (columns c < D / 2) and vector
+// i + kVecs / 2 (c + D / 2) are partners, in this lane, and share the cos / sin of c.
+template <typename T, int D>
+struct LaneCosSin {
+  using L = RowLayout<T, D>;
+  static constexpr int H = L::kVecs / 2;
+  float c[H * L::kVec], s[H * L::kVec];
+
+  __device__ __forceinline__ void load(const float* cs, int lane) {
+#pragma unroll
+    for (int i = 0; i < H; ++i)
+#pragma unroll
+      for (int e = 0; e < L::kVec; e += 4) {
+        const float4 cv = __ldg(reinterpret_cast<const float4*>(cs + L::col(lane, i) + e));
+        const float4 sv = __ldg(reinterpret_cast<const float4*>(cs + D / 2 + L::col(lane, i) + e));
+        const int j = i * L::kVec + e;
+        c[j] = cv.x, c[j + 1] = cv.y, c[j + 2] = cv.z, c[j + 3] = cv.w;
+        s[j] = sv.x, s[j + 1] = sv.y, s[j + 2] = sv.z, s[j + 3] = sv.w;
+      }
+  }
+
+  __device__ __forceinline__ void rotate(Pair<T> (&x)[L::kPairs]) const {
+    using RP = RowPair<T>;
+    constexpr int kHalf = H * L::kVec / 2;  // pairs of the first half
+#pragma unroll
+    for (int k = 0; k < kHalf; ++k) {
+      const float2 a = RP::unpack(x[k]), b = RP::unpack(x[kHalf + k]);
+      const float c0 = c[2 * k], c1 = c[2 * k + 1], s0 = s[2 * k], s1 = s[2 * k + 1];
+      x[k] = RP::round(__fsub_rn(__fmul_rn(a.x, c0), __fmul_rn(b.x, s0)),
+                       __fsub_rn(__fmul_rn(a.y, c1), __fmul_rn(b.y, s1)));
+      x[kHalf + k] = RP::round(__fadd_rn(__fmul_rn(b.x, c0), __fmul_rn(a.x, s0)),
+                               __fadd_rn(__fmul_rn(b.y, c1), __fmul_rn(a.y, s1)));
+    }
+  }
+};
+
+// Whether rope_stage can take the two steps of LaneCosSin.
+__device__ __forceinline__ bool full_width_rotation(const RopeTable& rt, int d) {
+  return rt.vec_ok && rt.rotary_dim == d;
 }
 
 // Neox (rotate-half) rotary embedding: channel c < h = rotary_dim / 2 pairs with
@@ -217,41 +350,24 @@ __device__ __forceinline__ void rms_norm_stage(float (&x)[RowLayout<T, D>::kElem
 // product rounded to fp32 before the sum (as the eager reference computes it:
 // __fmul_rn keeps the compiler from fusing them into an fma), rounded once to T.
 // Channels past rotary_dim are kept. For a full-width rotation the partner of
-// a channel sits in the same lane (RowLayout); otherwise it usually lives in
-// another lane, and the row goes through shared memory (`row`, D floats of
-// this group). cs: the position's row of the table, or null to skip the math
-// (the group still takes part in __syncwarp; the choice of path is the same
-// for every row of a launch).
+// a channel sits in the same lane (RowLayout, LaneCosSin); otherwise it usually
+// lives in another lane, and the row goes through shared memory (`row`, D
+// floats of this group). cs: the position's row of the table, or null to skip
+// the math (the group still takes part in __syncwarp; the choice of path is
+// the same for every row of a launch).
 template <typename T, int D>
-__device__ __forceinline__ void rope_stage(float (&x)[RowLayout<T, D>::kElems], float* row, const float* cs,
+__device__ __forceinline__ void rope_stage(Pair<T> (&xp)[RowLayout<T, D>::kPairs], float* row, const float* cs,
                                            const RopeTable& rt, int lane) {
   using L = RowLayout<T, D>;
-  if (rt.vec_ok && rt.rotary_dim == D) {
-    // Full width: vector i (columns c < D / 2) and vector i + kVecs / 2 (c + D / 2)
-    // are partners, in this lane, and share the cos / sin of c.
+  if (full_width_rotation(rt, D)) {
     if (cs == nullptr) return;
-    constexpr int H = L::kVecs / 2;
-#pragma unroll
-    for (int i = 0; i < H; ++i) {
-      const int c0 = L::col(lane, i);
-#pragma unroll
-      for (int e = 0; e < L::kVec; e += 4) {
-        const float4 c = __ldg(reinterpret_cast<const float4*>(cs + c0 + e));
-        const float4 sn = __ldg(reinterpret_cast<const float4*>(cs + D / 2 + c0 + e));
-        const float cosv[4] = {c.x, c.y, c.z, c.w}, sinv[4] = {sn.x, sn.y, sn.z, sn.w};
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          float& a = x[i * L::kVec + e + u];
-          float& b = x[(i + H) * L::kVec + e + u];
-          const float ya = round_to<T>(__fsub_rn(__fmul_rn(a, cosv[u]), __fmul_rn(b, sinv[u])));
-          const float yb = round_to<T>(__fadd_rn(__fmul_rn(b, cosv[u]), __fmul_rn(a, sinv[u])));
-          a = ya;
-          b = yb;
-        }
-      }
-    }
+    LaneCosSin<T, D> t;
+    t.load(cs, lane);
+    t.rotate(xp);
     return;
   }
+  float x[L::kElems];
+  unpack_row<T, D>(x, xp);
 #pragma unroll
   for (int i = 0; i < L::kVecs; ++i)
 #pragma unroll
@@ -303,6 +419,7 @@ __device__ __forceinline__ void rope_stage(float (&x)[RowLayout<T, D>::kElems], 
     }
   }
   __syncwarp();  // every lane has read its partners before the buffer takes the next row
+  pack_row<T, D>(xp, x);
 }
 
 // Symmetric per-vector int8 quantization of a row: keys divided by their
@@ -311,9 +428,11 @@ __device__ __forceinline__ void rope_stage(float (&x)[RowLayout<T, D>::kElems], 
 // to +-127. Every division is IEEE (__fdiv_rn), as the reference's. Stores when
 // `dst` is not null; returns the scale.
 template <typename T, int D>
-__device__ __forceinline__ float quantize_stage(const float (&x)[RowLayout<T, D>::kElems], const float* smooth,
+__device__ __forceinline__ float quantize_stage(const Pair<T> (&xp)[RowLayout<T, D>::kPairs], const float* smooth,
                                                 int8_t* dst, int lane) {
   using L = RowLayout<T, D>;
+  float x[L::kElems];
+  unpack_row<T, D>(x, xp);
   float src[L::kElems];
   float amax = 0.f;
 #pragma unroll
@@ -389,7 +508,7 @@ __global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p
                                  p.num_heads);
 
   // The rows first: their loads do not wait for the metadata.
-  float x[R][L::kElems];
+  Pair<T> x[R][L::kPairs];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if (g.in_range[r]) {
@@ -397,7 +516,7 @@ __global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p
                      lane);
     } else {
 #pragma unroll
-      for (int i = 0; i < L::kElems; ++i) x[r][i] = 0.f;
+      for (int i = 0; i < L::kPairs; ++i) x[r][i] = RowPair<T>::round(0.f, 0.f);
     }
   }
 
@@ -456,7 +575,7 @@ __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteP
   const GroupRows g = group_rows((static_cast<int64_t>(blockIdx.x) * L::kGroups + group) * R, p.num_tokens,
                                  p.kv.num_kv_heads);
 
-  float k[R][L::kElems], v[R][L::kElems];
+  Pair<T> k[R][L::kPairs], v[R][L::kPairs];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if (g.in_range[r]) {
@@ -466,7 +585,7 @@ __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteP
                      lane);
     } else {
 #pragma unroll
-      for (int i = 0; i < L::kElems; ++i) k[r][i] = v[r][i] = 0.f;
+      for (int i = 0; i < L::kPairs; ++i) k[r][i] = v[r][i] = RowPair<T>::round(0.f, 0.f);
     }
   }
 
