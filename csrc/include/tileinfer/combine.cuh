@@ -40,10 +40,11 @@ struct CombineTraits {
   static constexpr int kLanesPerRow = HEAD_DIM / kChannelsPerLane;  // 16, 32, 32
   static constexpr int kVecsPerLane = kChannelsPerLane / 4;         // float4s per lane per split
   // Splits loaded before the first multiply-add: 16 independent 16-byte loads
-  // in flight per lane. A decode step of one sequence has few rows, so its
-  // combine is latency-bound: the lse read plus one round trip per batch
-  // (32 splits: 2 batches, not 4 with 8 loads).
-  static constexpr int kSplitBatch = 16 / kVecsPerLane;
+  // in flight per lane, 32 at head dim 128. A decode step of one sequence has
+  // few rows, so its combine is latency-bound: the lse read plus one round trip
+  // per batch (32 splits: 2 batches, not 4 with 8 loads; at head dim 128 one,
+  // with the lse loads).
+  static constexpr int kSplitBatch = HEAD_DIM == 128 ? 32 : 16 / kVecsPerLane;
   // Small blocks: a decode step of one sequence has only num_q_heads rows, so
   // 2-4 rows per block spreads even that over many SMs.
   static constexpr int kThreads = 64;
@@ -52,7 +53,8 @@ struct CombineTraits {
   // loads in flight: without one, ptxas lowers registers by issuing each load
   // just before its use, leaving only 2-3 loads of a batch in flight (seen in
   // the SASS). It uses ~96; 20 warps per SM still keep >100 KB of loads in flight.
-  static constexpr int kMinBlocksPerSM = 8;
+  // Head dim 128's batch of 32 splits takes ~160 registers: 4 blocks.
+  static constexpr int kMinBlocksPerSM = kSplitBatch * kVecsPerLane > 16 ? 4 : 8;
   static_assert(kLanesPerRow <= 32 && 32 % kLanesPerRow == 0, "a row's lanes must sit in one warp");
   static_assert(kLanesPerRow % kSplitBatch == 0, "split batches must tile a chunk");
 };
@@ -130,16 +132,21 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   // out a batch of kSplitBatch splits per lane at a time; a chunk's first
   // batch leaves together with its lse loads (its addresses do not depend on
   // them): they share one round trip.
-  // Splits past num_splits (weight 0) re-read split 0 of the row: a cache hit
-  // that stays in bounds. The loads are unconditional, with no branch between
-  // them, so the whole batch is in flight before the first use.
+  // Splits past num_splits read as zeros (weight 0): their loads are
+  // predicated off, with no branch between the loads, and each address is the
+  // previous one plus the split stride. (When every split's address was its
+  // own 64-bit product, of an index clamped into range, ptxas issued the batch
+  // after the lse reduction, a round trip later: on the H200 one sequence at
+  // 32k positions spent 1.5 us in combine after the decode kernel, 0.5 us
+  // since, and int8 1.3 -> 0.3 us; scripts/decode_timeline.sh, 2026-11-29.)
   float4 v[B][V];
   auto load_batch = [&](int s0) {
+    const float4* src = reinterpret_cast<const float4*>(out_in + s0 * split_stride);
 #pragma unroll
     for (int u = 0; u < B; ++u) {
-      const float4* src = reinterpret_cast<const float4*>(out_in + (s0 + u < S ? s0 + u : 0) * split_stride);
 #pragma unroll
-      for (int k = 0; k < V; ++k) v[u][k] = __ldg(src + k);
+      for (int k = 0; k < V; ++k) v[u][k] = s0 + u < S ? __ldg(src + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+      src += split_stride / 4;
     }
   };
   for (int c0 = 0; c0 < S; c0 += R) {
