@@ -131,17 +131,35 @@ struct TokenPlace {
 // -1 for a token of no sequence. seq_lens is taken as it is (not clamped), so
 // positions match the reference; callers range-check what they use it for.
 __device__ __forceinline__ int64_t token_position(const PagedKVParams& p, int token, int* seq_out) {
-  // Decode steps (one token per sequence) have token t in sequence t: check
-  // that guess first, one round of loads instead of the binary search's
-  // log2(num_seqs) dependent ones. With non-decreasing cu_seqlens_q only one
-  // sequence holds the token, so the guess, when it holds, is the search's answer.
-  int seq = -1;
-  if (token < p.num_seqs && p.cu_seqlens_q[token] <= token && token < p.cu_seqlens_q[token + 1]) seq = token;
-  if (seq < 0) seq = seq_of_token(p, token);
+  // The sequence s holding the token has cu[s] <= token < cu[s + 1]. Decode
+  // steps (one token per sequence) have token t in sequence t: that guess is
+  // checked first, else a binary search finds the last s with cu[s] <= token
+  // (with non-decreasing cu_seqlens_q only one sequence holds the token, so a
+  // guess that holds is the search's answer). Either way the candidate's
+  // cu[s], cu[s + 1] and seq_lens[s] are loaded together, before any of them
+  // is tested: one round trip, where loading seq_lens after the test (and
+  // cu[s + 1] after cu[s]) took three, each a dependent step of the inputs
+  // kernels' chain (metadata, cos / sin, block table).
+  const int* cu = p.cu_seqlens_q;
+  auto holds = [&](int s, int& begin, int& end, int& len) {
+    begin = cu[s];
+    end = cu[s + 1];
+    len = p.seq_lens[s];
+    return begin <= token && token < end;
+  };
+  int seq = -1, begin = 0, end = 0, len = 0;
+  if (token < p.num_seqs && holds(token, begin, end, len)) seq = token;
+  if (seq < 0 && p.num_seqs > 0) {
+    int lo = 0, hi = p.num_seqs;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (cu[mid] <= token) lo = mid; else hi = mid;
+    }
+    if (holds(lo, begin, end, len)) seq = lo;
+  }
   *seq_out = seq;
   if (seq < 0) return -1;
-  const int64_t begin = p.cu_seqlens_q[seq], end = p.cu_seqlens_q[seq + 1];
-  return static_cast<int64_t>(p.seq_lens[seq]) - (end - begin) + (token - begin);
+  return static_cast<int64_t>(len) - (end - begin) + (token - begin);
 }
 
 // Where a token goes in the cache: a position outside what the block table

@@ -54,16 +54,4 @@ __device__ __forceinline__ QueryRange query_range(const PagedKVParams& p, int se
   return {b, e - b};
 }
 
-// The sequence a token belongs to (binary search over cu_seqlens_q), or -1 if
-// none does (padding tokens past cu_seqlens_q[num_seqs], or a malformed table).
-__device__ __forceinline__ int seq_of_token(const PagedKVParams& p, int token) {
-  int lo = 0, hi = p.num_seqs;  // find the last s with cu[s] <= token
-  while (hi - lo > 1) {
-    int mid = (lo + hi) >> 1;
-    if (p.cu_seqlens_q[mid] <= token) lo = mid; else hi = mid;
-  }
-  if (p.num_seqs <= 0) return -1;
-  return (p.cu_seqlens_q[lo] <= token && token < p.cu_seqlens_q[lo + 1]) ? lo : -1;
-}
-
 }  // namespace tileinfer
