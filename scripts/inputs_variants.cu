@@ -5,8 +5,8 @@
 // order). Times each kernel alone, with stages switched off, and the pair as
 // attention_inputs launches it (programmatic, the keys / values kernel not
 // waiting at its start); with OLD_INPUTS set (a path to an earlier
-// inputs.cuh, which inputs_variants.sh makes from git), the same for that
-// version, outputs compared bit for bit. Also checks, over every pair of
+// inputs.cuh: inputs_variants.sh's argument), the same for that version,
+// outputs compared bit for bit. Also checks, over every pair of
 // 16-bit values, whether the packed multiply (__hmul2_rn) rounds as the fp32
 // product rounded to the type.
 // No torch. Build and run on the GPU: bash scripts/inputs_variants.sh
@@ -39,7 +39,7 @@ using T = __nv_bfloat16;
 constexpr int kD = 128, kHq = 32, kHkv = 8, kHeads = kHq + 2 * kHkv, kPage = 64;
 
 // Mismatches between __hmul2_rn and the fp32 product rounded to the type, over
-// all pairs (a, b) with a in [a0, a0 + gridDim.x * blockDim.x); NaN = NaN.
+// all 2^32 pairs (a, b) of 16-bit values (thread a: every b); NaN = NaN.
 template <typename H2, typename H>
 __global__ void hmul_check(unsigned long long* bad) {
   const uint32_t a = blockIdx.x * blockDim.x + threadIdx.x;

@@ -321,9 +321,11 @@ __device__ __forceinline__ void rms_norm_stage(Pair<T> (&x)[RowLayout<T, D>::kPa
 }
 
 // A full-width rotation (rotary_dim == D, float4 table rows) in two steps: the
-// cos / sin of the lane's columns, once per token (the same for all its heads),
-// then the rotation of a row with them. Vector i (columns c < D / 2) and vector
-// i + kVecs / 2 (c + D / 2) are partners, in this lane, and share the cos / sin of c.
+// cos / sin of the lane's columns, then the rotation of a row with them. Vector
+// i (columns c < D / 2) and vector i + kVecs / 2 (c + D / 2) are partners, in
+// this lane, and share the cos / sin of c. (The heads of a token share the
+// first step; loading it once per token for several heads was slower, its
+// registers costing occupancy: NOTES v7.)
 template <typename T, int D>
 struct LaneCosSin {
   using L = RowLayout<T, D>;
