@@ -159,11 +159,6 @@ int main() {
     CHECK(cudaEventElapsedTime(&ms, e0, e1));
     return 1e3 * ms / iters;
   };
-  auto fetch = [](const void* d, size_t n) {
-    std::vector<uint8_t> h(n);
-    CHECK(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost));
-    return h;
-  };
   const double q_bytes = 2.0 * out_bytes;                     // q rows read + written
   const double kv_bytes = 4.0 * tokens * kHkv * kD * 2;       // k, v rows read + written
   using L = RowLayout<T, kD>;
@@ -206,6 +201,11 @@ int main() {
                 t_norm, t_rope, t_copy, q_bytes / t_copy / 1e3);
   }
 #ifdef OLD_INPUTS
+  auto fetch = [](const void* d, size_t n) {
+    std::vector<uint8_t> h(n);
+    CHECK(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost));
+    return h;
+  };
   run(1, "old", old::tileinfer::rows_kernel<T, kD, true, old::tileinfer::PosFrom::kMetadata>,
       old::tileinfer::kv_write_kernel<T, kD, true, true, false>);
   const bool q_same = fetch(d_out0, out_bytes) == fetch(d_out1, out_bytes);
