@@ -26,6 +26,18 @@
 #ifdef OLD_INPUTS
 namespace old {
 using namespace ::tileinfer;
+namespace tileinfer {
+// What headers from before 2026-11-29's session 7 took from paged_kv.cuh.
+__device__ __forceinline__ int seq_of_token(const PagedKVParams& p, int token) {
+  int lo = 0, hi = p.num_seqs;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (p.cu_seqlens_q[mid] <= token) lo = mid; else hi = mid;
+  }
+  if (p.num_seqs <= 0) return -1;
+  return (p.cu_seqlens_q[lo] <= token && token < p.cu_seqlens_q[lo + 1]) ? lo : -1;
+}
+}  // namespace tileinfer
 #include OLD_INPUTS
 }  // namespace old
 #endif

@@ -2,9 +2,9 @@
 # Builds and runs scripts/inputs_variants.cu (the fused inputs' two kernels on
 # a 4096-token step, alone and as a pair, one process). With the path of an
 # earlier inputs.cuh as the argument (git show REV:csrc/include/tileinfer/inputs.cuh
-# > old.cuh), also that version's kernels, outputs compared bit for bit (it is
-# built against the current common.cuh / paged_kv.cuh, so it must compile with
-# them: a header from before 2026-11-29's seq_of_token removal does not). No torch needed.
+# > old.cuh), also that version's kernels, outputs compared bit for bit (built
+# against the current common.cuh / paged_kv.cuh; inputs_variants.cu supplies
+# what older headers took from them). No torch needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(mktemp -d)
