@@ -131,20 +131,7 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
   }
   const double bytes = 2.0 * seqs * len * kHkv * row_bytes + (kInt8 ? 2.0 * seqs * len * kHkv * 4 : 0.0);
 
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  auto time_us = [&](auto launch) {
-    for (int i = 0; i < 5; ++i) launch();
-    constexpr int kIters = 50;
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < kIters; ++i) launch();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    return 1e3 * ms / kIters;
-  };
+  constexpr int kIters = 50;  // timed launches per figure (time_us, cuda_check.h)
   // The timeline of one launch (the last of a few), intervals in us.
   std::vector<unsigned long long> tl(size_t(blocks) * 16);
   auto timeline = [&](auto launch) {
@@ -162,7 +149,7 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
   };
 
   auto decode = [&] { kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(p); };
-  const double t_dec = time_us(decode);
+  const double t_dec = time_us(decode, kIters);
   const auto [t0, span] = timeline(decode);
   // Intervals between stamps, in the order a block passes them.
   constexpr int kOrder[8] = {0, 1, 2, 3, 4, 6, 7, 5};
@@ -236,7 +223,7 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
       const double t = time_us([&] {
         CHECK(launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, cudaStream_t(0), pdl, p));
         CHECK((launch_combine<__nv_bfloat16, kD>(c, cudaStream_t(0), pdl)));
-      });
+      }, kIters);
       std::printf("       decode + combine, %s launches: %.1f us per step\n", pdl ? "programmatic" : "plain", t);
     }
     CHECK(cudaFree(out));
@@ -255,17 +242,8 @@ int main(int argc, char** argv) {
     void *a, *b;
     CHECK(cudaMalloc(&a, n));
     CHECK(cudaMalloc(&b, n));
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    for (int i = 0; i < 5; ++i) CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < 50; ++i) CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    std::printf("copy 64 MiB: %.1f us, %.0f GB/s (read + write)\n", 1e3 * ms / 50, 2.0 * n / (ms / 50) / 1e6);
+    const double t = time_us([&] { CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); }, 50);
+    std::printf("copy 64 MiB: %.1f us, %.0f GB/s (read + write)\n", t, 2.0 * n / t / 1e3);
     CHECK(cudaFree(a));
     CHECK(cudaFree(b));
   }

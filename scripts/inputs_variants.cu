@@ -156,21 +156,9 @@ int main() {
   kp.rope = rope;
   kp.num_tokens = tokens;
 
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  // ITERS=1 (under a profiler): one timed launch per kernel.
+  // ITERS=1 (under a profiler): one timed launch per kernel (and one warm-up).
   const int iters = std::getenv("ITERS") ? std::max(1, std::atoi(std::getenv("ITERS"))) : 100;
-  auto time_us = [&](auto launch) {
-    for (int i = 0; i < std::min(5, iters); ++i) launch();
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < iters; ++i) launch();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    return 1e3 * ms / iters;
-  };
+  auto time_kernel_us = [&](auto launch) { return time_us(launch, iters, std::min(5, iters)); };
   const double q_bytes = 2.0 * out_bytes;                     // q rows read + written
   const double kv_bytes = 4.0 * tokens * kHkv * kD * 2;       // k, v rows read + written
   using L = RowLayout<T, kD>;
@@ -191,11 +179,11 @@ int main() {
     KP k;
     std::memcpy(&q, &qn, sizeof q);
     std::memcpy(&k, &kn, sizeof k);
-    const double tq = time_us([&] { CHECK(launch_kernel(rows, dim3(q_blocks), dim3(kInputsThreads), 0, 0, true, q)); });
-    const double tk = time_us([&] { CHECK(launch_kernel(kvw, dim3(kv_blocks), dim3(kInputsThreads), 0, 0, true, k)); });
+    const double tq = time_kernel_us([&] { CHECK(launch_kernel(rows, dim3(q_blocks), dim3(kInputsThreads), 0, 0, true, q)); });
+    const double tk = time_kernel_us([&] { CHECK(launch_kernel(kvw, dim3(kv_blocks), dim3(kInputsThreads), 0, 0, true, k)); });
     KP after = k;
     after.after_queries = true;
-    const double tp = time_us([&] {
+    const double tp = time_kernel_us([&] {
       CHECK(launch_kernel(rows, dim3(q_blocks), dim3(kInputsThreads), 0, 0, true, q));
       CHECK(launch_kernel(kvw, dim3(kv_blocks), dim3(kInputsThreads), 0, 0, true, after));
     });
@@ -206,9 +194,9 @@ int main() {
   {
     RowsParams s = p;
     s.out = d_out1;
-    const double t_norm = time_us([&] { rows_kernel<T, kD, true, PosFrom::kNone><<<q_blocks, kInputsThreads>>>(s); });
-    const double t_rope = time_us([&] { rows_kernel<T, kD, false, PosFrom::kMetadata><<<q_blocks, kInputsThreads>>>(s); });
-    const double t_copy = time_us([&] { rows_kernel<T, kD, false, PosFrom::kNone><<<q_blocks, kInputsThreads>>>(s); });
+    const double t_norm = time_kernel_us([&] { rows_kernel<T, kD, true, PosFrom::kNone><<<q_blocks, kInputsThreads>>>(s); });
+    const double t_rope = time_kernel_us([&] { rows_kernel<T, kD, false, PosFrom::kMetadata><<<q_blocks, kInputsThreads>>>(s); });
+    const double t_copy = time_kernel_us([&] { rows_kernel<T, kD, false, PosFrom::kNone><<<q_blocks, kInputsThreads>>>(s); });
     std::printf("     queries kernel with norm only %.1f us, rope only %.1f, neither (a copy of the rows) %.1f (%.0f GB/s)\n",
                 t_norm, t_rope, t_copy, q_bytes / t_copy / 1e3);
   }
