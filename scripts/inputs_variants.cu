@@ -61,9 +61,9 @@ __global__ void hmul_check(unsigned long long* bad) {
     const uint32_t wa = a | (a << 16), wb = b | ((b + 1) << 16);
     H2 x = *reinterpret_cast<const H2*>(&wa), y = *reinterpret_cast<const H2*>(&wb);
     const H2 z = __hmul2_rn(x, y);
-    const float2 fx = RowPair<H>::unpack(x), fy = RowPair<H>::unpack(y);
-    const H2 r = RowPair<H>::round(__fmul_rn(fx.x, fy.x), __fmul_rn(fx.y, fy.y));
-    const float2 fz = RowPair<H>::unpack(z), fr = RowPair<H>::unpack(r);
+    const float2 fx = ElemPair<H>::unpack(x), fy = ElemPair<H>::unpack(y);
+    const H2 r = ElemPair<H>::round(__fmul_rn(fx.x, fy.x), __fmul_rn(fx.y, fy.y));
+    const float2 fz = ElemPair<H>::unpack(z), fr = ElemPair<H>::unpack(r);
     const uint32_t bz = *reinterpret_cast<const uint32_t*>(&z), br = *reinterpret_cast<const uint32_t*>(&r);
     const bool lo_ok = (bz & 0xffff) == (br & 0xffff) || (isnan(fz.x) && isnan(fr.x));
     const bool hi_ok = (bz >> 16) == (br >> 16) || (isnan(fz.y) && isnan(fr.y));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -36,20 +37,49 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(x);
 }
 
-// Two floats rounded (to nearest even) into one b32 register of a 16-bit type,
-// `lo` in the low half: the element order of the mma fragments (mma.cuh) and of
-// memory.
+// Two adjacent elements of T as one value: a b32 register of two 16-bit
+// elements (`lo` = .x in the low half: the element order of the mma fragments,
+// mma.cuh, and of memory), float2 for fp32. ElemPair<T>: unpack (to floats),
+// round (two floats to a pair, to nearest even, one cvt for 16-bit types), mul:
+// the product of two pairs rounded to T, as the fp32 product rounded to T
+// (eager PyTorch's `a * b` of two tensors of T). For bf16 / fp16 that is
+// __hmul2_rn, which rounds the exact product once: the same bits for every one
+// of the 2^32 pairs of values of either type (NaN as NaN), checked on the H200
+// by scripts/inputs_variants.cu (2026-11-29).
 template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+struct ElemPair;
 template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+struct ElemPair<float> {
+  using P = float2;
+  __device__ static __forceinline__ float2 unpack(P p) { return p; }
+  __device__ static __forceinline__ P round(float a, float b) { return make_float2(a, b); }
+  __device__ static __forceinline__ P mul(P a, P b) { return make_float2(__fmul_rn(a.x, b.x), __fmul_rn(a.y, b.y)); }
+};
 template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
+struct ElemPair<__nv_bfloat16> {
+  using P = __nv_bfloat162;
+  __device__ static __forceinline__ float2 unpack(P p) { return __bfloat1622float2(p); }
+  __device__ static __forceinline__ P round(float a, float b) { return __floats2bfloat162_rn(a, b); }
+  __device__ static __forceinline__ P mul(P a, P b) { return __hmul2_rn(a, b); }
+};
+template <>
+struct ElemPair<__half> {
+  using P = __half2;
+  __device__ static __forceinline__ float2 unpack(P p) { return __half22float2(p); }
+  __device__ static __forceinline__ P round(float a, float b) { return __floats2half2_rn(a, b); }
+  __device__ static __forceinline__ P mul(P a, P b) { return __hmul2_rn(a, b); }
+};
+template <typename T>
+using Pair = typename ElemPair<T>::P;
+
+// Two floats rounded into one b32 register of a 16-bit type (ElemPair::round), as bits.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  static_assert(sizeof(Pair<T>) == 4, "pack2 is for 16-bit element types");
+  const Pair<T> v = ElemPair<T>::round(lo, hi);
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
 }
 
 // Warp-wide reductions over all 32 lanes (or over groups of `Width` lanes).

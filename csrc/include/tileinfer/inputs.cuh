@@ -4,7 +4,7 @@
 // The separate ops (rms_norm, rope, cache_write) and the fused attention_inputs
 // are the same two kernels below with different stages switched on, so every
 // value is computed by the same code in both paths: a stage takes and leaves
-// values already rounded to the element type (held as pairs of T, RowPair),
+// values already rounded to the element type (held as pairs of T, ElemPair),
 // just as the separate ops leave them in memory. That is what makes the fused
 // op bit-identical to the separate ones (SPEC section 2).
 //
@@ -34,7 +34,7 @@ constexpr int kInputsThreads = 256;
 // row per group ran at 47% of copy bandwidth at 4096 tokens on an H200). But 4
 // rows per group measured slower on the H200 (2026-11-29, bench_inputs --quick):
 // 10.7 vs 5.2 us for a 1-token step, 66 vs 50 us at 4096 tokens, and with rows
-// held as pairs (RowPair) 2 rows per group left the queries kernel at 22.2 us
+// held as pairs (ElemPair) 2 rows per group left the queries kernel at 22.2 us
 // and took the keys / values kernel from 8.6 to 9.8 us (scripts/inputs_variants.cu,
 // 4096 tokens), so 1 it is.
 constexpr int kRowsPerGroup = 1;
@@ -109,7 +109,7 @@ struct RowLayout {
   static constexpr int kLanes = kRowVecs / 2 < 32 ? kRowVecs / 2 : 32;
   static constexpr int kVecs = kRowVecs / kLanes;      // vectors per lane
   static constexpr int kElems = kVecs * kVec;          // elements per lane
-  static constexpr int kPairs = kElems / 2;            // pairs of adjacent elements per lane (RowPair)
+  static constexpr int kPairs = kElems / 2;            // pairs of adjacent elements per lane (ElemPair)
   static constexpr int kGroups = kInputsThreads / kLanes;           // groups per block
   static constexpr int kRowsPerBlock = kGroups * kRowsPerGroup;
   static_assert(D % kVec == 0 && kRowVecs % kLanes == 0, "head_dim must be a multiple of the vector width");
@@ -184,39 +184,8 @@ __device__ __forceinline__ TokenPlace place_of_token(const PagedKVParams& p, int
 // the store) cost a quarter more instructions: on the H200 (2026-11-29, 4096
 // tokens, Qwen3-4B heads, ncu) the queries kernel went from 14.5M to 11.2M warp
 // instructions and 25.7 to 22.2 us, the keys / values kernel from 10.3 to 8.6
-// us, same bits (scripts/inputs_variants.sh). fp32 rows: float2.
-// RowPair<T>: unpack (to floats), round (two floats to a pair, to nearest
-// even), mul: the product of two pairs rounded to T, as the fp32 product
-// rounded to T (eager PyTorch's `a * b` of two tensors of T). For bf16 / fp16
-// that is __hmul2_rn, which rounds the exact product once: the same bits for
-// every one of the 2^32 pairs of values of either type (NaN as NaN), checked
-// on the H200 by scripts/inputs_variants.cu (2026-11-29).
-template <typename T>
-struct RowPair;
-template <>
-struct RowPair<float> {
-  using P = float2;
-  __device__ static __forceinline__ float2 unpack(P p) { return p; }
-  __device__ static __forceinline__ P round(float a, float b) { return make_float2(a, b); }
-  __device__ static __forceinline__ P mul(P a, P b) { return make_float2(__fmul_rn(a.x, b.x), __fmul_rn(a.y, b.y)); }
-};
-template <>
-struct RowPair<__nv_bfloat16> {
-  using P = __nv_bfloat162;
-  __device__ static __forceinline__ float2 unpack(P p) { return __bfloat1622float2(p); }
-  __device__ static __forceinline__ P round(float a, float b) { return __floats2bfloat162_rn(a, b); }
-  __device__ static __forceinline__ P mul(P a, P b) { return __hmul2_rn(a, b); }
-};
-template <>
-struct RowPair<__half> {
-  using P = __half2;
-  __device__ static __forceinline__ float2 unpack(P p) { return __half22float2(p); }
-  __device__ static __forceinline__ P round(float a, float b) { return __floats2half2_rn(a, b); }
-  __device__ static __forceinline__ P mul(P a, P b) { return __hmul2_rn(a, b); }
-};
-template <typename T>
-using Pair = typename RowPair<T>::P;
-
+// us, same bits (scripts/inputs_variants.sh). fp32 rows: float2. The pair
+// type and its operations: ElemPair (common.cuh).
 // One 16-byte vector of a row as pairs, moved as one 16-byte access (a copy
 // of the struct itself compiles to four 4-byte ones).
 template <typename T>
@@ -267,7 +236,7 @@ __device__ __forceinline__ void unpack_row(float (&f)[RowLayout<T, D>::kElems],
                                            const Pair<T> (&x)[RowLayout<T, D>::kPairs]) {
 #pragma unroll
   for (int k = 0; k < RowLayout<T, D>::kPairs; ++k) {
-    const float2 v = RowPair<T>::unpack(x[k]);
+    const float2 v = ElemPair<T>::unpack(x[k]);
     f[2 * k] = v.x;
     f[2 * k + 1] = v.y;
   }
@@ -276,7 +245,7 @@ template <typename T, int D>
 __device__ __forceinline__ void pack_row(Pair<T> (&x)[RowLayout<T, D>::kPairs],
                                          const float (&f)[RowLayout<T, D>::kElems]) {
 #pragma unroll
-  for (int k = 0; k < RowLayout<T, D>::kPairs; ++k) x[k] = RowPair<T>::round(f[2 * k], f[2 * k + 1]);
+  for (int k = 0; k < RowLayout<T, D>::kPairs; ++k) x[k] = ElemPair<T>::round(f[2 * k], f[2 * k + 1]);
 }
 
 template <typename T>
@@ -296,7 +265,7 @@ template <typename T, int D>
 __device__ __forceinline__ void rms_norm_stage(Pair<T> (&x)[RowLayout<T, D>::kPairs], const T* weight, float eps,
                                                int lane) {
   using L = RowLayout<T, D>;
-  using RP = RowPair<T>;
+  using RP = ElemPair<T>;
   float ss = 0.f;
 #pragma unroll
   for (int k = 0; k < L::kPairs; ++k) {
@@ -346,7 +315,7 @@ struct LaneCosSin {
   }
 
   __device__ __forceinline__ void rotate(Pair<T> (&x)[L::kPairs]) const {
-    using RP = RowPair<T>;
+    using RP = ElemPair<T>;
     constexpr int kHalf = H * L::kVec / 2;  // pairs of the first half
 #pragma unroll
     for (int k = 0; k < kHalf; ++k) {
@@ -536,7 +505,7 @@ __global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p
                      lane);
     } else {
 #pragma unroll
-      for (int i = 0; i < L::kPairs; ++i) x[r][i] = RowPair<T>::round(0.f, 0.f);
+      for (int i = 0; i < L::kPairs; ++i) x[r][i] = ElemPair<T>::round(0.f, 0.f);
     }
   }
 
@@ -605,7 +574,7 @@ __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteP
                      lane);
     } else {
 #pragma unroll
-      for (int i = 0; i < L::kPairs; ++i) k[r][i] = v[r][i] = RowPair<T>::round(0.f, 0.f);
+      for (int i = 0; i < L::kPairs; ++i) k[r][i] = v[r][i] = ElemPair<T>::round(0.f, 0.f);
     }
   }
 
