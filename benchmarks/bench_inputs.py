@@ -10,7 +10,11 @@ page 64, q_norm and k_norm on, full rotary dim. Decode-sized steps (1, 8, 64,
 
 Bytes counted (the fewest a step must move): q, k, v read once, q_out and the
 new keys and values written once: 2 * T * (32 + 2 * 8) * 128 * 2 bytes. GB/s is
-that over the median time, against the copy bandwidth measured in this run.
+that over the median time, against the copy bandwidth measured in this run
+(2 GiB buffers), and against a peer that moves as many bytes and does nothing
+else: contiguous PyTorch copies of q's values into q_out and of k's and v's
+into a buffer (two launches, as the fused op), timed the same way: the memory
+speed at this step's size.
 Small steps are launch-bound: each variant is also timed as CUDA-graph replays,
 next to the replay time of one trivial kernel (the floor of one launch), so
 "one launch's worth of latency per launch" can be read off.
@@ -75,6 +79,10 @@ class Step:
         self.qn = torch.empty_like(self.q)
         self.kn = torch.empty(t, HKV, D, dtype=DTYPE, device=dev)
         self.kr = torch.empty_like(self.kn)
+        # The copy peer's contiguous sources (the same values) and destination.
+        self.q_src = self.q.contiguous()
+        self.kv_src = self.qkv[:, HQ * D:].contiguous()
+        self.kv_copy = torch.empty_like(self.kv_src)
         self.cos_sin = cos_sin
         self.pools = pools
 
@@ -91,6 +99,15 @@ def unfused(s: Step, qw, kw):
     ops.rms_norm(s.kn, s.k, kw, EPS)
     ops.rope(s.kr, s.kn, s.positions, s.cos_sin, ROT)
     ops.cache_write(s.pools[0], s.pools[1], s.kr, s.v, s.block_tables, s.seq_lens, s.cu)
+
+
+def copy(s: Step, qw, kw):
+    """As many bytes as the step moves and nothing else: contiguous copies (q's
+    values into q_out, k's and v's into a buffer), two launches as the fused op.
+    (Copies from qkv's strided views run PyTorch's unvectorized strided copy:
+    twice as slow as the fused op at 4096 tokens, no ceiling.)"""
+    s.q_out.copy_(s.q_src)
+    s.kv_copy.copy_(s.kv_src)
 
 
 def make_eager(ref):
@@ -166,7 +183,7 @@ def main():
             print(f"   {label}: {accuracy}")
         sets = [(s, qw, kw) for s in steps]
         row = {"case": label, "tokens": t, "sets": nsets, "bytes": step_bytes(t)}
-        for name, fn in (("fused", fused), ("unfused", unfused), ("eager", eager)):
+        for name, fn in (("fused", fused), ("copy", copy), ("unfused", unfused), ("eager", eager)):
             tg = common.attempt(f"{label} {name} graph", lambda: common.bench(fn, sets, graph=True), errors)
             te = common.attempt(f"{label} {name} events", lambda: common.bench(fn, sets), errors)
             row[f"{name}_graph"] = tg
@@ -177,6 +194,7 @@ def main():
             if copy_gbps and tg:
                 row[f"{name}_of_copy"] = row[f"{name}_gbps"] / copy_gbps
         if row.get("fused_us"):
+            row["fused_over_copy"] = row["fused_us"] / row["copy_us"] if row.get("copy_us") else None
             row["unfused_over_fused"] = row["unfused_us"] / row["fused_us"] if row.get("unfused_us") else None
             row["eager_over_fused"] = row["eager_us"] / row["fused_us"] if row.get("eager_us") else None
             row["fused_launch_floors"] = row["fused_us"] / floor_graph.median_us  # 2 launches
@@ -187,6 +205,7 @@ def main():
     common.print_table(rows, [
         ("case", "case", ""), ("fused us", "fused_us", ".2f"), ("unfused us", "unfused_us", ".2f"),
         ("eager us", "eager_us", ".2f"), ("fused GB/s", "fused_gbps", ".0f"), ("of copy", "fused_of_copy", ".2f"),
+        ("same-bytes copy us", "copy_us", ".2f"), ("fused/copy", "fused_over_copy", ".2f"),
         ("unfused/fused", "unfused_over_fused", ".2f"), ("eager/fused", "eager_over_fused", ".2f"),
         ("fused/launch", "fused_launch_floors", ".2f"), ("fused launched us", "fused_launched_us", ".2f"),
     ], title=f"attention inputs, Qwen3-4B shapes ({HQ}/{HKV} heads, d={D}, page {PAGE}, bf16, q/k norm), "
@@ -203,6 +222,7 @@ def main():
                          "attention inputs: achieved GB/s (fewest bytes / graph-replay time)",
                          [r["case"] for r in rows],
                          {"fused attention_inputs (2 launches)": [r.get("fused_gbps") for r in rows],
+                          "contiguous copies of as many bytes (2 launches)": [r.get("copy_gbps") for r in rows],
                           "separate ops (5 launches)": [r.get("unfused_gbps") for r in rows],
                           "eager PyTorch": [r.get("eager_gbps") for r in rows]},
                          "GB/s", hlines={"copy bandwidth (this run)": copy_gbps}, log=True,

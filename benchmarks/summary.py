@@ -138,7 +138,8 @@ def main():
         for r in rows[:8]:
             pct = r.get("fused_of_copy")
             out.append(f"  {r.get('case', '?'):15s} fused {f(r.get('fused_us'), '.1f'):>6s} us "
-                       f"{f(r.get('fused_gbps')):>5s} GB/s {f(pct and 100 * pct):>3s}% copy | unfused "
+                       f"{f(r.get('fused_gbps')):>5s} GB/s {f(pct and 100 * pct):>3s}% copy | same-bytes copy "
+                       f"{f(r.get('copy_us'), '.1f'):>6s} us | unfused "
                        f"{f(r.get('unfused_us'), '.1f'):>6s} us ({f(r.get('unfused_over_fused'), '.2f')}x)")
     if i8:
         out += int8_lines(i8)
