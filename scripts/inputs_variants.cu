@@ -72,6 +72,29 @@ __global__ void hmul_check(unsigned long long* bad) {
   if (n) atomicAdd(bad, n);
 }
 
+// Memory speed for the step's bytes: row-by-row copies (rows of kRowVecs
+// 16-byte vectors, a source row stride in vectors, contiguous destination),
+// each thread moving kUnroll vectors at once, grid-stride. No metadata, no
+// math: what the inputs kernels' loads and stores would take as a plain copy.
+template <int kRowVecs, int kUnroll>
+__global__ void __launch_bounds__(256) copy_rows(const uint4* src, int64_t src_stride, uint4* dst, int64_t rows) {
+  const int64_t n = rows * kRowVecs;
+  for (int64_t base = (int64_t(blockIdx.x) * 256 * kUnroll) + threadIdx.x; base < n;
+       base += int64_t(gridDim.x) * 256 * kUnroll) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * 256;
+      if (i < n) v[u] = src[(i / kRowVecs) * src_stride + i % kRowVecs];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * 256;
+      if (i < n) dst[i] = v[u];
+    }
+  }
+}
+
 int main() {
   const int tokens = 4096, max_pos = 8192, pages = tokens / kPage + 8;
   std::mt19937 rng(1);
@@ -162,11 +185,16 @@ int main() {
   const double q_bytes = 2.0 * out_bytes;                     // q rows read + written
   const double kv_bytes = 4.0 * tokens * kHkv * kD * 2;       // k, v rows read + written
   using L = RowLayout<T, kD>;
-  const int q_blocks = tokens * kHq / L::kRowsPerBlock, kv_blocks = tokens * kHkv / L::kRowsPerBlock;
+  // One block per kRowsPerBlock rows; the kernels also take capped grids.
+  const int q_rows_grid = tokens * kHq / L::kRowsPerBlock, kv_rows_grid = tokens * kHkv / L::kRowsPerBlock;
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
 
-  // The package's kernels (index 0) and, with OLD_INPUTS, the earlier ones (1).
-  // (The earlier version's parameter structs are the same fields, copied as bytes.)
-  auto run = [&]<typename RP, typename KP>(int version, const char* name, void (*rows)(RP), void (*kvw)(KP)) {
+  // The package's kernels (index 0) and, with OLD_INPUTS, the earlier ones (1),
+  // on the given grids. (The earlier version's parameter structs are the same
+  // fields, copied as bytes.)
+  auto run = [&]<typename RP, typename KP>(int version, const char* name, void (*rows)(RP), void (*kvw)(KP),
+                                           int q_grid, int kv_grid, bool alone) {
     static_assert(sizeof(RP) == sizeof(RowsParams) && sizeof(KP) == sizeof(KVWriteParams));
     RowsParams qn = p;
     qn.out = version == 0 ? d_out0 : d_out1;
@@ -179,26 +207,100 @@ int main() {
     KP k;
     std::memcpy(&q, &qn, sizeof q);
     std::memcpy(&k, &kn, sizeof k);
-    const double tq = time_kernel_us([&] { CHECK(launch_kernel(rows, dim3(q_blocks), dim3(kInputsThreads), 0, 0, true, q)); });
-    const double tk = time_kernel_us([&] { CHECK(launch_kernel(kvw, dim3(kv_blocks), dim3(kInputsThreads), 0, 0, true, k)); });
     KP after = k;
     after.after_queries = true;
     const double tp = time_kernel_us([&] {
-      CHECK(launch_kernel(rows, dim3(q_blocks), dim3(kInputsThreads), 0, 0, true, q));
-      CHECK(launch_kernel(kvw, dim3(kv_blocks), dim3(kInputsThreads), 0, 0, true, after));
+      CHECK(launch_kernel(rows, dim3(q_grid), dim3(kInputsThreads), 0, 0, true, q));
+      CHECK(launch_kernel(kvw, dim3(kv_grid), dim3(kInputsThreads), 0, 0, true, after));
     });
-    std::printf("%-4s queries %6.1f us (%4.0f GB/s) | keys+values %6.1f us (%4.0f GB/s) | pair %6.1f us (%4.0f GB/s)\n", name,
-                tq, q_bytes / tq / 1e3, tk, kv_bytes / tk / 1e3, tp, (q_bytes + kv_bytes) / tp / 1e3);
+    std::printf("%-4s grids %5d + %5d (%4.1f + %4.1f per SM): pair %6.1f us (%4.0f GB/s)", name, q_grid, kv_grid,
+                double(q_grid) / sms, double(kv_grid) / sms, tp, (q_bytes + kv_bytes) / tp / 1e3);
+    if (alone) {
+      const double tq = time_kernel_us([&] { CHECK(launch_kernel(rows, dim3(q_grid), dim3(kInputsThreads), 0, 0, true, q)); });
+      const double tk = time_kernel_us([&] { CHECK(launch_kernel(kvw, dim3(kv_grid), dim3(kInputsThreads), 0, 0, true, k)); });
+      std::printf(" | queries %6.1f us (%4.0f GB/s) | keys+values %6.1f us (%4.0f GB/s)", tq, q_bytes / tq / 1e3, tk,
+                  kv_bytes / tk / 1e3);
+    }
+    std::printf("\n");
   };
-  run(0, "new", rows_kernel<T, kD, true, PosFrom::kMetadata>, kv_write_kernel<T, kD, true, true, false>);
+  auto rows_new = rows_kernel<T, kD, true, PosFrom::kMetadata>;
+  auto kv_new = kv_write_kernel<T, kD, true, true, false>;
+  run(0, "new", rows_new, kv_new, q_rows_grid, kv_rows_grid, true);
+  std::printf("     capped grids (blocks per SM; the kernels' blocks take several row blocks each):\n");
+  for (int qb : {0, 2, 3, 4})
+    for (int kb : {0, 1, 2, 3}) {
+      if (qb == 0 && kb == 0) continue;
+      run(0, "new", rows_new, kv_new, qb ? qb * sms : q_rows_grid, kb ? kb * sms : kv_rows_grid, kb == 0 || qb == 0);
+    }
   {
     RowsParams s = p;
     s.out = d_out1;
-    const double t_norm = time_kernel_us([&] { rows_kernel<T, kD, true, PosFrom::kNone><<<q_blocks, kInputsThreads>>>(s); });
-    const double t_rope = time_kernel_us([&] { rows_kernel<T, kD, false, PosFrom::kMetadata><<<q_blocks, kInputsThreads>>>(s); });
-    const double t_copy = time_kernel_us([&] { rows_kernel<T, kD, false, PosFrom::kNone><<<q_blocks, kInputsThreads>>>(s); });
+    const double t_norm = time_kernel_us([&] { rows_kernel<T, kD, true, PosFrom::kNone><<<q_rows_grid, kInputsThreads>>>(s); });
+    const double t_rope = time_kernel_us([&] { rows_kernel<T, kD, false, PosFrom::kMetadata><<<q_rows_grid, kInputsThreads>>>(s); });
+    const double t_copy = time_kernel_us([&] { rows_kernel<T, kD, false, PosFrom::kNone><<<q_rows_grid, kInputsThreads>>>(s); });
     std::printf("     queries kernel with norm only %.1f us, rope only %.1f, neither (a copy of the rows) %.1f (%.0f GB/s)\n",
                 t_norm, t_rope, t_copy, q_bytes / t_copy / 1e3);
+  }
+  {
+    // The step's bytes as plain copies (q -> q_out; k and v -> contiguous
+    // slabs standing for their pages): cudaMemcpy2DAsync, and copy_rows on
+    // one block per 256 x kUnroll vectors or on 2-8 blocks per SM.
+    uint4* slab;
+    CHECK(cudaMalloc(&slab, size_t(tokens) * 2 * kHkv * kD * 2));
+    const size_t pitch = size_t(kHeads) * kD * 2, q_row = size_t(kHq) * kD * 2, kv_row = size_t(kHkv) * kD * 2;
+    const uint4* src = reinterpret_cast<const uint4*>(d_qkv);
+    uint4* q_dst = reinterpret_cast<uint4*>(d_out1);
+    const int64_t stride = pitch / 16;
+    const double t_2d_q = time_kernel_us([&] {
+      CHECK(cudaMemcpy2DAsync(d_out1, q_row, d_qkv, pitch, q_row, tokens, cudaMemcpyDeviceToDevice));
+    });
+    const double t_2d_all = time_kernel_us([&] {
+      CHECK(cudaMemcpy2DAsync(d_out1, q_row, d_qkv, pitch, q_row, tokens, cudaMemcpyDeviceToDevice));
+      CHECK(cudaMemcpy2DAsync(slab, 2 * kv_row, d_qkv + kHq * kD, pitch, 2 * kv_row, tokens, cudaMemcpyDeviceToDevice));
+    });
+    std::printf("     plain copies of the bytes: cudaMemcpy2DAsync q %.1f us (%.0f GB/s), q + k/v %.1f us (%.0f GB/s)\n",
+                t_2d_q, q_bytes / t_2d_q / 1e3, t_2d_all, (q_bytes + kv_bytes) / t_2d_all / 1e3);
+    // The same byte counts from contiguous sources (qkv's first tokens stand for them).
+    const double t_1d_q = time_kernel_us([&] {
+      CHECK(cudaMemcpyAsync(d_out1, d_qkv, out_bytes, cudaMemcpyDeviceToDevice));
+    });
+    const double t_1d_all = time_kernel_us([&] {
+      CHECK(cudaMemcpyAsync(d_out1, d_qkv, out_bytes, cudaMemcpyDeviceToDevice));
+      CHECK(cudaMemcpyAsync(slab, d_qkv + out_bytes / 2, size_t(kv_bytes) / 2, cudaMemcpyDeviceToDevice));
+    });
+    std::printf("     contiguous copies of as many bytes: cudaMemcpyAsync q %.1f us (%.0f GB/s), q + k/v %.1f us (%.0f GB/s)\n",
+                t_1d_q, q_bytes / t_1d_q / 1e3, t_1d_all, (q_bytes + kv_bytes) / t_1d_all / 1e3);
+    auto q_copy = [&]<int U>(int grid) {
+      return time_kernel_us([&] { copy_rows<kHq * kD / 8, U><<<grid, 256>>>(src, stride, q_dst, tokens); });
+    };
+    auto all_copy = [&]<int U>(int grid) {
+      return time_kernel_us([&] {
+        copy_rows<kHq * kD / 8, U><<<grid, 256>>>(src, stride, q_dst, tokens);
+        copy_rows<2 * kHkv * kD / 8, U><<<grid / 4, 256>>>(src + kHq * kD / 8, stride, slab, tokens);
+      });
+    };
+    auto report = [&](const char* how, auto q_time, auto all_time) {
+      std::printf("     copy_rows %-28s q %5.1f us (%4.0f GB/s), q + k/v %5.1f us (%4.0f GB/s)\n", how, q_time,
+                  q_bytes / q_time / 1e3, all_time, (q_bytes + kv_bytes) / all_time / 1e3);
+    };
+    const int q_vecs = tokens * kHq * kD / 8;
+    report("1 vector/thread, full grid", q_copy.template operator()<1>(q_vecs / 256), all_copy.template operator()<1>(q_vecs / 256));
+    report("4 vectors/thread, full grid", q_copy.template operator()<4>(q_vecs / 1024), all_copy.template operator()<4>(q_vecs / 1024));
+    {  // the same kernel reading contiguous rows (qkv's first tokens): the cost of the strided source
+      const int64_t q_rv = kHq * kD / 8, kv_rv = 2 * kHkv * kD / 8;
+      const double tq = time_kernel_us([&] { copy_rows<kHq * kD / 8, 1><<<q_vecs / 256, 256>>>(src, q_rv, q_dst, tokens); });
+      const double ta = time_kernel_us([&] {
+        copy_rows<kHq * kD / 8, 1><<<q_vecs / 256, 256>>>(src, q_rv, q_dst, tokens);
+        copy_rows<2 * kHkv * kD / 8, 1><<<q_vecs / 1024, 256>>>(src + tokens * q_rv, kv_rv, slab, tokens);
+      });
+      report("1 vector/thread, contiguous", tq, ta);
+    }
+    for (int b : {2, 4, 8}) {
+      char how[64];
+      std::snprintf(how, sizeof how, "4 vectors/thread, %d blocks/SM", b);
+      report(how, q_copy.template operator()<4>(b * sms), all_copy.template operator()<4>(b * sms));
+    }
+    CHECK(cudaFree(slab));
   }
 #ifdef OLD_INPUTS
   auto fetch = [](const void* d, size_t n) {
@@ -207,7 +309,10 @@ int main() {
     return h;
   };
   run(1, "old", old::tileinfer::rows_kernel<T, kD, true, old::tileinfer::PosFrom::kMetadata>,
-      old::tileinfer::kv_write_kernel<T, kD, true, true, false>);
+      old::tileinfer::kv_write_kernel<T, kD, true, true, false>, q_rows_grid, kv_rows_grid, true);
+  // The outputs to compare: the new kernels on full grids once more (the
+  // last runs above wrote them on capped grids, which must give these bits too).
+  run(0, "new", rows_new, kv_new, q_rows_grid, kv_rows_grid, false);
   const bool q_same = fetch(d_out0, out_bytes) == fetch(d_out1, out_bytes);
   const bool k_same = fetch(pool[0][0], pool_bytes) == fetch(pool[1][0], pool_bytes);
   const bool v_same = fetch(pool[0][1], pool_bytes) == fetch(pool[1][1], pool_bytes);
