@@ -124,6 +124,15 @@ def main():
     for p in cases:
         run_attention_ops(p)
         run_input_ops(p)
+    # Prefill-sized steps for the input ops: attention_inputs' capped grids,
+    # blocks walking several row blocks (the int8 one with bad page ids too).
+    for int8 in (False, True):
+        big = make_problem([1500, 977], [1500, 300], 32, 8, 128, 64, dtype=torch.bfloat16, device=DEV, seed=7,
+                           int8=int8)
+        if int8 and not args.clean_only:
+            big.block_tables[0, 3] = big.k_cache.shape[0] + 1
+            big.block_tables[1, 0] = -2
+        run_input_ops(big)
     # A batch of 70 sequences x 2 KV heads: the attention op's single split
     # (the decode kernel writes out itself) and, with 4 splits, more blocks than
     # fit two per SM (the int8 decode's 64-key tile); then, unless clean only,

@@ -383,15 +383,15 @@ def fused_case_id(c):
     return f"{str(dtype)[6:]}-d{d}-{['full', 'half', 'odd'][rot]}-{norms}-{'packed' if packed else 'separate'}-p{page}"
 
 
-def run_fused_vs_separate(dtype, d, rotary_dim, norms, packed, page_size, int8=False, seed=0):
-    hq, hkv = 8, 2
-    prob = make_problem(SEQ_LENS, Q_LENS, hq, hkv, d, page_size, dtype, DEV, seed=seed, int8=int8)
+def run_fused_vs_separate(dtype, d, rotary_dim, norms, packed, page_size, int8=False, seed=0, hq=8, hkv=2,
+                          seq_lens=SEQ_LENS, q_lens=Q_LENS):
+    prob = make_problem(seq_lens, q_lens, hq, hkv, d, page_size, dtype, DEV, seed=seed, int8=int8)
     gen = torch.Generator(device=DEV).manual_seed(5000 + seed)
-    t = sum(Q_LENS) + 3  # padding tokens of no sequence: not written
+    t = sum(q_lens) + 3  # padding tokens of no sequence: not written
     q, k, v = qkv_inputs(gen, t, hq, hkv, d, dtype, packed)
     qw = norm_weight(gen, d, dtype) if norms == "both" else None
     kw = norm_weight(gen, d, dtype) if norms in ("both", "k_only") else None
-    max_pos = max(SEQ_LENS) + 5
+    max_pos = max(seq_lens) + 5
     cos_sin = rope_cos_sin_cache(max_pos, rotary_dim, device=DEV)
 
     q_full, q_out = guarded((t, hq, d), dtype)
@@ -408,14 +408,14 @@ def run_fused_vs_separate(dtype, d, rotary_dim, norms, packed, page_size, int8=F
     assert_pools_equal(pools, expect, "attention_inputs pools vs rms_norm + rope + cache_write")
     poison = bits(poison_(torch.empty_like(q_full[:2])))
     assert (bits(q_full[:2]) == poison).all() and (bits(q_full[-2:]) == poison).all(), "wrote outside q_out"
-    assert (bits(q_out[sum(Q_LENS):]) == bits(poison_(q_out[sum(Q_LENS):].clone()))).all(), "padding rows written"
+    assert (bits(q_out[sum(q_lens):]) == bits(poison_(q_out[sum(q_lens):].clone()))).all(), "padding rows written"
     # The test can fail: rows and slots were written.
-    assert torch.isfinite(q_out[:sum(Q_LENS)].float()).all()
+    assert torch.isfinite(q_out[:sum(q_lens)].float()).all()
     assert targets
 
     # Against eager PyTorch: rotation exact up to 1 ulp; the norm adds its own
     # (rare) rounding flips of the normalized value.
-    n = sum(Q_LENS)
+    n = sum(q_lens)
     tol = 1.0 if qw is None else 2 * NORM_ULPS[dtype] + 1
     ref_q = eager_chain(q[:n], qw, positions[:n], cos_sin, rotary_dim)
     assert ulp_error(q_out[:n], ref_q, dtype) <= tol
@@ -428,6 +428,24 @@ def test_attention_inputs_matches_separate_ops(case):
     dtype, d, rot, norms, packed, page_size = case
     run_fused_vs_separate(dtype, d, rotary_dims(d)[rot], norms, packed, page_size,
                           seed=d + 3 * rot + page_size + DTYPES.index(dtype))
+
+
+# Prefill-sized steps: attention_inputs caps both grids (csrc/ops/inputs.cu,
+# launch_inputs_pair), so each block walks several row blocks; the separate ops
+# run one block per row block. Several sequences of different lengths, 32 / 8
+# heads: 2000+ tokens are past the caps for every head dim on an H200.
+LARGE_SEQ_LENS = [1500, 977, 640, 2100]
+LARGE_Q_LENS = [1500, 300, 129, 64]
+
+
+@pytest.mark.parametrize("dtype,d,int8", [(torch.bfloat16, 128, False), (torch.float16, 64, False),
+                                          (torch.bfloat16, 256, False), (torch.float32, 128, False),
+                                          (torch.bfloat16, 128, True), (torch.float16, 64, True)],
+                         ids=lambda v: str(v).replace("torch.", ""))
+def test_attention_inputs_large_step(dtype, d, int8):
+    skip_unless_cuda_kernel("attention_inputs", "rms_norm", "rope", "cache_write")
+    run_fused_vs_separate(dtype, d, d, "both", True, 64, int8=int8, seed=d + int8, hq=32, hkv=8,
+                          seq_lens=LARGE_SEQ_LENS, q_lens=LARGE_Q_LENS)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -477,13 +477,23 @@ __device__ __forceinline__ GroupRows group_rows(int64_t first, int num_tokens, i
   return g;
 }
 
-// Rows of a token tensor: optional RMSNorm, optional rotation, store. Grid:
-// ceil(num_tokens * num_heads / kRowsPerBlock) blocks of kInputsThreads; a
-// group carries kRowsPerGroup consecutive rows. A row is written unless its
-// rotation has no valid position (explicit position outside the table; with
-// kMetadata also a token of no sequence).
+// Registers of rows_kernel: at most 48 (five blocks per SM) for 16-bit rows
+// of up to 128 elements, no cap otherwise (fp32 and d 256 rows would spill).
+// The walk over row blocks below took bf16 d 128 from 44 registers to 61 (four
+// blocks per SM), and full grids lost ~3% (H200, 2026-11-29); 48 spill 4
+// bytes in the rotation-only variants.
+template <typename T, int D>
+constexpr int kRowsMinBlocks = sizeof(T) == 2 && D <= 128 ? 5 : 1;
+
+// Rows of a token tensor: optional RMSNorm, optional rotation, store. Grid: up
+// to ceil(num_tokens * num_heads / kRowsPerBlock) blocks of kInputsThreads,
+// block b taking row blocks b, b + gridDim.x, ... (attention_inputs caps the
+// grid on large steps: csrc/ops/inputs.cu); a group carries kRowsPerGroup
+// consecutive rows. A row is written unless its rotation has no valid
+// position (explicit position outside the table; with kMetadata also a token
+// of no sequence).
 template <typename T, int D, bool NORM, PosFrom POS>
-__global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p) {
+__global__ void __launch_bounds__(kInputsThreads, kRowsMinBlocks<T, D>) rows_kernel(const RowsParams p) {
   // Programmatic launches (common.cuh). The next kernel may start only once
   // this one's predecessors are done: kv_write_kernel relies on it.
   wait_for_prior_grids();
@@ -493,49 +503,54 @@ __global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p
   constexpr bool kRope = POS != PosFrom::kNone;
   const int group = threadIdx.x / L::kLanes;
   const int lane = threadIdx.x % L::kLanes;
-  const GroupRows g = group_rows((static_cast<int64_t>(blockIdx.x) * L::kGroups + group) * R, p.num_tokens,
-                                 p.num_heads);
-
-  // The rows first: their loads do not wait for the metadata.
-  Pair<T> x[R][L::kPairs];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (g.in_range[r]) {
-      load_row<T, D>(x[r], static_cast<const T*>(p.x) + g.token[r] * p.x_stride_token + g.head[r] * p.x_stride_head,
-                     lane);
-    } else {
-#pragma unroll
-      for (int i = 0; i < L::kPairs; ++i) x[r][i] = ElemPair<T>::round(0.f, 0.f);
-    }
-  }
-
-  int64_t pos[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    pos[r] = 0;
-    if constexpr (POS == PosFrom::kInt32) {
-      if (g.in_range[r]) pos[r] = static_cast<const int32_t*>(p.positions)[g.token[r]];
-    } else if constexpr (POS == PosFrom::kInt64) {
-      if (g.in_range[r]) pos[r] = static_cast<const int64_t*>(p.positions)[g.token[r]];
-    } else if constexpr (POS == PosFrom::kMetadata) {
-      int seq;
-      if (g.in_range[r]) pos[r] = token_position(p.kv, g.token[r], &seq);  // -1 for no sequence
-    }
-  }
-
+  const int64_t num_rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
   __shared__ __align__(16) float rows[kRope ? L::kGroups : 1][kRope ? D : 4];
+  // Every group of a block takes the same number of row blocks (the stages'
+  // shuffles and __syncwarp need the whole warp).
+#pragma unroll 1
+  for (int64_t b = blockIdx.x; b * L::kRowsPerBlock < num_rows; b += gridDim.x) {
+    const GroupRows g = group_rows((b * L::kGroups + group) * R, p.num_tokens, p.num_heads);
+
+    // The rows first: their loads do not wait for the metadata.
+    Pair<T> x[R][L::kPairs];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    bool write = g.in_range[r];
-    if constexpr (kRope) write = write && pos[r] >= 0 && pos[r] < p.rope.max_position;
-    if constexpr (NORM) rms_norm_stage<T, D>(x[r], static_cast<const T*>(p.weight), p.eps, lane);
-    if constexpr (kRope) {
-      const float* cs = write ? p.rope.cos_sin + pos[r] * p.rope.stride : nullptr;
-      rope_stage<T, D>(x[r], rows[group], cs, p.rope, lane);
+    for (int r = 0; r < R; ++r) {
+      if (g.in_range[r]) {
+        load_row<T, D>(x[r], static_cast<const T*>(p.x) + g.token[r] * p.x_stride_token + g.head[r] * p.x_stride_head,
+                       lane);
+      } else {
+#pragma unroll
+        for (int i = 0; i < L::kPairs; ++i) x[r][i] = ElemPair<T>::round(0.f, 0.f);
+      }
     }
-    if (write) {
-      store_row<T, D>(static_cast<T*>(p.out) + g.token[r] * p.out_stride_token + g.head[r] * p.out_stride_head,
-                      x[r], lane);
+
+    int64_t pos[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      pos[r] = 0;
+      if constexpr (POS == PosFrom::kInt32) {
+        if (g.in_range[r]) pos[r] = static_cast<const int32_t*>(p.positions)[g.token[r]];
+      } else if constexpr (POS == PosFrom::kInt64) {
+        if (g.in_range[r]) pos[r] = static_cast<const int64_t*>(p.positions)[g.token[r]];
+      } else if constexpr (POS == PosFrom::kMetadata) {
+        int seq;
+        if (g.in_range[r]) pos[r] = token_position(p.kv, g.token[r], &seq);  // -1 for no sequence
+      }
+    }
+
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      bool write = g.in_range[r];
+      if constexpr (kRope) write = write && pos[r] >= 0 && pos[r] < p.rope.max_position;
+      if constexpr (NORM) rms_norm_stage<T, D>(x[r], static_cast<const T*>(p.weight), p.eps, lane);
+      if constexpr (kRope) {
+        const float* cs = write ? p.rope.cos_sin + pos[r] * p.rope.stride : nullptr;
+        rope_stage<T, D>(x[r], rows[group], cs, p.rope, lane);
+      }
+      if (write) {
+        store_row<T, D>(static_cast<T*>(p.out) + g.token[r] * p.out_stride_token + g.head[r] * p.out_stride_head,
+                        x[r], lane);
+      }
     }
   }
 }
@@ -544,14 +559,15 @@ __global__ void __launch_bounds__(kInputsThreads) rows_kernel(const RowsParams p
 // optional key RMSNorm and rotation (attention_inputs), then a plain or int8
 // store of both. Nothing is written for a token of no sequence, a position
 // outside the block table or on a page id outside the pool, and (ROPE) a
-// position outside the cos/sin table. Grid: ceil(num_tokens * num_kv_heads /
-// kRowsPerBlock) blocks of kInputsThreads; a group carries kRowsPerGroup rows.
+// position outside the cos/sin table. Grid: as rows_kernel's, over
+// num_tokens * num_kv_heads rows; a group carries kRowsPerGroup rows.
 //
 // Behind attention_inputs' queries kernel (p.after_queries) it does not wait
 // for that kernel at its start: the two read the same inputs and write
 // disjoint outputs, and rows_kernel lets it start only after its own wait, so
-// every earlier kernel is done by then. The keys and values then overlap the
-// queries' last wave. It waits at its end instead, so that its completion
+// every earlier kernel is done by then. The keys and values then run beside
+// the queries (on large steps both grids are capped so that a block of each
+// fits on every SM). It waits at its end instead, so that its completion
 // still implies the queries' (what the attention kernel that waits on it needs).
 template <typename T, int D, bool NORM, bool ROPE, bool INT8>
 __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteParams p) {
@@ -561,55 +577,58 @@ __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteP
   constexpr int R = kRowsPerGroup;
   const int group = threadIdx.x / L::kLanes;
   const int lane = threadIdx.x % L::kLanes;
-  const GroupRows g = group_rows((static_cast<int64_t>(blockIdx.x) * L::kGroups + group) * R, p.num_tokens,
-                                 p.kv.num_kv_heads);
-
-  Pair<T> k[R][L::kPairs], v[R][L::kPairs];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (g.in_range[r]) {
-      load_row<T, D>(k[r], static_cast<const T*>(p.k) + g.token[r] * p.k_stride_token + g.head[r] * p.k_stride_head,
-                     lane);
-      load_row<T, D>(v[r], static_cast<const T*>(p.v) + g.token[r] * p.v_stride_token + g.head[r] * p.v_stride_head,
-                     lane);
-    } else {
-#pragma unroll
-      for (int i = 0; i < L::kPairs; ++i) k[r][i] = v[r][i] = ElemPair<T>::round(0.f, 0.f);
-    }
-  }
-
-  TokenPlace place[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    place[r] = TokenPlace{-1, -1, 0};
-    if (g.in_range[r]) place[r] = place_of_token(p.kv, g.token[r]);
-  }
-
+  const int64_t num_rows = static_cast<int64_t>(p.num_tokens) * p.kv.num_kv_heads;
   __shared__ __align__(16) float rows[ROPE ? L::kGroups : 1][ROPE ? D : 4];
+#pragma unroll 1
+  for (int64_t b = blockIdx.x; b * L::kRowsPerBlock < num_rows; b += gridDim.x) {  // as rows_kernel's
+    const GroupRows g = group_rows((b * L::kGroups + group) * R, p.num_tokens, p.kv.num_kv_heads);
+
+    Pair<T> k[R][L::kPairs], v[R][L::kPairs];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    bool write = place[r].page >= 0;
-    if constexpr (ROPE) write = write && place[r].pos < p.rope.max_position;  // pos >= 0 when page >= 0
-    if constexpr (NORM) rms_norm_stage<T, D>(k[r], static_cast<const T*>(p.k_weight), p.eps, lane);
-    if constexpr (ROPE) {
-      const float* cs = write ? p.rope.cos_sin + place[r].pos * p.rope.stride : nullptr;
-      rope_stage<T, D>(k[r], rows[group], cs, p.rope, lane);
-    }
-    const int head = g.head[r];
-    const int64_t at = write ? scale_offset(p.kv, place[r].page, head, place[r].slot) : 0;  // vector index
-    if constexpr (INT8) {
-      const float* smooth = p.k_smooth != nullptr ? p.k_smooth + static_cast<int64_t>(head) * D : nullptr;
-      int8_t* kd = write ? static_cast<int8_t*>(p.k_pool) + at * D : nullptr;
-      int8_t* vd = write ? static_cast<int8_t*>(p.v_pool) + at * D : nullptr;
-      const float ks = quantize_stage<T, D>(k[r], smooth, kd, lane);
-      const float vs = quantize_stage<T, D>(v[r], nullptr, vd, lane);
-      if (write && lane == 0) {
-        p.k_scale[at] = ks;
-        p.v_scale[at] = vs;
+    for (int r = 0; r < R; ++r) {
+      if (g.in_range[r]) {
+        load_row<T, D>(k[r], static_cast<const T*>(p.k) + g.token[r] * p.k_stride_token + g.head[r] * p.k_stride_head,
+                       lane);
+        load_row<T, D>(v[r], static_cast<const T*>(p.v) + g.token[r] * p.v_stride_token + g.head[r] * p.v_stride_head,
+                       lane);
+      } else {
+#pragma unroll
+        for (int i = 0; i < L::kPairs; ++i) k[r][i] = v[r][i] = ElemPair<T>::round(0.f, 0.f);
       }
-    } else if (write) {
-      store_row<T, D>(static_cast<T*>(p.k_pool) + at * D, k[r], lane);
-      store_row<T, D>(static_cast<T*>(p.v_pool) + at * D, v[r], lane);
+    }
+
+    TokenPlace place[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      place[r] = TokenPlace{-1, -1, 0};
+      if (g.in_range[r]) place[r] = place_of_token(p.kv, g.token[r]);
+    }
+
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      bool write = place[r].page >= 0;
+      if constexpr (ROPE) write = write && place[r].pos < p.rope.max_position;  // pos >= 0 when page >= 0
+      if constexpr (NORM) rms_norm_stage<T, D>(k[r], static_cast<const T*>(p.k_weight), p.eps, lane);
+      if constexpr (ROPE) {
+        const float* cs = write ? p.rope.cos_sin + place[r].pos * p.rope.stride : nullptr;
+        rope_stage<T, D>(k[r], rows[group], cs, p.rope, lane);
+      }
+      const int head = g.head[r];
+      const int64_t at = write ? scale_offset(p.kv, place[r].page, head, place[r].slot) : 0;  // vector index
+      if constexpr (INT8) {
+        const float* smooth = p.k_smooth != nullptr ? p.k_smooth + static_cast<int64_t>(head) * D : nullptr;
+        int8_t* kd = write ? static_cast<int8_t*>(p.k_pool) + at * D : nullptr;
+        int8_t* vd = write ? static_cast<int8_t*>(p.v_pool) + at * D : nullptr;
+        const float ks = quantize_stage<T, D>(k[r], smooth, kd, lane);
+        const float vs = quantize_stage<T, D>(v[r], nullptr, vd, lane);
+        if (write && lane == 0) {
+          p.k_scale[at] = ks;
+          p.v_scale[at] = vs;
+        }
+      } else if (write) {
+        store_row<T, D>(static_cast<T*>(p.k_pool) + at * D, k[r], lane);
+        store_row<T, D>(static_cast<T*>(p.v_pool) + at * D, v[r], lane);
+      }
     }
   }
   if (p.after_queries) wait_for_prior_grids();
