@@ -124,8 +124,8 @@ def main():
     for p in cases:
         run_attention_ops(p)
         run_input_ops(p)
-    # Prefill-sized steps for the input ops: attention_inputs' capped grids,
-    # blocks walking several row blocks (the int8 one with bad page ids too).
+    # Prefill-sized steps for the input ops: the queries kernel's 4 rows per
+    # thread group (the int8 one with bad page ids too).
     for int8 in (False, True):
         big = make_problem([1500, 977], [1500, 300], 32, 8, 128, 64, dtype=torch.bfloat16, device=DEV, seed=7,
                            int8=int8)

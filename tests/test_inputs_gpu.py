@@ -430,21 +430,23 @@ def test_attention_inputs_matches_separate_ops(case):
                           seed=d + 3 * rot + page_size + DTYPES.index(dtype))
 
 
-# Prefill-sized steps: attention_inputs caps both grids (csrc/ops/inputs.cu,
-# launch_inputs_pair), so each block walks several row blocks; the separate ops
-# run one block per row block. Several sequences of different lengths, 32 / 8
-# heads: 2000+ tokens are past the caps for every head dim on an H200.
+# Prefill-sized steps: the queries kernel's thread groups take 4 consecutive
+# rows each (inputs.cuh, rows_per_group_for), holding a token's position and
+# cos / sin across its heads; smaller steps take one row per group. Several
+# sequences of different lengths: 2000 tokens take the 4-row path at every
+# head dim on an H200 with 32 / 8 heads; with 10 / 2 heads (bf16, d 128) the
+# rows of a group also cross from one token to the next.
 LARGE_SEQ_LENS = [1500, 977, 640, 2100]
 LARGE_Q_LENS = [1500, 300, 129, 64]
 
 
-@pytest.mark.parametrize("dtype,d,int8", [(torch.bfloat16, 128, False), (torch.float16, 64, False),
-                                          (torch.bfloat16, 256, False), (torch.float32, 128, False),
-                                          (torch.bfloat16, 128, True), (torch.float16, 64, True)],
-                         ids=lambda v: str(v).replace("torch.", ""))
-def test_attention_inputs_large_step(dtype, d, int8):
+@pytest.mark.parametrize("dtype,d,int8,hq,hkv", [
+    (torch.bfloat16, 128, False, 32, 8), (torch.float16, 64, False, 32, 8), (torch.bfloat16, 256, False, 32, 8),
+    (torch.float32, 128, False, 32, 8), (torch.bfloat16, 128, True, 32, 8), (torch.float16, 64, True, 32, 8),
+    (torch.bfloat16, 128, False, 10, 2)], ids=lambda v: str(v).replace("torch.", ""))
+def test_attention_inputs_large_step(dtype, d, int8, hq, hkv):
     skip_unless_cuda_kernel("attention_inputs", "rms_norm", "rope", "cache_write")
-    run_fused_vs_separate(dtype, d, d, "both", True, 64, int8=int8, seed=d + int8, hq=32, hkv=8,
+    run_fused_vs_separate(dtype, d, d, "both", True, 64, int8=int8, seed=d + int8 + hq, hq=hq, hkv=hkv,
                           seq_lens=LARGE_SEQ_LENS, q_lens=LARGE_Q_LENS)
 
 

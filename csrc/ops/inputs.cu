@@ -8,9 +8,7 @@
 // Each head is read once, positions come from the device metadata, and the
 // grids depend on shapes only, so a captured CUDA graph stays valid as
 // sequences grow.
-#include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -110,76 +108,30 @@ KVWriteParams kv_write_params(const PagedKVParams& kv, at::Tensor& k_cache, at::
 // ---------------------------------------------------------------------------
 // Launchers: template argument commas stay out of the dispatch macros.
 
-// max_blocks caps the grid (the kernels' blocks then take several row blocks
-// each); by default one block per kRowsPerBlock rows.
 template <typename T, int D, bool NORM, PosFrom POS>
-void launch_rows(const RowsParams& p, cudaStream_t stream, int64_t max_blocks = INT64_MAX) {
+void launch_rows(const RowsParams& params, cudaStream_t stream) {
   using L = RowLayout<T, D>;
-  const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
+  const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_heads;
   if (rows == 0) return;
-  const dim3 grid(static_cast<unsigned>(std::min(max_blocks, ceil_div<int64_t>(rows, L::kRowsPerBlock))));
+  const int device = c10::cuda::current_device();
+  RowsParams p = params;
+  // Without a rotation a group has no position or cos / sin to share: one row.
+  p.rows_per_group = POS == PosFrom::kNone ? 1
+                                           : rows_per_group_for(rows, L::kGroups,
+                                                                cached_device_attribute<cudaDevAttrMultiProcessorCount>(device));
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, int64_t(L::kGroups) * p.rows_per_group)));
   C10_CUDA_CHECK(launch_kernel(rows_kernel<T, D, NORM, POS>, grid, dim3(kInputsThreads), 0, stream,
-                               programmatic_launch(c10::cuda::current_device()), p));
+                               programmatic_launch(device), p));
 }
 
 template <typename T, int D, bool NORM, bool ROPE, bool INT8>
-void launch_kv_write(const KVWriteParams& p, cudaStream_t stream, int64_t max_blocks = INT64_MAX) {
+void launch_kv_write(const KVWriteParams& p, cudaStream_t stream) {
   using L = RowLayout<T, D>;
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.kv.num_kv_heads;
   if (rows == 0) return;
-  const dim3 grid(static_cast<unsigned>(std::min(max_blocks, ceil_div<int64_t>(rows, L::kRowsPerBlock))));
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, L::kGroups)));
   C10_CUDA_CHECK(launch_kernel(kv_write_kernel<T, D, NORM, ROPE, INT8>, grid, dim3(kInputsThreads), 0, stream,
                                programmatic_launch(c10::cuda::current_device()), p));
-}
-
-// attention_inputs' two kernels side by side. With one block per row block
-// each, the queries kernel's blocks fill every SM until its last wave and the
-// keys / values kernel runs behind it; its instruction-bound work and the
-// other's loads never overlap. On large steps the queries kernel is capped at
-// kPairRowsBlocksPerSM blocks per SM and the keys / values kernel at one,
-// provided those fit on an SM together (their registers, shared memory and
-// threads, read from the compiled kernels once): both then stream at once.
-// On the H200 (2026-11-29, bench_inputs, 4096 tokens, Qwen3-4B shapes, CUDA
-// graph replays) the op took 29.7-29.8 us capped at 3 + 1 blocks per SM,
-// against 31.4-31.8 with full grids (the kernels before their walk over row
-// blocks); caps under which the two kernels did not fit on an SM together
-// were slower (queries at 61 registers: 4 + 1 40.5 us, 3 + 2 33.5).
-constexpr int kPairRowsBlocksPerSM = 3;
-
-// Blocks of `a` that fit on an SM beside `b_blocks` blocks of `b` (both of
-// kInputsThreads threads).
-int blocks_beside(const void* a, const void* b, int b_blocks, int device) {
-  cudaFuncAttributes fa{}, fb{};
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&fa, a));
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&fb, b));
-  // Registers are allocated per warp in units of 256 (8 per thread); each
-  // block also reserves 1 KB of shared memory (sm_90).
-  auto regs = [](const cudaFuncAttributes& f) { return (f.numRegs + 7) / 8 * 8 * kInputsThreads; };
-  auto smem = [](const cudaFuncAttributes& f) { return static_cast<int>(f.sharedSizeBytes) + 1024; };
-  const int sm_regs = cached_device_attribute<cudaDevAttrMaxRegistersPerMultiprocessor>(device);
-  const int sm_smem = cached_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(device);
-  const int sm_threads = cached_device_attribute<cudaDevAttrMaxThreadsPerMultiProcessor>(device);
-  const int by_regs = (sm_regs - b_blocks * regs(fb)) / regs(fa);
-  const int by_smem = (sm_smem - b_blocks * smem(fb)) / smem(fa);
-  const int by_threads = (sm_threads - b_blocks * kInputsThreads) / kInputsThreads;
-  return std::max(0, std::min({by_regs, by_smem, by_threads}));
-}
-
-template <typename T, int D, bool QNORM, bool KNORM, bool INT8>
-void launch_inputs_pair(const RowsParams& qp, const KVWriteParams& kp, cudaStream_t stream) {
-  const int device = c10::cuda::current_device();
-  // Read once per kernel pair (the process's first device decides).
-  static const int rows_beside_kv =
-      blocks_beside(reinterpret_cast<const void*>(rows_kernel<T, D, QNORM, PosFrom::kMetadata>),
-                    reinterpret_cast<const void*>(kv_write_kernel<T, D, KNORM, true, INT8>), 1, device);
-  int64_t q_cap = INT64_MAX, kv_cap = INT64_MAX;
-  if (rows_beside_kv >= kPairRowsBlocksPerSM) {
-    const int64_t sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>(device);
-    q_cap = kPairRowsBlocksPerSM * sms;
-    kv_cap = sms;
-  }
-  launch_rows<T, D, QNORM, PosFrom::kMetadata>(qp, stream, q_cap);
-  launch_kv_write<T, D, KNORM, true, INT8>(kp, stream, kv_cap);
 }
 
 // The shapes of a token tensor op (rms_norm, rope) on x and out.
@@ -318,26 +270,37 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
   kp.eps = static_cast<float>(eps);
   kp.after_queries = q.size(0) * q.size(1) > 0;  // launch 1 below runs (else launch 2 waits as usual)
 
-  // The queries, then the keys and values. (The table's float4 path depends
-  // on the element width. An int8 pool takes bf16/fp16 rows, checked above:
-  // fp32 rows with INT8 are never instantiated.)
+  // Launch 1: the queries. (The table's float4 path depends on the element width.)
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TILEINFER_DISPATCH_FLOAT(dtype, op, [&] {
-    qp.rope = kp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
+    qp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
     TILEINFER_DISPATCH_HEAD_DIM(d, op, [&] {
       TILEINFER_BOOL_SWITCH(q_norm_weight.has_value(), QNORM, [&] {
-        TILEINFER_BOOL_SWITCH(k_norm_weight.has_value(), KNORM, [&] {
-          if constexpr (std::is_same_v<scalar_t, float>) {
-            launch_inputs_pair<scalar_t, HEAD_DIM, QNORM, KNORM, false>(qp, kp, stream);
-          } else {
-            TILEINFER_BOOL_SWITCH(s.int8, INT8, [&] {
-              launch_inputs_pair<scalar_t, HEAD_DIM, QNORM, KNORM, INT8>(qp, kp, stream);
-            });
-          }
-        });
+        launch_rows<scalar_t, HEAD_DIM, QNORM, PosFrom::kMetadata>(qp, stream);
       });
     });
   });
+  // Launch 2: keys and values. An int8 pool takes bf16/fp16 rows (checked
+  // above): fp32 rows with INT8 are never instantiated.
+  if (s.int8) {
+    TILEINFER_DISPATCH_HALF(dtype, op, [&] {
+      kp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
+      TILEINFER_DISPATCH_HEAD_DIM(d, op, [&] {
+        TILEINFER_BOOL_SWITCH(k_norm_weight.has_value(), KNORM, [&] {
+          launch_kv_write<scalar_t, HEAD_DIM, KNORM, true, true>(kp, stream);
+        });
+      });
+    });
+  } else {
+    TILEINFER_DISPATCH_FLOAT(dtype, op, [&] {
+      kp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
+      TILEINFER_DISPATCH_HEAD_DIM(d, op, [&] {
+        TILEINFER_BOOL_SWITCH(k_norm_weight.has_value(), KNORM, [&] {
+          launch_kv_write<scalar_t, HEAD_DIM, KNORM, true, false>(kp, stream);
+        });
+      });
+    });
+  }
 }
 
 }  // namespace tileinfer::cuda

@@ -11,10 +11,10 @@
 // Layout: a row (one head of one token, head_dim elements) is held by a group
 // of kLanes threads, each with kVecs 16-byte vectors; lane l holds vectors
 // l, l + kLanes, ... so that a group's loads are contiguous and coalesced. A
-// group carries kRowsPerGroup consecutive rows, one after the other in its
-// registers. Groups never leave early: a row that is skipped (bad metadata, tail of the
-// grid) still takes part in the warp shuffles and __syncwarp of its warp, and
-// simply neither reads cos/sin nor stores.
+// group works on one row at a time (rows_kernel: several consecutive rows in
+// turn). Groups never leave early: a row that is skipped (bad metadata, past
+// the end) still takes part in the warp shuffles and __syncwarp of its warp,
+// and simply neither reads cos/sin nor stores.
 #pragma once
 
 #include <cstring>
@@ -27,17 +27,6 @@ namespace tileinfer {
 
 // 256 threads: 8 warps of 1 to 4 row groups each.
 constexpr int kInputsThreads = 256;
-
-// Rows a group carries, their loads all issued before any math: each row alone
-// is one 16-byte load per thread followed by a chain of dependent metadata and
-// cos/sin loads, too little in flight to reach copy speed on large steps (one
-// row per group ran at 47% of copy bandwidth at 4096 tokens on an H200). But 4
-// rows per group measured slower on the H200 (2026-11-29, bench_inputs --quick):
-// 10.7 vs 5.2 us for a 1-token step, 66 vs 50 us at 4096 tokens, and with rows
-// held as pairs (ElemPair) 2 rows per group left the queries kernel at 22.2 us
-// and took the keys / values kernel from 8.6 to 9.8 us (scripts/inputs_variants.cu,
-// 4096 tokens), so 1 it is.
-constexpr int kRowsPerGroup = 1;
 
 // Where the rotary position of a token comes from.
 enum class PosFrom {
@@ -73,6 +62,7 @@ struct RowsParams {
   PagedKVParams kv;           // metadata only (PosFrom::kMetadata)
   int num_tokens;
   int num_heads;
+  int rows_per_group;         // consecutive rows a thread group takes in turn (rows_per_group_for)
 };
 
 // Keys and values into the cache: cache_write, and the keys+values half of
@@ -111,7 +101,6 @@ struct RowLayout {
   static constexpr int kElems = kVecs * kVec;          // elements per lane
   static constexpr int kPairs = kElems / 2;            // pairs of adjacent elements per lane (ElemPair)
   static constexpr int kGroups = kInputsThreads / kLanes;           // groups per block
-  static constexpr int kRowsPerBlock = kGroups * kRowsPerGroup;
   static_assert(D % kVec == 0 && kRowVecs % kLanes == 0, "head_dim must be a multiple of the vector width");
   static_assert(32 % kLanes == 0, "a group must not straddle warps");
   static_assert(kVecs % 2 == 0, "vector i + kVecs / 2 holds the rotary partners of vector i");
@@ -262,8 +251,8 @@ __device__ __forceinline__ float round_to(float x) {
 // weight in T (one fp32 product rounded to T, as `weight * h.to(dtype)` in
 // eager PyTorch). rsqrtf as PyTorch's CUDA rsqrt.
 template <typename T, int D>
-__device__ __forceinline__ void rms_norm_stage(Pair<T> (&x)[RowLayout<T, D>::kPairs], const T* weight, float eps,
-                                               int lane) {
+__device__ __forceinline__ void rms_norm_stage(Pair<T> (&x)[RowLayout<T, D>::kPairs],
+                                               const Pair<T> (&weight)[RowLayout<T, D>::kPairs], float eps) {
   using L = RowLayout<T, D>;
   using RP = ElemPair<T>;
   float ss = 0.f;
@@ -276,25 +265,20 @@ __device__ __forceinline__ void rms_norm_stage(Pair<T> (&x)[RowLayout<T, D>::kPa
   ss = warp_sum<L::kLanes>(ss);
   // D is a power of two: the mean is exact as a product.
   const float inv = rsqrtf(__fadd_rn(__fmul_rn(ss, 1.f / D), eps));
-  constexpr int kN = L::kVec / 2;
 #pragma unroll
-  for (int i = 0; i < L::kVecs; ++i) {
-    const PairVec<T> w = PairVec<T>::load(weight + L::col(lane, i));
-#pragma unroll
-    for (int e = 0; e < kN; ++e) {
-      Pair<T>& p = x[i * kN + e];
-      const float2 v = RP::unpack(p);
-      p = RP::mul(w.p[e], RP::round(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv)));
-    }
+  for (int k = 0; k < L::kPairs; ++k) {
+    const float2 v = RP::unpack(x[k]);
+    x[k] = RP::mul(weight[k], RP::round(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv)));
   }
 }
 
 // A full-width rotation (rotary_dim == D, float4 table rows) in two steps: the
 // cos / sin of the lane's columns, then the rotation of a row with them. Vector
 // i (columns c < D / 2) and vector i + kVecs / 2 (c + D / 2) are partners, in
-// this lane, and share the cos / sin of c. (The heads of a token share the
-// first step; loading it once per token for several heads was slower, its
-// registers costing occupancy: NOTES v7.)
+// this lane, and share the cos / sin of c. On large steps a group of
+// rows_kernel takes the first step once for the heads of a token it holds in
+// turn (kQueryRowsPerGroup); holding several heads at once cost occupancy
+// (NOTES v7).
 template <typename T, int D>
 struct LaneCosSin {
   using L = RowLayout<T, D>;
@@ -456,42 +440,31 @@ __device__ __forceinline__ float quantize_stage(const Pair<T> (&xp)[RowLayout<T,
 // ---------------------------------------------------------------------------
 // Kernels.
 
-// The rows [first, first + kRowsPerGroup) of a [num_tokens, num_heads] grid:
-// their tokens and heads, and whether they exist.
-struct GroupRows {
-  int token[kRowsPerGroup];
-  int head[kRowsPerGroup];
-  bool in_range[kRowsPerGroup];
-};
-__device__ __forceinline__ GroupRows group_rows(int64_t first, int num_tokens, int num_heads) {
-  GroupRows g;
-  int token = static_cast<int>(first / num_heads);
-  int head = static_cast<int>(first % num_heads);
-#pragma unroll
-  for (int r = 0; r < kRowsPerGroup; ++r) {
-    g.in_range[r] = token < num_tokens;
-    g.token[r] = g.in_range[r] ? token : 0;
-    g.head[r] = g.in_range[r] ? head : 0;
-    if (++head == num_heads) head = 0, ++token;
-  }
-  return g;
+// Rows of a token tensor a group of rows_kernel takes in turn, on large
+// steps: consecutive rows, so mostly heads of one token, whose position and
+// cos / sin the group looks up once instead of once per row. It holds one row
+// at a time. Small steps keep one row per group: in turn, 4 rows made every
+// row's load a dependent step (a 1-token attention_inputs took 3.2 us instead
+// of 2.3 on the H200). Large: the grid still has a block per SM. (Rows loaded
+// all at once before any math, 2 or 4 per group, were slower: NOTES v1, v5,
+// v7; loading the next row before this one's math made no difference, 2 rows
+// per group were slower and 8 no faster than 4: NOTES v8.)
+constexpr int kQueryRowsPerGroup = 4;
+__host__ __device__ inline int rows_per_group_for(int64_t rows, int groups_per_block, int num_sms) {
+  return rows >= static_cast<int64_t>(groups_per_block) * kQueryRowsPerGroup * num_sms ? kQueryRowsPerGroup : 1;
 }
 
-// Registers of rows_kernel: at most 48 (five blocks per SM) for 16-bit rows
-// of up to 128 elements, no cap otherwise (fp32 and d 256 rows would spill).
-// The walk over row blocks below took bf16 d 128 from 44 registers to 61 (four
-// blocks per SM), and full grids lost ~3% (H200, 2026-11-29); 48 spill 4
-// bytes in the rotation-only variants.
+// Registers of rows_kernel: at most 64 (four blocks per SM) for 16-bit rows
+// of up to 128 elements (72 uncapped); no cap otherwise (fp32 and d 256 rows
+// would spill).
 template <typename T, int D>
-constexpr int kRowsMinBlocks = sizeof(T) == 2 && D <= 128 ? 5 : 1;
+constexpr int kRowsMinBlocks = sizeof(T) == 2 && D <= 128 ? 4 : 1;
 
-// Rows of a token tensor: optional RMSNorm, optional rotation, store. Grid: up
-// to ceil(num_tokens * num_heads / kRowsPerBlock) blocks of kInputsThreads,
-// block b taking row blocks b, b + gridDim.x, ... (attention_inputs caps the
-// grid on large steps: csrc/ops/inputs.cu); a group carries kRowsPerGroup
-// consecutive rows. A row is written unless its rotation has no valid
-// position (explicit position outside the table; with kMetadata also a token
-// of no sequence).
+// Rows of a token tensor: optional RMSNorm, optional rotation, store. Grid:
+// ceil(num_tokens * num_heads / (kGroups * rows_per_group)) blocks of
+// kInputsThreads; a group takes rows_per_group consecutive rows one after the
+// other. A row is written unless its rotation has no valid position (explicit
+// position outside the table; with kMetadata also a token of no sequence).
 template <typename T, int D, bool NORM, PosFrom POS>
 __global__ void __launch_bounds__(kInputsThreads, kRowsMinBlocks<T, D>) rows_kernel(const RowsParams p) {
   // Programmatic launches (common.cuh). The next kernel may start only once
@@ -499,59 +472,74 @@ __global__ void __launch_bounds__(kInputsThreads, kRowsMinBlocks<T, D>) rows_ker
   wait_for_prior_grids();
   allow_dependent_launch();
   using L = RowLayout<T, D>;
-  constexpr int R = kRowsPerGroup;
   constexpr bool kRope = POS != PosFrom::kNone;
   const int group = threadIdx.x / L::kLanes;
   const int lane = threadIdx.x % L::kLanes;
-  const int64_t num_rows = static_cast<int64_t>(p.num_tokens) * p.num_heads;
   __shared__ __align__(16) float rows[kRope ? L::kGroups : 1][kRope ? D : 4];
-  // Every group of a block takes the same number of row blocks (the stages'
-  // shuffles and __syncwarp need the whole warp).
-#pragma unroll 1
-  for (int64_t b = blockIdx.x; b * L::kRowsPerBlock < num_rows; b += gridDim.x) {
-    const GroupRows g = group_rows((b * L::kGroups + group) * R, p.num_tokens, p.num_heads);
 
-    // The rows first: their loads do not wait for the metadata.
-    Pair<T> x[R][L::kPairs];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (g.in_range[r]) {
-        load_row<T, D>(x[r], static_cast<const T*>(p.x) + g.token[r] * p.x_stride_token + g.head[r] * p.x_stride_head,
-                       lane);
+  auto position = [&](int token) -> int64_t {
+    if constexpr (POS == PosFrom::kInt32) {
+      return static_cast<const int32_t*>(p.positions)[token];
+    } else if constexpr (POS == PosFrom::kInt64) {
+      return static_cast<const int64_t*>(p.positions)[token];
+    } else if constexpr (POS == PosFrom::kMetadata) {
+      int seq;
+      return token_position(p.kv, token, &seq);  // -1 for no sequence
+    }
+    return 0;
+  };
+
+  // The rows, with the rotation's path fixed at compile time (lane_rotation:
+  // LaneCosSin, held per token; else rope_stage, through shared memory): the
+  // two paths' registers are not live at once. Every group takes the same
+  // number of rows (the stages' shuffles and __syncwarp need the whole warp).
+  auto walk = [&](auto lane_rotation) {
+    constexpr bool kLaneRotation = decltype(lane_rotation)::value;
+    const int64_t first = (static_cast<int64_t>(blockIdx.x) * L::kGroups + group) * p.rows_per_group;
+    int token = static_cast<int>(first / p.num_heads);
+    int head = static_cast<int>(first % p.num_heads);
+    int pos_token = -1;  // the token whose position (and cos / sin) are held
+    int64_t pos = 0;
+    LaneCosSin<T, D> cs;
+#pragma unroll 1
+    for (int r = 0; r < p.rows_per_group; ++r) {
+      if (r > 0 && ++head == p.num_heads) head = 0, ++token;
+      const bool in_range = token < p.num_tokens;
+      // The row first: its loads do not wait for the metadata.
+      Pair<T> x[L::kPairs];
+      if (in_range) {
+        load_row<T, D>(x, static_cast<const T*>(p.x) + token * p.x_stride_token + head * p.x_stride_head, lane);
       } else {
 #pragma unroll
-        for (int i = 0; i < L::kPairs; ++i) x[r][i] = ElemPair<T>::round(0.f, 0.f);
+        for (int i = 0; i < L::kPairs; ++i) x[i] = ElemPair<T>::round(0.f, 0.f);
       }
-    }
-
-    int64_t pos[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      pos[r] = 0;
-      if constexpr (POS == PosFrom::kInt32) {
-        if (g.in_range[r]) pos[r] = static_cast<const int32_t*>(p.positions)[g.token[r]];
-      } else if constexpr (POS == PosFrom::kInt64) {
-        if (g.in_range[r]) pos[r] = static_cast<const int64_t*>(p.positions)[g.token[r]];
-      } else if constexpr (POS == PosFrom::kMetadata) {
-        int seq;
-        if (g.in_range[r]) pos[r] = token_position(p.kv, g.token[r], &seq);  // -1 for no sequence
+      if (kRope && in_range && token != pos_token) {
+        pos = position(token);
+        pos_token = token;
+        if (kLaneRotation && pos >= 0 && pos < p.rope.max_position) {
+          cs.load(p.rope.cos_sin + pos * p.rope.stride, lane);
+        }
       }
-    }
-
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      bool write = g.in_range[r];
-      if constexpr (kRope) write = write && pos[r] >= 0 && pos[r] < p.rope.max_position;
-      if constexpr (NORM) rms_norm_stage<T, D>(x[r], static_cast<const T*>(p.weight), p.eps, lane);
-      if constexpr (kRope) {
-        const float* cs = write ? p.rope.cos_sin + pos[r] * p.rope.stride : nullptr;
-        rope_stage<T, D>(x[r], rows[group], cs, p.rope, lane);
+      const bool write = in_range && (!kRope || (pos >= 0 && pos < p.rope.max_position));
+      if constexpr (NORM) {
+        Pair<T> weight[L::kPairs];  // per row: held across the rows, it cost spills
+        load_row<T, D>(weight, static_cast<const T*>(p.weight), lane);
+        rms_norm_stage<T, D>(x, weight, p.eps);
+      }
+      if constexpr (kLaneRotation) {
+        if (write) cs.rotate(x);
+      } else if constexpr (kRope) {
+        rope_stage<T, D>(x, rows[group], write ? p.rope.cos_sin + pos * p.rope.stride : nullptr, p.rope, lane);
       }
       if (write) {
-        store_row<T, D>(static_cast<T*>(p.out) + g.token[r] * p.out_stride_token + g.head[r] * p.out_stride_head,
-                        x[r], lane);
+        store_row<T, D>(static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head, x, lane);
       }
     }
+  };
+  if (kRope && full_width_rotation(p.rope, D)) {
+    walk(std::true_type{});
+  } else {
+    walk(std::false_type{});
   }
 }
 
@@ -559,77 +547,63 @@ __global__ void __launch_bounds__(kInputsThreads, kRowsMinBlocks<T, D>) rows_ker
 // optional key RMSNorm and rotation (attention_inputs), then a plain or int8
 // store of both. Nothing is written for a token of no sequence, a position
 // outside the block table or on a page id outside the pool, and (ROPE) a
-// position outside the cos/sin table. Grid: as rows_kernel's, over
-// num_tokens * num_kv_heads rows; a group carries kRowsPerGroup rows.
+// position outside the cos/sin table. Grid: ceil(num_tokens * num_kv_heads /
+// kGroups) blocks of kInputsThreads, a row per group.
 //
 // Behind attention_inputs' queries kernel (p.after_queries) it does not wait
 // for that kernel at its start: the two read the same inputs and write
 // disjoint outputs, and rows_kernel lets it start only after its own wait, so
-// every earlier kernel is done by then. The keys and values then run beside
-// the queries (on large steps both grids are capped so that a block of each
-// fits on every SM). It waits at its end instead, so that its completion
+// every earlier kernel is done by then. The keys and values then overlap the
+// queries' last wave. It waits at its end instead, so that its completion
 // still implies the queries' (what the attention kernel that waits on it needs).
 template <typename T, int D, bool NORM, bool ROPE, bool INT8>
 __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteParams p) {
   if (!p.after_queries) wait_for_prior_grids();  // programmatic launches (common.cuh)
   allow_dependent_launch();
   using L = RowLayout<T, D>;
-  constexpr int R = kRowsPerGroup;
   const int group = threadIdx.x / L::kLanes;
   const int lane = threadIdx.x % L::kLanes;
-  const int64_t num_rows = static_cast<int64_t>(p.num_tokens) * p.kv.num_kv_heads;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * L::kGroups + group;
+  const bool in_range = row < static_cast<int64_t>(p.num_tokens) * p.kv.num_kv_heads;
+  const int token = in_range ? static_cast<int>(row / p.kv.num_kv_heads) : 0;
+  const int head = in_range ? static_cast<int>(row % p.kv.num_kv_heads) : 0;
+
+  Pair<T> k[L::kPairs], v[L::kPairs];
+  if (in_range) {
+    load_row<T, D>(k, static_cast<const T*>(p.k) + token * p.k_stride_token + head * p.k_stride_head, lane);
+    load_row<T, D>(v, static_cast<const T*>(p.v) + token * p.v_stride_token + head * p.v_stride_head, lane);
+  } else {
+#pragma unroll
+    for (int i = 0; i < L::kPairs; ++i) k[i] = v[i] = ElemPair<T>::round(0.f, 0.f);
+  }
+  const TokenPlace place = in_range ? place_of_token(p.kv, token) : TokenPlace{-1, -1, 0};
+
   __shared__ __align__(16) float rows[ROPE ? L::kGroups : 1][ROPE ? D : 4];
-#pragma unroll 1
-  for (int64_t b = blockIdx.x; b * L::kRowsPerBlock < num_rows; b += gridDim.x) {  // as rows_kernel's
-    const GroupRows g = group_rows((b * L::kGroups + group) * R, p.num_tokens, p.kv.num_kv_heads);
-
-    Pair<T> k[R][L::kPairs], v[R][L::kPairs];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (g.in_range[r]) {
-        load_row<T, D>(k[r], static_cast<const T*>(p.k) + g.token[r] * p.k_stride_token + g.head[r] * p.k_stride_head,
-                       lane);
-        load_row<T, D>(v[r], static_cast<const T*>(p.v) + g.token[r] * p.v_stride_token + g.head[r] * p.v_stride_head,
-                       lane);
-      } else {
-#pragma unroll
-        for (int i = 0; i < L::kPairs; ++i) k[r][i] = v[r][i] = ElemPair<T>::round(0.f, 0.f);
-      }
+  bool write = place.page >= 0;
+  if constexpr (ROPE) write = write && place.pos < p.rope.max_position;  // pos >= 0 when page >= 0
+  if constexpr (NORM) {
+    Pair<T> weight[L::kPairs];
+    load_row<T, D>(weight, static_cast<const T*>(p.k_weight), lane);
+    rms_norm_stage<T, D>(k, weight, p.eps);
+  }
+  if constexpr (ROPE) {
+    const float* cs = write ? p.rope.cos_sin + place.pos * p.rope.stride : nullptr;
+    rope_stage<T, D>(k, rows[group], cs, p.rope, lane);
+  }
+  const int64_t at = write ? scale_offset(p.kv, place.page, head, place.slot) : 0;  // vector index
+  if constexpr (INT8) {
+    const float* smooth = p.k_smooth != nullptr ? p.k_smooth + static_cast<int64_t>(head) * D : nullptr;
+    int8_t* kd = write ? static_cast<int8_t*>(p.k_pool) + at * D : nullptr;
+    int8_t* vd = write ? static_cast<int8_t*>(p.v_pool) + at * D : nullptr;
+    const float ks = quantize_stage<T, D>(k, smooth, kd, lane);
+    const float vs = quantize_stage<T, D>(v, nullptr, vd, lane);
+    if (write && lane == 0) {
+      p.k_scale[at] = ks;
+      p.v_scale[at] = vs;
     }
-
-    TokenPlace place[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      place[r] = TokenPlace{-1, -1, 0};
-      if (g.in_range[r]) place[r] = place_of_token(p.kv, g.token[r]);
-    }
-
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      bool write = place[r].page >= 0;
-      if constexpr (ROPE) write = write && place[r].pos < p.rope.max_position;  // pos >= 0 when page >= 0
-      if constexpr (NORM) rms_norm_stage<T, D>(k[r], static_cast<const T*>(p.k_weight), p.eps, lane);
-      if constexpr (ROPE) {
-        const float* cs = write ? p.rope.cos_sin + place[r].pos * p.rope.stride : nullptr;
-        rope_stage<T, D>(k[r], rows[group], cs, p.rope, lane);
-      }
-      const int head = g.head[r];
-      const int64_t at = write ? scale_offset(p.kv, place[r].page, head, place[r].slot) : 0;  // vector index
-      if constexpr (INT8) {
-        const float* smooth = p.k_smooth != nullptr ? p.k_smooth + static_cast<int64_t>(head) * D : nullptr;
-        int8_t* kd = write ? static_cast<int8_t*>(p.k_pool) + at * D : nullptr;
-        int8_t* vd = write ? static_cast<int8_t*>(p.v_pool) + at * D : nullptr;
-        const float ks = quantize_stage<T, D>(k[r], smooth, kd, lane);
-        const float vs = quantize_stage<T, D>(v[r], nullptr, vd, lane);
-        if (write && lane == 0) {
-          p.k_scale[at] = ks;
-          p.v_scale[at] = vs;
-        }
-      } else if (write) {
-        store_row<T, D>(static_cast<T*>(p.k_pool) + at * D, k[r], lane);
-        store_row<T, D>(static_cast<T*>(p.v_pool) + at * D, v[r], lane);
-      }
-    }
+  } else if (write) {
+    store_row<T, D>(static_cast<T*>(p.k_pool) + at * D, k, lane);
+    store_row<T, D>(static_cast<T*>(p.v_pool) + at * D, v, lane);
   }
   if (p.after_queries) wait_for_prior_grids();
 }
