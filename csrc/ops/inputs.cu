@@ -114,11 +114,10 @@ void launch_rows(const RowsParams& params, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_heads;
   if (rows == 0) return;
   const int device = c10::cuda::current_device();
+  const int sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>(device);
   RowsParams p = params;
   // Without a rotation a group has no position or cos / sin to share: one row.
-  p.rows_per_group = POS == PosFrom::kNone ? 1
-                                           : rows_per_group_for(rows, L::kGroups,
-                                                                cached_device_attribute<cudaDevAttrMultiProcessorCount>(device));
+  p.rows_per_group = POS == PosFrom::kNone ? 1 : rows_per_group_for(rows, L::kGroups, sms);
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, int64_t(L::kGroups) * p.rows_per_group)));
   C10_CUDA_CHECK(launch_kernel(rows_kernel<T, D, NORM, POS>, grid, dim3(kInputsThreads), 0, stream,
                                programmatic_launch(device), p));

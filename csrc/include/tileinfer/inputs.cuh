@@ -249,7 +249,7 @@ __device__ __forceinline__ float round_to(float x) {
 // then a butterfly over the group: a fixed order, so the same row gives the
 // same bits in every kernel), normalized value rounded to T, then times the
 // weight in T (one fp32 product rounded to T, as `weight * h.to(dtype)` in
-// eager PyTorch). rsqrtf as PyTorch's CUDA rsqrt.
+// eager PyTorch; `weight` as load_row gives it). rsqrtf as PyTorch's CUDA rsqrt.
 template <typename T, int D>
 __device__ __forceinline__ void rms_norm_stage(Pair<T> (&x)[RowLayout<T, D>::kPairs],
                                                const Pair<T> (&weight)[RowLayout<T, D>::kPairs], float eps) {
@@ -450,13 +450,13 @@ __device__ __forceinline__ float quantize_stage(const Pair<T> (&xp)[RowLayout<T,
 // v7; loading the next row before this one's math made no difference, 2 rows
 // per group were slower and 8 no faster than 4: NOTES v8.)
 constexpr int kQueryRowsPerGroup = 4;
-__host__ __device__ inline int rows_per_group_for(int64_t rows, int groups_per_block, int num_sms) {
+inline int rows_per_group_for(int64_t rows, int groups_per_block, int num_sms) {
   return rows >= static_cast<int64_t>(groups_per_block) * kQueryRowsPerGroup * num_sms ? kQueryRowsPerGroup : 1;
 }
 
-// Registers of rows_kernel: at most 64 (four blocks per SM) for 16-bit rows
-// of up to 128 elements (72 uncapped); no cap otherwise (fp32 and d 256 rows
-// would spill).
+// Registers of rows_kernel: at most 64 (four blocks per SM, as measured in
+// NOTES v8; 72 uncapped, three) for 16-bit rows of up to 128 elements; no cap
+// otherwise (fp32 and d 256 rows would spill).
 template <typename T, int D>
 constexpr int kRowsMinBlocks = sizeof(T) == 2 && D <= 128 ? 4 : 1;
 
