@@ -231,11 +231,15 @@ int main() {
   run(0, "new", rows_new, kv_new, 1);
   run(0, "new", rows_new, kv_new, p.rows_per_group);  // last: the outputs compared below
   {
-    RowsParams s = p;
-    s.out = d_out1;
-    const double t_norm = time_kernel_us([&] { rows_kernel<T, kD, true, PosFrom::kNone><<<q_grid_for(p.rows_per_group), kInputsThreads>>>(s); });
-    const double t_rope = time_kernel_us([&] { rows_kernel<T, kD, false, PosFrom::kMetadata><<<q_grid_for(p.rows_per_group), kInputsThreads>>>(s); });
-    const double t_copy = time_kernel_us([&] { rows_kernel<T, kD, false, PosFrom::kNone><<<q_grid_for(p.rows_per_group), kInputsThreads>>>(s); });
+    // Rows per group as the launcher gives them: the launcher's with a
+    // rotation, one without (nothing to share).
+    RowsParams s = p, s1 = p;
+    s.out = s1.out = d_out1;
+    s1.rows_per_group = 1;
+    const int grid = q_grid_for(s.rows_per_group), grid1 = q_grid_for(1);
+    const double t_norm = time_kernel_us([&] { rows_kernel<T, kD, true, PosFrom::kNone><<<grid1, kInputsThreads>>>(s1); });
+    const double t_rope = time_kernel_us([&] { rows_kernel<T, kD, false, PosFrom::kMetadata><<<grid, kInputsThreads>>>(s); });
+    const double t_copy = time_kernel_us([&] { rows_kernel<T, kD, false, PosFrom::kNone><<<grid1, kInputsThreads>>>(s1); });
     std::printf("     queries kernel with norm only %.1f us, rope only %.1f, neither (a copy of the rows) %.1f (%.0f GB/s)\n",
                 t_norm, t_rope, t_copy, q_bytes / t_copy / 1e3);
   }
