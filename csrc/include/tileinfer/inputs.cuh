@@ -249,12 +249,15 @@ __device__ __forceinline__ float round_to(float x) {
 // then a butterfly over the group: a fixed order, so the same row gives the
 // same bits in every kernel), normalized value rounded to T, then times the
 // weight in T (one fp32 product rounded to T, as `weight * h.to(dtype)` in
-// eager PyTorch; `weight` as load_row gives it). rsqrtf as PyTorch's CUDA rsqrt.
+// eager PyTorch). The weight's lane part is loaded per row (held across a
+// group's rows, it cost rows_kernel spills). rsqrtf as PyTorch's CUDA rsqrt.
 template <typename T, int D>
-__device__ __forceinline__ void rms_norm_stage(Pair<T> (&x)[RowLayout<T, D>::kPairs],
-                                               const Pair<T> (&weight)[RowLayout<T, D>::kPairs], float eps) {
+__device__ __forceinline__ void rms_norm_stage(Pair<T> (&x)[RowLayout<T, D>::kPairs], const T* weight_row, float eps,
+                                               int lane) {
   using L = RowLayout<T, D>;
   using RP = ElemPair<T>;
+  Pair<T> weight[L::kPairs];
+  load_row<T, D>(weight, weight_row, lane);
   float ss = 0.f;
 #pragma unroll
   for (int k = 0; k < L::kPairs; ++k) {
@@ -521,11 +524,7 @@ __global__ void __launch_bounds__(kInputsThreads, kRowsMinBlocks<T, D>) rows_ker
         }
       }
       const bool write = in_range && (!kRope || (pos >= 0 && pos < p.rope.max_position));
-      if constexpr (NORM) {
-        Pair<T> weight[L::kPairs];  // per row: held across the rows, it cost spills
-        load_row<T, D>(weight, static_cast<const T*>(p.weight), lane);
-        rms_norm_stage<T, D>(x, weight, p.eps);
-      }
+      if constexpr (NORM) rms_norm_stage<T, D>(x, static_cast<const T*>(p.weight), p.eps, lane);
       if constexpr (kLaneRotation) {
         if (write) cs.rotate(x);
       } else if constexpr (kRope) {
@@ -581,11 +580,7 @@ __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteP
   __shared__ __align__(16) float rows[ROPE ? L::kGroups : 1][ROPE ? D : 4];
   bool write = place.page >= 0;
   if constexpr (ROPE) write = write && place.pos < p.rope.max_position;  // pos >= 0 when page >= 0
-  if constexpr (NORM) {
-    Pair<T> weight[L::kPairs];
-    load_row<T, D>(weight, static_cast<const T*>(p.k_weight), lane);
-    rms_norm_stage<T, D>(k, weight, p.eps);
-  }
+  if constexpr (NORM) rms_norm_stage<T, D>(k, static_cast<const T*>(p.k_weight), p.eps, lane);
   if constexpr (ROPE) {
     const float* cs = write ? p.rope.cos_sin + place.pos * p.rope.stride : nullptr;
     rope_stage<T, D>(k, rows[group], cs, p.rope, lane);
