@@ -1,0 +1,110 @@
+"""GPU tests of the attention ops under programmatic dependent launches (sm_90
+on): a kernel of this package launched behind another one may start while
+that one still runs, and must not read what it wrote before
+griddepcontrol.wait (common.cuh).
+
+The previous kernel here is a test kernel that lets dependents start at once
+(griddepcontrol.launch_dependents), spins for a while, and only then writes
+seq_lens and the block table: a kernel that read them before its wait would
+see stale values, and the result must be, bit for bit, that of the same op
+run on the new metadata. (H200, NOTES v9: a decode kernel that read them
+early and used what it read fails the three decode cases.)
+"""
+import zlib
+
+import pytest
+import torch
+
+from op_helpers import skip_unless_cuda_kernel
+from tileinfer_attn.testing import make_problem, poison_
+
+pytestmark = pytest.mark.gpu
+
+ops = torch.ops.tileinfer_attn
+DEV = "cuda"
+DELAY_NS = 2_000_000  # long past the host's launch of the attention op behind it
+
+_LATE_COPY_CUDA = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+
+// Lets the next kernel start, waits delay_ns, then copies src to dst (int32).
+__global__ void late_copy_kernel(int* dst, const int* src, int n, long long delay_ns) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < delay_ns);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
+void late_copy(torch::Tensor dst, torch::Tensor src, int64_t delay_ns) {
+  TORCH_CHECK(dst.is_cuda() && dst.scalar_type() == torch::kInt32 && dst.is_contiguous(), "dst: contiguous int32");
+  TORCH_CHECK(src.is_cuda() && src.scalar_type() == torch::kInt32 && src.numel() == dst.numel(), "src: as dst");
+  late_copy_kernel<<<1, 128, 0, at::cuda::getCurrentCUDAStream()>>>(dst.data_ptr<int>(), src.data_ptr<int>(),
+                                                                   static_cast<int>(dst.numel()), delay_ns);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def late_copy():
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launches need sm_90 or later")
+    from torch.utils.cpp_extension import load_inline
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"{major}{minor}{'a' if major == 9 else ''}"
+    mod = load_inline(name="tileinfer_test_late_copy", cuda_sources=_LATE_COPY_CUDA,
+                      cpp_sources="void late_copy(torch::Tensor dst, torch::Tensor src, int64_t delay_ns);",
+                      functions=["late_copy"], extra_cuda_cflags=[f"-gencode=arch=compute_{arch},code=sm_{arch}"])
+    return mod.late_copy
+
+
+# (path, int8, q_lens): decode + combine for 1 and 4 queries per sequence;
+# prefill (an int8 cache takes the tensor-core kernel on every GPU).
+CASES = [("attention", False, [1, 1, 1]), ("attention", False, [4, 4, 4]), ("attention", True, [1, 1, 1]),
+         ("prefill", True, [20, 33, 7]), ("prefill", False, [20, 33, 7])]
+
+
+@pytest.mark.parametrize("path,int8,q_lens", CASES, ids=lambda v: str(v))
+def test_metadata_written_after_the_next_kernel_started(late_copy, path, int8, q_lens):
+    skip_unless_cuda_kernel(path if path == "prefill" else "decode", "combine")
+    seed = zlib.crc32(f"{path}{int8}{q_lens}".encode())
+    p = make_problem([300, 517, 129], q_lens, 8, 2, 128, 16, dtype=torch.bfloat16, device=DEV, seed=seed,
+                     int8=int8)
+    # Before: other lengths (one past the new one) and the pages of each row in
+    # another order.
+    old_lens = torch.tensor([270, 540, 160], dtype=torch.int32, device=DEV)
+    old_tables = torch.roll(p.block_tables, 1, dims=1)
+    new_meta = torch.cat([p.block_tables.flatten(), p.seq_lens])
+    old_meta = torch.cat([old_tables.flatten(), old_lens])
+    n_table = p.block_tables.numel()
+    extra = p.int8_kwargs() if int8 else {}
+
+    def run(tables, lens, out=None):
+        # (out poisoned beforehand: a kernel in between would hold the op back until late_copy ends)
+        out = poison_(torch.empty_like(p.q)) if out is None else out
+        args = (p.q, p.k_cache, p.v_cache, tables, lens, p.cu_seqlens_q, p.max_q_len, p.scale, True)
+        if path == "prefill":
+            ops.prefill(out, None, *args, **extra)
+        else:
+            ops.attention(out, *args, **extra)
+        return out
+
+    expected = run(p.block_tables, p.seq_lens)
+    stale = run(old_tables, old_lens)
+    assert not torch.equal(expected, stale), "the test needs metadata changes that change the result"
+    for _ in range(3):
+        meta = old_meta.clone()
+        tables = meta[:n_table].view_as(p.block_tables)
+        lens = meta[n_table:]
+        out = poison_(torch.empty_like(p.q))
+        late_copy(meta, new_meta, DELAY_NS)  # nothing may run between it and the op
+        out = run(tables, lens, out)
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected), f"{path}: the result of stale metadata (max diff " \
+            f"{(out.float() - expected.float()).abs().max().item():.3g})"
