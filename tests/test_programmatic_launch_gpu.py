@@ -76,8 +76,8 @@ def test_metadata_written_after_the_next_kernel_started(late_copy, path, int8, q
     seed = zlib.crc32(f"{path}{int8}{q_lens}".encode())
     p = make_problem([300, 517, 129], q_lens, 8, 2, 128, 16, dtype=torch.bfloat16, device=DEV, seed=seed,
                      int8=int8)
-    # Before: other lengths (one past the new one) and the pages of each row in
-    # another order.
+    # Before: other lengths (one of them longer than the new one) and the
+    # pages of each row in another order.
     old_lens = torch.tensor([270, 540, 160], dtype=torch.int32, device=DEV)
     old_tables = torch.roll(p.block_tables, 1, dims=1)
     new_meta = torch.cat([p.block_tables.flatten(), p.seq_lens])
