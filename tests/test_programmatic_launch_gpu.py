@@ -10,6 +10,7 @@ see stale values, and the result must be, bit for bit, that of the same op
 run on the new metadata. (H200, NOTES v9: a decode kernel that read them
 early and used what it read fails the three decode cases.)
 """
+import dataclasses
 import zlib
 
 import pytest
@@ -85,26 +86,25 @@ def test_metadata_written_after_the_next_kernel_started(late_copy, path, int8, q
     n_table = p.block_tables.numel()
     extra = p.int8_kwargs() if int8 else {}
 
-    def run(tables, lens, out=None):
-        # (out poisoned beforehand: a kernel in between would hold the op back until late_copy ends)
-        out = poison_(torch.empty_like(p.q)) if out is None else out
-        args = (p.q, p.k_cache, p.v_cache, tables, lens, p.cu_seqlens_q, p.max_q_len, p.scale, True)
+    def run(prob, out):
+        args = (*prob.args(), prob.scale, True)
         if path == "prefill":
             ops.prefill(out, None, *args, **extra)
         else:
             ops.attention(out, *args, **extra)
         return out
 
-    expected = run(p.block_tables, p.seq_lens)
-    stale = run(old_tables, old_lens)
+    # Outputs are poisoned before late_copy: a kernel between it and the op
+    # would hold the op back until late_copy ends.
+    expected = run(p, poison_(torch.empty_like(p.q)))
+    stale = run(dataclasses.replace(p, block_tables=old_tables, seq_lens=old_lens), poison_(torch.empty_like(p.q)))
     assert not torch.equal(expected, stale), "the test needs metadata changes that change the result"
     for _ in range(3):
         meta = old_meta.clone()
-        tables = meta[:n_table].view_as(p.block_tables)
-        lens = meta[n_table:]
+        late = dataclasses.replace(p, block_tables=meta[:n_table].view_as(p.block_tables), seq_lens=meta[n_table:])
         out = poison_(torch.empty_like(p.q))
         late_copy(meta, new_meta, DELAY_NS)  # nothing may run between it and the op
-        out = run(tables, lens, out)
+        run(late, out)
         torch.cuda.synchronize()
         assert torch.equal(out, expected), f"{path}: the result of stale metadata (max diff " \
             f"{(out.float() - expected.float()).abs().max().item():.3g})"
