@@ -2,7 +2,7 @@
 // csrc/ops/decode.cu (its tile shapes, tileinfer/decode_tiles.cuh) built with
 // TILEINFER_TIMELINE, so thread 0 of every block records the global timer at
 //   0 start, 1 metadata read (seq_lens, cu_seqlens_q), 2 first block-table
-//   entries read, 3 first K/V tile landed, 4 key loop done (warp 0), 6 every
+//   entries read and the previous kernel waited for, 3 first K/V tile landed, 4 key loop done (warp 0), 6 every
 //   warp's loop done, 7 the warps' parts merged into shared memory, 5 partial
 //   written (stores issued).
 // No torch, no paging
@@ -153,7 +153,7 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
   const auto [t0, span] = timeline(decode);
   // Intervals between stamps, in the order a block passes them.
   constexpr int kOrder[8] = {0, 1, 2, 3, 4, 6, 7, 5};
-  const char* lab[8] = {"", "meta", "table", "tile0", "loop", "wait", "merge", "store"};
+  const char* lab[8] = {"", "meta", "ready", "tile0", "loop", "wait", "merge", "store"};
   std::vector<double> d[8], end;
   for (int b = 0; b < blocks; ++b) {
     const unsigned long long* s = &tl[b * 16];
@@ -221,7 +221,9 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
     c.lse = nullptr;
     for (bool pdl : {false, true}) {
       const double t = time_us([&] {
-        CHECK(launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, cudaStream_t(0), pdl, p));
+        AttentionParams d = p;
+        d.programmatic = pdl;  // as launch_attention sets it
+        CHECK(launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, cudaStream_t(0), pdl, d));
         CHECK((launch_combine<__nv_bfloat16, kD>(c, cudaStream_t(0), pdl)));
       }, kIters);
       std::printf("       decode + combine, %s launches: %.1f us per step\n", pdl ? "programmatic" : "plain", t);
@@ -247,8 +249,9 @@ int main(int argc, char** argv) {
     CHECK(cudaFree(a));
     CHECK(cudaFree(b));
   }
-  std::printf("intervals: med/max over blocks, us (meta: start -> metadata read; table: -> first table entries;"
-              " tile0: -> first tile landed; loop: -> keys done; epi: -> partial written)\n");
+  std::printf("intervals: med/max over blocks, us (meta: start -> metadata read, first table entries asked for;"
+              " ready: -> first lookups done and the previous kernel waited for; tile0: -> first tile landed;"
+              " loop: -> keys done; wait / merge / store: the epilogue's steps)\n");
   if (argc > 1 && std::string(argv[1]) == "bf16-splits") {
     // One sequence with more splits than two blocks per SM (second-wave blocks
     // go to the SMs that finish first): the cap of 32 against 48 and 64.

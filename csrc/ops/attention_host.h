@@ -95,13 +95,13 @@ inline void check_grid(const char* op, const dim3& grid) {
 // work mapping's grid. `kKernel` as a template argument gives each kernel its
 // own static opt-in.
 template <auto kKernel, class Cfg, class Work>
-void launch_attention(const char* op, const AttentionParams& p, cudaStream_t stream) {
+void launch_attention(const char* op, AttentionParams p, cudaStream_t stream) {
   const dim3 grid = Work::template grid<Cfg::kBlockM>(p);
   check_grid(op, grid);
   static SmemOptIn opt_in;
   opt_in.ensure(kKernel, Cfg::kSmemBytes);
-  C10_CUDA_CHECK(launch_kernel(kKernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
-                               programmatic_launch(c10::cuda::current_device()), p));
+  p.programmatic = programmatic_launch(c10::cuda::current_device());
+  C10_CUDA_CHECK(launch_kernel(kKernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.programmatic, p));
 }
 
 template <class Cfg, class Work>

@@ -201,15 +201,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   float* lse_s = merge_s + 2 * Cfg::kWarpsN * BM;               // [BM]
   float* scale_s = lse_s + BM;  // int8: [S][K, V][BN] per-key scales, copied with their tile
 
-  TILEINFER_STAMP(0);
-  wait_for_prior_grids();  // programmatic launches (common.cuh)
-  // make's metadata loads first: the padding rows' own load then overlaps them
-  // (marking first put a round trip before every block of the last sequence).
-  const WorkItem w = Work::template make<BM>(p);
-  Work::template mark_padding_rows<QT>(p);
-  if (!w.active) return;  // block-uniform
-  TILEINFER_STAMP(1);  // metadata read
-
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -219,11 +210,46 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   const uint8_t* k_pool = static_cast<const uint8_t*>(p.kv.k_cache);
   const uint8_t* v_pool = static_cast<const uint8_t*>(p.kv.v_cache);
   const QT* q_ptr = static_cast<const QT*>(p.q);
-  const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
 
-  write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
-
+  // Early reads (decode, bf16 / fp16 cache): the block's work, row table and
+  // first lookups come from the step's metadata and its first tiles'
+  // block-table entries read before the block waits for the previous kernel
+  // (programmatic launches, common.cuh), while that kernel ends; no kernel of
+  // this package writes them. Only its waits promise the previous kernel's
+  // writes visible, so a programmatic launch (p.programmatic) reads the same
+  // values again right after the wait, issues its first copies, and a block
+  // that then finds any of them changed drains the copies and starts over
+  // from the values read after the wait. A plain launch starts after the
+  // previous kernel has ended: nothing to read again. Prefill and the int8
+  // tiles wait first (with the check, the int8 kernels spilled registers).
+  constexpr bool kEarly = Work::kReadsAhead && !Cfg::kInt8;
+  TILEINFER_STAMP(0);
+  if constexpr (!kEarly) wait_for_prior_grids();
+  StepMeta meta = read_step_meta(p.kv, Work::block_seq());
+  WorkItem w;
+  int num_tiles = 0;
+  int first_entries[S];  // block-table entries of this thread's keys of the first tiles
   const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, key_rows_s, flags_s, entries_s};
+  // The work item, row table and first lookups from `meta` (barrier after).
+  auto start = [&] {
+    w = Work::template make<BM>(p, meta);
+    num_tiles = w.active && w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
+    write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
+#pragma unroll
+    for (int j = 0; j < S; ++j) first_entries[j] = j < num_tiles ? keys.first_entry(j) : 0;
+  };
+  auto finish_lookups = [&] {
+#pragma unroll
+    for (int j = 0; j < S; ++j)
+      if (j < num_tiles) keys.lookup_entry(j, first_entries[j]);
+  };
+  // Where the padding tokens begin (decode's last blocks mark them, below),
+  // read beside the metadata: marking first put a round trip before every
+  // block of the last sequence. Early reads take it after the wait and the
+  // first copies (it only delays those blocks' marking).
+  int padding_begin = kEarly ? 0 : Work::padding_begin(p);
+  start();
+  TILEINFER_STAMP(1);  // metadata read, first entries in flight
   auto load_tile = [&](int tile) {
     uint8_t* k_dst = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
     uint8_t* v_dst = k_dst + Cfg::kTileBytes;
@@ -252,13 +278,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   constexpr int kQIters = (kQChunks + Cfg::kThreads - 1) / Cfg::kThreads;
   constexpr bool kQAhead = Cfg::kInt8 && kQIters <= 2;
   constexpr int kQUnroll = kQAhead ? kQIters : 1;  // prefill keeps a rolled loop
-  const float* smooth = p.kv.k_smooth == nullptr ? nullptr : p.kv.k_smooth + static_cast<int64_t>(w.kv_head) * D;
   struct QChunk {
     Vec16<QT> v;
     float s[8];
   };
   // Chunk c of the block's queries and its smoothing factors (zeros for padding rows).
   auto load_q_chunk = [&](int c, QChunk& qc) {
+    const float* smooth = p.kv.k_smooth == nullptr ? nullptr : p.kv.k_smooth + static_cast<int64_t>(w.kv_head) * D;
     const RowQuery rq = row_query(w, c / Cfg::kChunks);  // as the row table has it, without its barrier
     const int ch = c % Cfg::kChunks;
 #pragma unroll
@@ -275,20 +301,54 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     for (int it = 0; it < kQIters; ++it)
       if (tid + it * Cfg::kThreads < kQChunks) load_q_chunk(tid + it * Cfg::kThreads, q_ahead[it]);
   }
-  for (int j = 0; j < S && j < num_tiles; ++j) keys.lookup(j, false);
+  finish_lookups();
   __syncthreads();  // row table and the first lookups
-  TILEINFER_STAMP(2);  // first block-table entries read
-
-  if constexpr (!Cfg::kInt8) {
-    copy_query_rows<BM, Cfg::kThreads, Cfg::kChunks, T>(
-        p, row_token_s, row_head_s, q_s, tid, [](int row, int ch) { return int(sizeof(T)) * Cfg::swz(row, ch); });
-  }
-  cp_async_commit();
+  auto issue_first_copies = [&] {
+    if constexpr (!Cfg::kInt8) {
+      copy_query_rows<BM, Cfg::kThreads, Cfg::kChunks, T>(
+          p, row_token_s, row_head_s, q_s, tid, [](int row, int ch) { return int(sizeof(T)) * Cfg::swz(row, ch); });
+    }
+    cp_async_commit();
 #pragma unroll
-  for (int j = 0; j < S - 1; ++j) {
-    if (j < num_tiles) load_tile(j);
-    cp_async_commit();  // empty groups keep the group count uniform
+    for (int j = 0; j < S - 1; ++j) {
+      if (j < num_tiles) load_tile(j);
+      cp_async_commit();  // empty groups keep the group count uniform
+    }
+  };
+  if constexpr (kEarly) {
+    wait_for_prior_grids();
+    // The second reads leave first: behind the copies they would wait for
+    // every block's first wave of them.
+    StepMeta now = meta;
+    int entries_now[S];
+    if (p.programmatic) {
+      now = read_step_meta(p.kv, Work::block_seq());
+#pragma unroll
+      for (int j = 0; j < S; ++j) entries_now[j] = j < num_tiles ? keys.first_entry(j) : 0;
+    }
+    TILEINFER_STAMP(2);  // waited
+    if (w.active) issue_first_copies();  // block-uniform
+    if (p.programmatic) {
+      bool changed = now != meta;
+#pragma unroll
+      for (int j = 0; j < S; ++j) changed |= entries_now[j] != first_entries[j];
+      if (__syncthreads_or(changed)) {
+        cp_async_wait<0>();
+        __syncthreads();  // stages, row table and key slots free again
+        meta = now;
+        start();
+        finish_lookups();
+        __syncthreads();
+        if (w.active) issue_first_copies();
+      }
+    }
+    padding_begin = Work::padding_begin(p);
+  } else {
+    TILEINFER_STAMP(2);  // first block-table entries read
+    if (w.active) issue_first_copies();
   }
+  Work::template mark_padding_rows<QT>(p, padding_begin);
+  if (!w.active) return;  // block-uniform
   // int8: 2^e of query row `row`, which puts its largest |q * smooth| in
   // [2^13, 2^14) (1 for a row of zeros or with a non-finite value). The
   // exponent is capped so that tiny (even subnormal) rows get a finite scale.

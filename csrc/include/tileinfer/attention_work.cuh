@@ -36,6 +36,24 @@ struct WorkItem {
   bool active;    // false: no row of this block is a query of the step
 };
 
+// What a block's work item is made from: its sequence's entries of seq_lens
+// and cu_seqlens_q, as read. The tensor-core kernel reads them, and its first
+// tiles' block-table entries, before it waits for the previous kernel, then
+// again after the wait, and starts over on any difference
+// (attention_kernel.cuh). ld.global.cg: no L1 line of an early read stays
+// for a later load to hit.
+struct StepMeta {
+  int seq_len;
+  int q_begin;
+  int q_end;
+};
+__device__ __forceinline__ StepMeta read_step_meta(const PagedKVParams& kv, int seq) {
+  return {__ldcg(kv.seq_lens + seq), __ldcg(kv.cu_seqlens_q + seq), __ldcg(kv.cu_seqlens_q + seq + 1)};
+}
+__device__ __forceinline__ bool operator!=(const StepMeta& a, const StepMeta& b) {
+  return a.seq_len != b.seq_len || a.q_begin != b.q_begin || a.q_end != b.q_end;
+}
+
 // Row r of a block: a (query, query head) pair of its KV head's group. The
 // token (-1: no query), the query head, and the query's position (INT_MAX for
 // no query: never masked).
@@ -111,22 +129,32 @@ __device__ __forceinline__ float* output_lse(const AttentionParams& p, int token
 // every head and sequence (less tail at the end of the launch).
 struct PrefillWork {
   static constexpr bool kPartials = false;  // always writes `out` itself
+  // Waits for the previous kernel before reading the metadata (see
+  // attention_kernel.cuh): prefill is compute-bound, and with the check and
+  // restart of early reads the int8 prefill kernel spilled registers.
+  static constexpr bool kReadsAhead = false;
 
   template <int kBlockM>
   static dim3 grid(const AttentionParams& p) {
     return dim3(p.kv.num_kv_heads, p.kv.num_seqs, ceil_div(p.group_size * p.max_q_len, kBlockM));
   }
 
+  __device__ static int block_seq() { return blockIdx.y; }
+
   template <int kBlockM>
   __device__ static WorkItem make(const AttentionParams& p) {
+    return make<kBlockM>(p, read_step_meta(p.kv, block_seq()));
+  }
+  template <int kBlockM>
+  __device__ static WorkItem make(const AttentionParams& p, const StepMeta& m) {
     WorkItem w;
-    w.seq = blockIdx.y;
+    w.seq = block_seq();
     w.kv_head = blockIdx.x;
     w.group = p.group_size;
     w.head0 = w.kv_head * p.group_size;
     w.split = 0;
-    w.seq_len = seq_len_of(p.kv, w.seq);
-    const QueryRange qr = query_range(p.kv, w.seq, p.num_tokens);
+    w.seq_len = clamp_seq_len(p.kv, m.seq_len);
+    const QueryRange qr = clamp_query_range(m.q_begin, m.q_end, p.num_tokens);
     w.q_begin = qr.begin;
     w.q_count = qr.count;
     w.row_base = (gridDim.z - 1 - blockIdx.z) * kBlockM;
@@ -141,8 +169,9 @@ struct PrefillWork {
   }
 
   // Prefill leaves the rows of tokens that belong to no sequence untouched.
+  __device__ static int padding_begin(const AttentionParams&) { return 0; }
   template <typename OutElem>
-  __device__ static void mark_padding_rows(const AttentionParams&) {}
+  __device__ static void mark_padding_rows(const AttentionParams&, int = 0) {}
 
   __device__ static float* lse_at(const AttentionParams& p, const WorkItem&, int token, int head) {
     return output_lse(p, token, head);
@@ -161,6 +190,7 @@ struct PrefillWork {
 // need no split, and this saves them the combine launch and the partial traffic.
 struct DecodeWork {
   static constexpr bool kPartials = true;  // partials, or `out` when p.partial_out is null
+  static constexpr bool kReadsAhead = true;  // metadata read before the wait (attention_kernel.cuh)
   __device__ static bool writes_partials(const AttentionParams& p) { return p.partial_out != nullptr; }
 
   template <int kBlockM>
@@ -169,18 +199,24 @@ struct DecodeWork {
     return dim3(p.num_splits, p.kv.num_kv_heads * row_tiles, p.kv.num_seqs);
   }
 
+  __device__ static int block_seq() { return blockIdx.z; }
+
   template <int kBlockM>
   __device__ static WorkItem make(const AttentionParams& p) {
+    return make<kBlockM>(p, read_step_meta(p.kv, block_seq()));
+  }
+  template <int kBlockM>
+  __device__ static WorkItem make(const AttentionParams& p, const StepMeta& m) {
     WorkItem w;
     const int row_tiles = gridDim.y / p.kv.num_kv_heads;
     w.split = blockIdx.x;
     w.kv_head = blockIdx.y / row_tiles;
-    w.seq = blockIdx.z;
+    w.seq = block_seq();
     w.group = p.group_size;
     w.head0 = w.kv_head * p.group_size;
     w.row_base = (blockIdx.y % row_tiles) * kBlockM;
-    w.seq_len = seq_len_of(p.kv, w.seq);
-    const QueryRange qr = query_range(p.kv, w.seq, p.num_tokens);
+    w.seq_len = clamp_seq_len(p.kv, m.seq_len);
+    const QueryRange qr = clamp_query_range(m.q_begin, m.q_end, p.num_tokens);
     w.q_begin = qr.begin;
     w.q_count = qr.count;
     w.active = w.row_base < w.q_count * w.group;
@@ -205,12 +241,23 @@ struct DecodeWork {
   // give them a neutral lse in their split, so combine writes 0 there instead of
   // merging stale workspace (which could hold NaN); without partials they write
   // the 0 rows (OutElem) and -inf lse themselves. Costs nothing without padding.
+  // (padding_begin: the load of cu_seqlens_q[num_seqs] for the blocks that
+  // mark, issued where the kernel wants it; mark_padding_rows(p) loads it.)
+  __device__ static bool marks_padding(const AttentionParams& p) {
+    const int row_tiles = gridDim.y / p.kv.num_kv_heads;
+    return blockIdx.z == gridDim.z - 1 && blockIdx.y % row_tiles == 0;
+  }
+  __device__ static int padding_begin(const AttentionParams& p) {
+    return marks_padding(p) ? p.kv.cu_seqlens_q[p.kv.num_seqs] : 0;
+  }
   template <typename OutElem>
   __device__ static void mark_padding_rows(const AttentionParams& p) {
-    const int row_tiles = gridDim.y / p.kv.num_kv_heads;
-    if (blockIdx.z != gridDim.z - 1 || blockIdx.y % row_tiles != 0) return;
-    const int kv_head = blockIdx.y / row_tiles;
-    int first = p.kv.cu_seqlens_q[p.kv.num_seqs];
+    mark_padding_rows<OutElem>(p, padding_begin(p));
+  }
+  template <typename OutElem>
+  __device__ static void mark_padding_rows(const AttentionParams& p, int first) {
+    if (!marks_padding(p)) return;
+    const int kv_head = blockIdx.y / (gridDim.y / p.kv.num_kv_heads);
     first = first < 0 ? 0 : (first > p.num_tokens ? p.num_tokens : first);
     const int n = (p.num_tokens - first) * p.group_size;
     if (writes_partials(p)) {

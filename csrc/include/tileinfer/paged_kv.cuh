@@ -11,9 +11,9 @@
 
 namespace tileinfer {
 
-// Positions a sequence holds, clamped to [0, max_pages * page_size].
-__device__ __forceinline__ int seq_len_of(const PagedKVParams& p, int seq) {
-  int len = p.seq_lens[seq];
+// Positions a sequence holds (len: its seq_lens entry), clamped to [0,
+// max_pages * page_size].
+__device__ __forceinline__ int clamp_seq_len(const PagedKVParams& p, int len) {
   int cap = p.max_pages * p.page_size;
   return len < 0 ? 0 : (len > cap ? cap : len);
 }
@@ -46,9 +46,8 @@ struct QueryRange {
   int begin;
   int count;
 };
-__device__ __forceinline__ QueryRange query_range(const PagedKVParams& p, int seq, int num_tokens) {
-  int b = p.cu_seqlens_q[seq];
-  int e = p.cu_seqlens_q[seq + 1];
+// From the sequence's entries of cu_seqlens_q: b = cu_seqlens_q[seq], e = cu_seqlens_q[seq + 1].
+__device__ __forceinline__ QueryRange clamp_query_range(int b, int e, int num_tokens) {
   b = b < 0 ? 0 : (b > num_tokens ? num_tokens : b);
   e = e < b ? b : (e > num_tokens ? num_tokens : e);
   return {b, e - b};

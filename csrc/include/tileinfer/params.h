@@ -51,6 +51,8 @@ struct AttentionParams {
   int num_splits;
   float scale;                  // softmax scale; kernels fold log2(e) in
   bool causal;
+  bool programmatic;            // launched as a programmatic dependent launch (set by the launcher; see
+                                // attention_kernel.cuh: values read before the wait are read again)
 };
 
 }  // namespace tileinfer

@@ -42,14 +42,26 @@ struct KeyTiles {
   // Pool rows of the keys of tile `tile` into its slot, and the slot's flags.
   __device__ __forceinline__ void lookup(int tile, bool prefetched) const {
     if (tid < kBlockN) {
-      const int slot = tile % kSlots;
       const int pos = w.key_begin + tile * kBlockN + tid;
-      const int row = !prefetched ? pool_row(kv, w.seq, w.kv_head, pos, w.key_end, page_shift)
-                      : pos < w.key_end ? pool_row_on_page(kv, entries[(tile % kStages) * kBlockN + tid], w.kv_head, pos)
-                                        : -1;
-      key_rows[slot * kBlockN + tid] = row;
-      const unsigned skipped = __ballot_sync(0xffffffffu, row < 0);
-      if ((tid & 31) == 0) flags[slot * kFlags + (tid >> 5)] = skipped != 0u;
+      set_row(tile, !prefetched ? pool_row(kv, w.seq, w.kv_head, pos, w.key_end, page_shift)
+                    : pos < w.key_end ? pool_row_on_page(kv, entries[(tile % kStages) * kBlockN + tid], w.kv_head, pos)
+                                      : -1);
+    }
+  }
+
+  // lookup(tile, false) for one of the first kStages tiles in two steps, so
+  // that a thread's loads for all of them are in flight at once (one round
+  // trip instead of one per tile): first_entry reads the block-table entry of
+  // this thread's key (ld.global.cg; 0 for none), lookup_entry takes it.
+  __device__ __forceinline__ int first_entry(int tile) const {
+    const int pos = w.key_begin + tile * kBlockN + tid;
+    if (tid >= kBlockN || pos >= w.key_end) return 0;
+    return __ldcg(kv.block_tables + static_cast<int64_t>(w.seq) * kv.max_pages + (pos >> page_shift));
+  }
+  __device__ __forceinline__ void lookup_entry(int tile, int entry) const {
+    if (tid < kBlockN) {
+      const int pos = w.key_begin + tile * kBlockN + tid;
+      set_row(tile, pos < w.key_end ? pool_row_on_page(kv, entry, w.kv_head, pos) : -1);
     }
   }
 
@@ -84,6 +96,14 @@ struct KeyTiles {
       cp_async_16(v_dst + dst, v_pool + src, pr >= 0);
     }
     fetch_entries(tile + kStages);  // lands with this tile, kStages tiles before its lookup
+  }
+
+ private:
+  __device__ __forceinline__ void set_row(int tile, int row) const {
+    const int slot = tile % kSlots;
+    key_rows[slot * kBlockN + tid] = row;
+    const unsigned skipped = __ballot_sync(0xffffffffu, row < 0);
+    if ((tid & 31) == 0) flags[slot * kFlags + (tid >> 5)] = skipped != 0u;
   }
 };
 
