@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   constexpr bool kEarly = Work::kReadsAhead && !Cfg::kInt8;
   TILEINFER_STAMP(0);
   if constexpr (!kEarly) wait_for_prior_grids();
-  StepMeta meta = read_step_meta(p.kv, Work::block_seq());
+  StepMeta meta = Work::template read_meta<kEarly>(p);
   WorkItem w;
   int num_tiles = 0;
   int first_entries[S];  // block-table entries of this thread's keys of the first tiles
@@ -236,18 +236,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     num_tiles = w.active && w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
     write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
 #pragma unroll
-    for (int j = 0; j < S; ++j) first_entries[j] = j < num_tiles ? keys.first_entry(j) : 0;
+    for (int j = 0; j < S; ++j) first_entries[j] = j < num_tiles ? keys.template first_entry<kEarly>(j) : 0;
   };
   auto finish_lookups = [&] {
 #pragma unroll
     for (int j = 0; j < S; ++j)
       if (j < num_tiles) keys.lookup_entry(j, first_entries[j]);
   };
-  // Where the padding tokens begin (decode's last blocks mark them, below),
-  // read beside the metadata: marking first put a round trip before every
-  // block of the last sequence. Early reads take it after the wait and the
-  // first copies (it only delays those blocks' marking).
-  int padding_begin = kEarly ? 0 : Work::padding_begin(p);
   start();
   TILEINFER_STAMP(1);  // metadata read, first entries in flight
   auto load_tile = [&](int tile) {
@@ -322,9 +317,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     StepMeta now = meta;
     int entries_now[S];
     if (p.programmatic) {
-      now = read_step_meta(p.kv, Work::block_seq());
+      now = Work::template read_meta<true>(p);
 #pragma unroll
-      for (int j = 0; j < S; ++j) entries_now[j] = j < num_tiles ? keys.first_entry(j) : 0;
+      for (int j = 0; j < S; ++j) entries_now[j] = j < num_tiles ? keys.template first_entry<true>(j) : 0;
     }
     TILEINFER_STAMP(2);  // waited
     if (w.active) issue_first_copies();  // block-uniform
@@ -342,12 +337,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
         if (w.active) issue_first_copies();
       }
     }
-    padding_begin = Work::padding_begin(p);
   } else {
     TILEINFER_STAMP(2);  // first block-table entries read
     if (w.active) issue_first_copies();
   }
-  Work::template mark_padding_rows<QT>(p, padding_begin);
+  // Marked after the first copies (meta holds where the padding begins: a
+  // load of its own would have waited for the copies, or delayed them).
+  Work::template mark_padding_rows<QT>(p, meta.padding_begin);
   if (!w.active) return;  // block-uniform
   // int8: 2^e of query row `row`, which puts its largest |q * smooth| in
   // [2^13, 2^14) (1 for a row of zeros or with a non-finite value). The

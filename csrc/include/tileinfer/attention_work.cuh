@@ -36,22 +36,31 @@ struct WorkItem {
   bool active;    // false: no row of this block is a query of the step
 };
 
-// What a block's work item is made from: its sequence's entries of seq_lens
-// and cu_seqlens_q, as read. The tensor-core kernel reads them, and its first
-// tiles' block-table entries, before it waits for the previous kernel, then
-// again after the wait, and starts over on any difference
-// (attention_kernel.cuh). ld.global.cg: no L1 line of an early read stays
-// for a later load to hit.
+// What a block's work item is made from, as read: its sequence's entries of
+// seq_lens and cu_seqlens_q, and for decode's blocks that mark the padding
+// tokens (mark_padding_rows) cu_seqlens_q[num_seqs]. The tensor-core decode
+// kernel reads them, and its first tiles' block-table entries, before it
+// waits for the previous kernel, then again after the wait, and starts over
+// on any difference (attention_kernel.cuh). kL2: ld.global.cg, so that no L1
+// line of an early read stays for a later load to hit.
 struct StepMeta {
   int seq_len;
   int q_begin;
   int q_end;
+  int padding_begin;  // 0 for the blocks that do not mark
 };
-__device__ __forceinline__ StepMeta read_step_meta(const PagedKVParams& kv, int seq) {
-  return {__ldcg(kv.seq_lens + seq), __ldcg(kv.cu_seqlens_q + seq), __ldcg(kv.cu_seqlens_q + seq + 1)};
+template <bool kL2>
+__device__ __forceinline__ int load_meta(const int* p) {
+  return kL2 ? __ldcg(p) : *p;
+}
+template <bool kL2>
+__device__ __forceinline__ StepMeta read_seq_meta(const PagedKVParams& kv, int seq) {
+  return {load_meta<kL2>(kv.seq_lens + seq), load_meta<kL2>(kv.cu_seqlens_q + seq),
+          load_meta<kL2>(kv.cu_seqlens_q + seq + 1), 0};
 }
 __device__ __forceinline__ bool operator!=(const StepMeta& a, const StepMeta& b) {
-  return a.seq_len != b.seq_len || a.q_begin != b.q_begin || a.q_end != b.q_end;
+  return a.seq_len != b.seq_len || a.q_begin != b.q_begin || a.q_end != b.q_end ||
+         a.padding_begin != b.padding_begin;
 }
 
 // Row r of a block: a (query, query head) pair of its KV head's group. The
@@ -140,10 +149,14 @@ struct PrefillWork {
   }
 
   __device__ static int block_seq() { return blockIdx.y; }
+  template <bool kL2 = false>
+  __device__ static StepMeta read_meta(const AttentionParams& p) {
+    return read_seq_meta<kL2>(p.kv, block_seq());
+  }
 
   template <int kBlockM>
   __device__ static WorkItem make(const AttentionParams& p) {
-    return make<kBlockM>(p, read_step_meta(p.kv, block_seq()));
+    return make<kBlockM>(p, read_meta(p));
   }
   template <int kBlockM>
   __device__ static WorkItem make(const AttentionParams& p, const StepMeta& m) {
@@ -169,7 +182,6 @@ struct PrefillWork {
   }
 
   // Prefill leaves the rows of tokens that belong to no sequence untouched.
-  __device__ static int padding_begin(const AttentionParams&) { return 0; }
   template <typename OutElem>
   __device__ static void mark_padding_rows(const AttentionParams&, int = 0) {}
 
@@ -200,10 +212,16 @@ struct DecodeWork {
   }
 
   __device__ static int block_seq() { return blockIdx.z; }
+  template <bool kL2 = false>
+  __device__ static StepMeta read_meta(const AttentionParams& p) {
+    StepMeta m = read_seq_meta<kL2>(p.kv, block_seq());
+    if (marks_padding(p)) m.padding_begin = load_meta<kL2>(p.kv.cu_seqlens_q + p.kv.num_seqs);
+    return m;
+  }
 
   template <int kBlockM>
   __device__ static WorkItem make(const AttentionParams& p) {
-    return make<kBlockM>(p, read_step_meta(p.kv, block_seq()));
+    return make<kBlockM>(p, read_meta(p));
   }
   template <int kBlockM>
   __device__ static WorkItem make(const AttentionParams& p, const StepMeta& m) {
@@ -241,18 +259,14 @@ struct DecodeWork {
   // give them a neutral lse in their split, so combine writes 0 there instead of
   // merging stale workspace (which could hold NaN); without partials they write
   // the 0 rows (OutElem) and -inf lse themselves. Costs nothing without padding.
-  // (padding_begin: the load of cu_seqlens_q[num_seqs] for the blocks that
-  // mark, issued where the kernel wants it; mark_padding_rows(p) loads it.)
+  // (first: cu_seqlens_q[num_seqs], read with the rest of read_meta.)
   __device__ static bool marks_padding(const AttentionParams& p) {
     const int row_tiles = gridDim.y / p.kv.num_kv_heads;
     return blockIdx.z == gridDim.z - 1 && blockIdx.y % row_tiles == 0;
   }
-  __device__ static int padding_begin(const AttentionParams& p) {
-    return marks_padding(p) ? p.kv.cu_seqlens_q[p.kv.num_seqs] : 0;
-  }
   template <typename OutElem>
   __device__ static void mark_padding_rows(const AttentionParams& p) {
-    mark_padding_rows<OutElem>(p, padding_begin(p));
+    mark_padding_rows<OutElem>(p, marks_padding(p) ? p.kv.cu_seqlens_q[p.kv.num_seqs] : 0);
   }
   template <typename OutElem>
   __device__ static void mark_padding_rows(const AttentionParams& p, int first) {

@@ -52,11 +52,12 @@ struct KeyTiles {
   // lookup(tile, false) for one of the first kStages tiles in two steps, so
   // that a thread's loads for all of them are in flight at once (one round
   // trip instead of one per tile): first_entry reads the block-table entry of
-  // this thread's key (ld.global.cg; 0 for none), lookup_entry takes it.
+  // this thread's key (0 for none; kL2: ld.global.cg, as load_meta), lookup_entry takes it.
+  template <bool kL2>
   __device__ __forceinline__ int first_entry(int tile) const {
     const int pos = w.key_begin + tile * kBlockN + tid;
     if (tid >= kBlockN || pos >= w.key_end) return 0;
-    return __ldcg(kv.block_tables + static_cast<int64_t>(w.seq) * kv.max_pages + (pos >> page_shift));
+    return load_meta<kL2>(kv.block_tables + static_cast<int64_t>(w.seq) * kv.max_pages + (pos >> page_shift));
   }
   __device__ __forceinline__ void lookup_entry(int tile, int entry) const {
     if (tid < kBlockN) {
