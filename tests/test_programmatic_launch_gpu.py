@@ -7,8 +7,10 @@ The previous kernel here is a test kernel that lets dependents start at once
 (griddepcontrol.launch_dependents), spins for a while, and only then writes
 seq_lens and the block table: a kernel that read them before its wait would
 see stale values, and the result must be, bit for bit, that of the same op
-run on the new metadata. (H200, NOTES v9: a decode kernel that read them
-early and used what it read fails the three decode cases.)
+run on the new metadata. (H200, NOTES v9 / v10: a decode kernel that read
+them early and used what it read fails the bf16 decode cases.) The long case
+gives each decode block more tiles than it reads ahead, so block-table
+entries of the lines read early are read again, through L1, after the wait.
 """
 import dataclasses
 import zlib
@@ -65,21 +67,23 @@ def late_copy():
     return mod.late_copy
 
 
-# (path, int8, q_lens): decode + combine for 1 and 4 queries per sequence;
-# prefill (an int8 cache takes the tensor-core kernel on every GPU).
-CASES = [("attention", False, [1, 1, 1]), ("attention", False, [4, 4, 4]), ("attention", True, [1, 1, 1]),
-         ("prefill", True, [20, 33, 7]), ("prefill", False, [20, 33, 7])]
+# (path, int8, q_lens, long): decode + combine for 1 and 4 queries per
+# sequence; prefill (an int8 cache takes the tensor-core kernel on every GPU).
+CASES = [("attention", False, [1, 1, 1], False), ("attention", False, [1, 1, 1], True),
+         ("attention", False, [4, 4, 4], False), ("attention", True, [1, 1, 1], False),
+         ("prefill", True, [20, 33, 7], False), ("prefill", False, [20, 33, 7], False)]
 
 
-@pytest.mark.parametrize("path,int8,q_lens", CASES, ids=lambda v: str(v))
-def test_metadata_written_after_the_next_kernel_started(late_copy, path, int8, q_lens):
+@pytest.mark.parametrize("path,int8,q_lens,long", CASES, ids=lambda v: str(v))
+def test_metadata_written_after_the_next_kernel_started(late_copy, path, int8, q_lens, long):
     skip_unless_cuda_kernel(path if path == "prefill" else "decode", "combine")
-    seed = zlib.crc32(f"{path}{int8}{q_lens}".encode())
-    p = make_problem([300, 517, 129], q_lens, 8, 2, 128, 16, dtype=torch.bfloat16, device=DEV, seed=seed,
-                     int8=int8)
+    seed = zlib.crc32(f"{path}{int8}{q_lens}{long}".encode())
+    # Long: 32 splits of 18 or 14 pages of 16 positions, up to 5 tiles of 64 keys per block.
+    lens = [9000, 7000, 300] if long else [300, 517, 129]
+    p = make_problem(lens, q_lens, 8, 2, 128, 16, dtype=torch.bfloat16, device=DEV, seed=seed, int8=int8)
     # Before: other lengths (one of them longer than the new one) and the
     # pages of each row in another order.
-    old_lens = torch.tensor([270, 540, 160], dtype=torch.int32, device=DEV)
+    old_lens = torch.tensor([8800, 7400, 160] if long else [270, 540, 160], dtype=torch.int32, device=DEV)
     old_tables = torch.roll(p.block_tables, 1, dims=1)
     new_meta = torch.cat([p.block_tables.flatten(), p.seq_lens])
     old_meta = torch.cat([old_tables.flatten(), old_lens])

@@ -220,12 +220,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // values again right after the wait, issues its first copies, and a block
   // that then finds any of them changed drains the copies and starts over
   // from the values read after the wait. A plain launch starts after the
-  // previous kernel has ended: nothing to read again. Prefill and the int8
-  // tiles wait first (with the check, the int8 kernels spilled registers).
+  // previous kernel has ended: nothing to read again. The early reads are
+  // ordinary loads: the PTX ISA makes the previous grid's writes visible to
+  // the current grid after griddepcontrol.wait, whatever it read before, so
+  // a line they left in L1 cannot answer a later load with an old value (and
+  // the second reads go to L2 anyway). As ld.global.cg they cost a plain
+  // launch ~0.5 us (H200, NOTES v10). Prefill and the int8 tiles wait first
+  // (with the check, the int8 kernels spilled registers).
   constexpr bool kEarly = Work::kReadsAhead && !Cfg::kInt8;
   TILEINFER_STAMP(0);
   if constexpr (!kEarly) wait_for_prior_grids();
-  StepMeta meta = Work::template read_meta<kEarly>(p);
+  StepMeta meta = Work::read_meta(p);
   WorkItem w;
   int num_tiles = 0;
   int first_entries[S];  // block-table entries of this thread's keys of the first tiles
@@ -236,8 +241,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     num_tiles = w.active && w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
     write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
 #pragma unroll
-    for (int j = 0; j < S; ++j) first_entries[j] = j < num_tiles ? keys.template first_entry<kEarly>(j) : 0;
+    for (int j = 0; j < S; ++j) first_entries[j] = j < num_tiles ? keys.first_entry(j) : 0;
   };
+
   auto finish_lookups = [&] {
 #pragma unroll
     for (int j = 0; j < S; ++j)

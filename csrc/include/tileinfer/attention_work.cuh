@@ -40,9 +40,9 @@ struct WorkItem {
 // seq_lens and cu_seqlens_q, and for decode's blocks that mark the padding
 // tokens (mark_padding_rows) cu_seqlens_q[num_seqs]. The tensor-core decode
 // kernel reads them, and its first tiles' block-table entries, before it
-// waits for the previous kernel, then again after the wait, and starts over
-// on any difference (attention_kernel.cuh). kL2: ld.global.cg, so that no L1
-// line of an early read stays for a later load to hit.
+// waits for the previous kernel, then again after the wait (kL2:
+// ld.global.cg, from L2), and starts over on any difference
+// (attention_kernel.cuh).
 struct StepMeta {
   int seq_len;
   int q_begin;

@@ -52,8 +52,8 @@ struct KeyTiles {
   // lookup(tile, false) for one of the first kStages tiles in two steps, so
   // that a thread's loads for all of them are in flight at once (one round
   // trip instead of one per tile): first_entry reads the block-table entry of
-  // this thread's key (0 for none; kL2: ld.global.cg, as load_meta), lookup_entry takes it.
-  template <bool kL2>
+  // this thread's key (0 for none; kL2: from L2, as load_meta), lookup_entry takes it.
+  template <bool kL2 = false>
   __device__ __forceinline__ int first_entry(int tile) const {
     const int pos = w.key_begin + tile * kBlockN + tid;
     if (tid >= kBlockN || pos >= w.key_end) return 0;
