@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs scripts/decode_timeline.cu (block timelines of the decode
 # kernel) on a Hopper GPU. No torch needed. `int8-splits`: the int8 split
-# rules compared instead; `bf16-splits`: one sequence with 32 / 48 / 64 splits.
+# rules compared instead; `bf16-splits`: one sequence with 32 / 48 / 64 splits;
+# `quick`: the cases that moved in past A / B runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(mktemp -d)

@@ -112,9 +112,10 @@ __device__ __forceinline__ float warp_max(float x) {
 // kernel waits before it ends, one that finished implies all the kernels
 // before it did too. Two exceptions: attention_inputs' keys / values kernel,
 // behind its queries kernel (which allows it only after its own wait), waits
-// at its end instead (inputs.cuh); the decode kernel reads the step's
-// metadata and first block-table entries before its wait, and reads them
-// again after it, starting over if they changed (attention_kernel.cuh).
+// at its end instead (inputs.cuh); the bf16 / fp16 decode kernel reads the
+// step's metadata and first block-table entries before its wait and, when
+// launched programmatically, again after it, starting over if they changed
+// (attention_kernel.cuh).
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
