@@ -2,9 +2,9 @@
 // csrc/ops/decode.cu (its tile shapes, tileinfer/decode_tiles.cuh) built with
 // TILEINFER_TIMELINE, so thread 0 of every block records the global timer at
 //   0 start, 1 metadata read (seq_lens, cu_seqlens_q), 2 first block-table
-//   entries read and the previous kernel waited for, 3 first K/V tile landed, 4 key loop done (warp 0), 6 every
-//   warp's loop done, 7 the warps' parts merged into shared memory, 5 partial
-//   written (stores issued).
+//   entries read and the previous kernel waited for, 3 first K/V tile landed,
+//   4 key loop done (warp 0), 6 every warp's loop done, 7 the warps' parts
+//   merged into shared memory, 5 partial written (stores issued).
 // No torch, no paging
 // library: a synthetic cache (Qwen3-4B heads 32 / 8, d 128, page 64, pages in
 // random order). Prints, per context length, the kernel's time and the

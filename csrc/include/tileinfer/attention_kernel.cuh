@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // first lookups come from the step's metadata and its first tiles'
   // block-table entries read before the block waits for the previous kernel
   // (programmatic launches, common.cuh), while that kernel ends; no kernel of
-  // this package writes them. Only its waits promise the previous kernel's
+  // this package writes them. Only the wait makes the previous kernel's
   // writes visible, so a programmatic launch (p.programmatic) reads the same
   // values again right after the wait, issues its first copies, and a block
   // that then finds any of them changed drains the copies and starts over
