@@ -515,7 +515,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     if (i == 0) TILEINFER_STAMP(3);  // first tile landed
     if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
     cp_async_commit();
-    if (i + S < num_tiles) keys.lookup(i + S, true);  // into the slot tile i - 1 used
+    if (i + S < num_tiles) keys.lookup(i + S);  // into the slot tile i - 1 used
 
     const uint8_t* k_stage = kv_s + (i % S) * 2 * Cfg::kTileBytes;
     const uint8_t* v_stage = k_stage + Cfg::kTileBytes;

@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
         tile, k_pool, v_pool, k_dst, k_dst + Cfg::kTileBytes, [](int row, int ch) { return Cfg::offset(BN, row, ch); });
   };
 
-  for (int j = 0; j < S && j < num_tiles; ++j) keys.lookup(j, false);
+  keys.lookup_first(num_tiles);
   __syncthreads();  // row table and the first lookups
 
   copy_query_rows<BM, Cfg::kThreads, Cfg::kChunks, T>(p, row_token_s, row_head_s, q_s, tid,
@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
     __syncthreads();                     // ... everyone's; and everyone is done with tile i - 1
     if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
     cp_async_commit();
-    if (i + S < num_tiles) keys.lookup(i + S, true);  // into the slot tile i - 1 used
+    if (i + S < num_tiles) keys.lookup(i + S);  // into the slot tile i - 1 used
 
     const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
     if (!wg_has_rows || (p.causal && tile_pos > wg_qmax)) continue;  // warpgroup-uniform: nothing visible

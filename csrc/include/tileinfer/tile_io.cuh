@@ -39,20 +39,21 @@ struct KeyTiles {
   int* flags;
   int* entries;
 
-  // Pool rows of the keys of tile `tile` into its slot, and the slot's flags.
-  __device__ __forceinline__ void lookup(int tile, bool prefetched) const {
+  // Pool rows of the keys of tile `tile` into its slot, and the slot's flags,
+  // from the entries fetch_entries copied kStages tiles earlier.
+  __device__ __forceinline__ void lookup(int tile) const {
     if (tid < kBlockN) {
       const int pos = w.key_begin + tile * kBlockN + tid;
-      set_row(tile, !prefetched ? pool_row(kv, w.seq, w.kv_head, pos, w.key_end, page_shift)
-                    : pos < w.key_end ? pool_row_on_page(kv, entries[(tile % kStages) * kBlockN + tid], w.kv_head, pos)
-                                      : -1);
+      set_row(tile, pos < w.key_end ? pool_row_on_page(kv, entries[(tile % kStages) * kBlockN + tid], w.kv_head, pos)
+                                    : -1);
     }
   }
 
-  // lookup(tile, false) for one of the first kStages tiles in two steps, so
-  // that a thread's loads for all of them are in flight at once (one round
-  // trip instead of one per tile): first_entry reads the block-table entry of
-  // this thread's key (0 for none; kL2: from L2, as load_meta), lookup_entry takes it.
+  // The first kStages tiles' lookups (nothing fetched their entries) in two
+  // steps, so that a thread's loads for all of them are in flight at once
+  // (one round trip instead of one per tile): first_entry reads the
+  // block-table entry of this thread's key (0 for none; kL2: from L2, as
+  // load_meta), lookup_entry takes it. lookup_first does both.
   template <bool kL2 = false>
   __device__ __forceinline__ int first_entry(int tile) const {
     const int pos = w.key_begin + tile * kBlockN + tid;
@@ -64,6 +65,14 @@ struct KeyTiles {
       const int pos = w.key_begin + tile * kBlockN + tid;
       set_row(tile, pos < w.key_end ? pool_row_on_page(kv, entry, w.kv_head, pos) : -1);
     }
+  }
+  __device__ __forceinline__ void lookup_first(int num_tiles) const {
+    int e[kStages];
+#pragma unroll
+    for (int j = 0; j < kStages; ++j) e[j] = j < num_tiles ? first_entry(j) : 0;
+#pragma unroll
+    for (int j = 0; j < kStages; ++j)
+      if (j < num_tiles) lookup_entry(j, e[j]);
   }
 
   // Block-table entries of the keys of tile `tile`, copied asynchronously by
