@@ -93,6 +93,38 @@ def check_neutral_splits(po, pl, p, splits):
                     f"split {i} of sequence {s} has no pages but is not neutral"
 
 
+def split_pages(length, page, i, splits):
+    """Positions [lo, hi) of split i of `splits` over a sequence of `length`
+    positions: pages [i * ceil(P / S), (i + 1) * ceil(P / S)) of its P pages."""
+    pages = -(-max(length, 0) // page)
+    per = -(-pages // splits)
+    return min(length, i * per * page), min(length, (i + 1) * per * page)
+
+
+def split_exact(p, s, lo, hi, causal):
+    """float64 (out, lse) of sequence s's queries over its positions [lo, hi)
+    alone (causal as in the whole sequence); rows that see none: out 0, lse -inf."""
+    k, v, _ = reference.gather_kv(p.k_cache, p.v_cache, p.block_tables, p.seq_lens, s)
+    b, e = p.cu_seqlens_q.tolist()[s:s + 2]
+    group = p.q.shape[1] // k.shape[1]
+    L, n = k.shape[0], e - b
+    q = p.q[b:e].double().transpose(0, 1)  # [hq, n, d]
+    ks = k.double().repeat_interleave(group, dim=1).transpose(0, 1)
+    vs = v.double().repeat_interleave(group, dim=1).transpose(0, 1)
+    kpos = torch.arange(L, device=k.device)
+    mask = ((kpos >= lo) & (kpos < hi))[None, :].expand(n, L)
+    if causal:
+        mask = mask & (kpos[None, :] <= (L - n + torch.arange(n, device=k.device))[:, None])
+    scores = (q @ ks.transpose(1, 2) * p.scale).masked_fill(~mask, float("-inf"))
+    m = scores.amax(-1, keepdim=True)
+    seen = torch.isfinite(m)
+    w = torch.exp(scores - torch.where(seen, m, torch.zeros_like(m)))
+    den = w.sum(-1, keepdim=True)
+    out = (w @ vs) / torch.where(seen, den, torch.ones_like(den))  # rows that see nothing: w = 0
+    lse = torch.where(seen, m + torch.log(den), torch.full_like(m, float("-inf")))
+    return out.transpose(0, 1), lse.squeeze(-1).transpose(0, 1)
+
+
 def exact_attention(p, causal):
     """float64 (out, lse) of a problem. A sequence with queries but no position
     (seq_lens <= 0) is given one position on no page, which the reference

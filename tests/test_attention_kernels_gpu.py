@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tileinfer_attn import reference, testing
-from op_helpers import check_neutral_splits, has_cuda_kernel
+from op_helpers import check_neutral_splits, has_cuda_kernel, split_exact, split_pages
 
 pytestmark = pytest.mark.gpu
 
@@ -234,6 +234,28 @@ def test_decode_partials_match_exact(dtype, head_dim, page, group, n, splits, ca
     _check_out(merged, exact, dtype, "decode merged")
     _check_lse(merged_lse.float(), exact_lse, dtype, "decode lse")
     check_neutral_splits(po, pl, prob, splits)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("splits", [5, 32])
+def test_decode_split_rule(dtype, splits):
+    """Each split's partial is attention over its own pages of the sequence
+    alone, [i * ceil(P / S), (i + 1) * ceil(P / S)) (the decode op's docs):
+    several pages, one, a last short one, none."""
+    _need("decode")
+    page = 16
+    lens = [16 * 7 + 5, 3, 40, 1000, 16 * 32 * 2 + 1]
+    prob = testing.make_problem(lens, [2, 1, 4, 1, 3], 8, 2, 128, page, dtype=dtype, device=DEV, seed=splits)
+    po, pl = run_decode(prob, True, splits)
+    cu = prob.cu_seqlens_q.tolist()
+    for s, length in enumerate(lens):
+        for i in range(splits):
+            lo, hi = split_pages(length, page, i, splits)
+            ref, ref_lse = split_exact(prob, s, lo, hi, True)
+            rows = slice(cu[s], cu[s + 1])
+            what = f"sequence {s} (L = {length}) split {i} [{lo}, {hi})"
+            _check_out(po[i, rows], ref, dtype, what)
+            _check_lse(pl[i, rows], ref_lse, dtype, what + " lse")
 
 
 def test_decode_deterministic_and_padded_slots():
