@@ -8,8 +8,11 @@
 // No torch, no paging
 // library: a synthetic cache (Qwen3-4B heads 32 / 8, d 128, page 64, pages in
 // random order). Prints, per context length, the kernel's time and the
-// median / max over blocks of every interval. Build and run on the GPU:
-//   bash scripts/decode_timeline.sh
+// median / max over blocks of every interval. Mode `floor`: kernels that
+// only read the bytes of one sequence at 32k positions (contiguous, and as
+// 16-KB chunks in random order), for the floor decode stands on. Build and
+// run on the GPU:
+//   bash scripts/decode_timeline.sh [quick | floor | bf16-splits | int8-splits]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -53,6 +56,68 @@ __global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed, bool int8) {
 // next kernel start early.
 __global__ void idle_kernel() {}
 
+// The read kernels' block timeline (floor mode): thread 0 records the global
+// timer at its block's start (i = 0) and end (1), when `stamps` is not null.
+__device__ void block_stamp(unsigned long long* stamps, int i) {
+  if (stamps == nullptr || threadIdx.x != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  stamps[2 * blockIdx.x + i] = t;
+}
+
+// Reads 16-KB chunks (a page of one KV head at d 128, page 64), chunk ids
+// [b * per_block, (b + 1) * per_block) of `ids` for block b, four chunks at a
+// time (8 loads in flight per thread at 512 threads).
+__global__ void read_chunks_kernel(const uint4* __restrict__ p, const int* ids, int per_block, unsigned* out,
+                                   unsigned long long* stamps) {
+  block_stamp(stamps, 0);
+  constexpr int kVecs = 16384 / 16;
+  unsigned x = 0;
+  for (int c0 = 0; c0 < per_block; c0 += 4) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int c = c0 + u / 2;
+      const int j = threadIdx.x + (u % 2) * blockDim.x;
+      v[u] = c < per_block && j < kVecs
+                 ? __ldcs(p + size_t(ids[blockIdx.x * per_block + c]) * kVecs + j)
+                 : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (x == 0x9e3779b9u) *out = x;
+  __syncthreads();
+  block_stamp(stamps, 1);
+}
+
+// Reads `n` 16-byte vectors (a contiguous chunk per block, kUnroll loads in
+// flight per thread) and keeps an XOR of them, stored only if it equals a
+// value it never takes in practice: the floor of a kernel that only reads
+// the bytes decode reads.
+template <int kUnroll>
+__global__ void read_kernel(const uint4* __restrict__ p, size_t n, unsigned* out,
+                            unsigned long long* stamps = nullptr) {
+  block_stamp(stamps, 0);
+  const size_t per_block = (n + gridDim.x - 1) / gridDim.x;
+  const size_t begin = blockIdx.x * per_block;
+  const size_t end = begin + per_block < n ? begin + per_block : n;
+  unsigned x = 0;
+  for (size_t i = begin + threadIdx.x; i < end; i += size_t(kUnroll) * blockDim.x) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t j = i + size_t(u) * blockDim.x;
+      v[u] = j < end ? __ldcs(p + j) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (x == 0x9e3779b9u) *out = x;
+  __syncthreads();
+  block_stamp(stamps, 1);
+}
+
 struct Stats {
   double med, max;
 };
@@ -62,7 +127,8 @@ static Stats stats(std::vector<double> v) {
 }
 
 template <class Cfg>
-void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int splits_override = 0, bool chain = false) {
+void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int splits_override = 0, bool chain = false,
+         bool shuffle = true) {
   constexpr bool kInt8 = Cfg::kInt8;
   const int row_bytes = kD * (kInt8 ? 1 : 2);
   const int pages_per_seq = (len + kPage - 1) / kPage;
@@ -88,7 +154,7 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
   }
   std::vector<int> table(num_pages);
   std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), std::mt19937(7));
+  if (shuffle) std::shuffle(table.begin(), table.end(), std::mt19937(7));
   std::vector<int> lens(seqs, len), cu(seqs + 1);
   for (int i = 0; i <= seqs; ++i) cu[i] = i;
   std::vector<__nv_bfloat16> q(size_t(seqs) * kHq * kD);
@@ -232,6 +298,14 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
       }, kIters);
       std::printf("       decode + combine, %s launches: %.1f us per step\n", pdl ? "programmatic" : "plain", t);
     }
+    {  // the step's output bits, to compare the variants of an A / B run
+      std::vector<uint32_t> h(size_t(seqs) * kHq * kD / 2);
+      CHECK(cudaDeviceSynchronize());
+      CHECK(cudaMemcpy(h.data(), out, h.size() * 4, cudaMemcpyDeviceToHost));
+      uint32_t x = 2166136261u;
+      for (uint32_t v : h) x = (x ^ v) * 16777619u;
+      std::printf("       output hash %08x\n", x);
+    }
     const double t_idle = time_us([&] { idle_kernel<<<1, 32>>>(); }, kIters);
     const double t_behind = time_us([&] {
       idle_kernel<<<1, 32>>>();
@@ -280,6 +354,70 @@ int main(int argc, char** argv) {
       run<Int8SmallTile>("int8s", seqs, 32768, sms, false, old_int8_splits(sms, seqs), true);
       run<Int8WideTile>("int8w", seqs, 32768, sms, false, 0, true);
     }
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "floor") {
+    // What a kernel that only reads 1 x 32k's K and V (134 MB) takes,
+    // launched back to back the ordinary way (as "kernel" below).
+    const size_t bytes = size_t(2) * 32768 * kHkv * kD * 2;
+    uint4* buf;
+    unsigned* sink;
+    CHECK(cudaMalloc(&buf, bytes));
+    CHECK(cudaMalloc(&sink, 4));
+    fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(buf), bytes, 9, false);
+    const size_t n = bytes / 16;
+    for (int blocks : {sms, 2 * sms, 4 * sms, 8 * sms})
+      for (int threads : {256, 512}) {
+        const double t8 = time_us([&] { read_kernel<8><<<blocks, threads>>>(buf, n, sink); }, 50);
+        const double t4 = time_us([&] { read_kernel<4><<<blocks, threads>>>(buf, n, sink); }, 50);
+        std::printf("read only, %zu MB, %4d blocks x %3d threads: %.1f us (%.0f GB/s) with 8 loads in flight per"
+                    " thread, %.1f us with 4\n", bytes >> 20, blocks, threads, t8, bytes / t8 / 1e3, t4);
+      }
+    // Block start / end of two shapes, as the decode timeline's: is the
+    // uneven end across SMs there too?
+    unsigned long long* st;
+    CHECK(cudaMalloc(&st, size_t(16) * sms * 16));
+    auto spread = [&](const char* what, int blocks, auto launch) {
+      for (int i = 0; i < 3; ++i) launch();
+      CHECK(cudaDeviceSynchronize());
+      std::vector<unsigned long long> s(size_t(2) * blocks);
+      CHECK(cudaMemcpy(s.data(), st, s.size() * 8, cudaMemcpyDeviceToHost));
+      unsigned long long t0 = ~0ull;
+      for (int b = 0; b < blocks; ++b) t0 = std::min(t0, s[2 * b]);
+      std::vector<double> start, end;
+      for (int b = 0; b < blocks; ++b) {
+        start.push_back((s[2 * b] - t0) / 1e3);
+        end.push_back((s[2 * b + 1] - t0) / 1e3);
+      }
+      const Stats a = stats(start), e = stats(end);
+      std::sort(end.begin(), end.end());
+      std::printf("read only, %s: block start med %.2f max %.2f | end min %.1f med %.1f max %.1f us (from the"
+                  " first block's start)\n", what, a.med, a.max, end.front(), e.med, e.max);
+    };
+    spread("264 blocks x 512 threads, 8 loads each", 2 * sms,
+           [&] { read_kernel<8><<<2 * sms, 512>>>(buf, n, sink, st); });
+    spread("256 blocks x 128 threads, 32 loads each (decode's 64 KB in flight per block)", 256,
+           [&] { read_kernel<32><<<256, 128>>>(buf, n, sink, st); });
+    // The same bytes as 16-KB chunks in random order (the paged K and V of
+    // one KV head: decode_timeline's cache), 256 blocks of 2 x 256 chunks.
+    const int chunks = int(bytes / 16384);
+    std::vector<int> ids(chunks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(11));
+    int* d_ids;
+    CHECK(cudaMalloc(&d_ids, chunks * 4));
+    CHECK(cudaMemcpy(d_ids, ids.data(), chunks * 4, cudaMemcpyHostToDevice));
+    spread("256 blocks x 512 threads, 16-KB chunks in random order", 256,
+           [&] { read_chunks_kernel<<<256, 512>>>(buf, d_ids, chunks / 256, sink, st); });
+    std::printf("read only, 256 blocks x 512 threads, 16-KB chunks in random order: %.1f us\n",
+                time_us([&] { read_chunks_kernel<<<256, 512>>>(buf, d_ids, chunks / 256, sink, st); }, 50));
+    CHECK(cudaFree(d_ids));
+    CHECK(cudaFree(st));
+    CHECK(cudaFree(buf));
+    CHECK(cudaFree(sink));
+    run<Bf16Tile>("bf16", 1, 32768, sms, false, 0, true);
+    std::printf("  (pages in order:)\n");
+    run<Bf16Tile>("bf16", 1, 32768, sms, false, 0, true, false);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "quick") {
