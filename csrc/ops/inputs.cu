@@ -9,6 +9,7 @@
 // grids depend on shapes only, so a captured CUDA graph stays valid as
 // sequences grow.
 #include <cstdint>
+#include <type_traits>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -131,6 +132,21 @@ void launch_kv_write(const KVWriteParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, L::kGroups)));
   C10_CUDA_CHECK(launch_kernel(kv_write_kernel<T, D, NORM, ROPE, INT8>, grid, dim3(kInputsThreads), 0, stream,
                                programmatic_launch(c10::cuda::current_device()), p));
+}
+
+// attention_inputs' keys / values kernel. An int8 pool takes bf16 / fp16 rows
+// (checked by the op): a function template, so that `if constexpr` keeps fp32
+// rows with INT8 from being instantiated (in the dispatch macros' plain
+// lambdas it would not).
+template <typename T, int D, bool KNORM>
+void launch_inputs_kv(const KVWriteParams& p, bool int8, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    launch_kv_write<T, D, KNORM, true, false>(p, stream);
+  } else if (int8) {
+    launch_kv_write<T, D, KNORM, true, true>(p, stream);
+  } else {
+    launch_kv_write<T, D, KNORM, true, false>(p, stream);
+  }
 }
 
 // The shapes of a token tensor op (rms_norm, rope) on x and out.
@@ -267,39 +283,22 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
   KVWriteParams kp = kv_write_params(kv, k_cache, v_cache, k_scale, v_scale, k, v);
   kp.k_weight = k_norm_weight.has_value() ? k_norm_weight->data_ptr() : nullptr;
   kp.eps = static_cast<float>(eps);
-  kp.after_queries = q.size(0) * q.size(1) > 0;  // launch 1 below runs (else launch 2 waits as usual)
+  kp.after_queries = q.size(0) * q.size(1) > 0;  // the queries kernel below runs (else the keys / values wait as usual)
 
-  // Launch 1: the queries. (The table's float4 path depends on the element width.)
+  // The queries, then the keys and values. (The table's float4 path depends
+  // on the element width.)
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TILEINFER_DISPATCH_FLOAT(dtype, op, [&] {
-    qp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
+    qp.rope = kp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
     TILEINFER_DISPATCH_HEAD_DIM(d, op, [&] {
       TILEINFER_BOOL_SWITCH(q_norm_weight.has_value(), QNORM, [&] {
         launch_rows<scalar_t, HEAD_DIM, QNORM, PosFrom::kMetadata>(qp, stream);
       });
+      TILEINFER_BOOL_SWITCH(k_norm_weight.has_value(), KNORM, [&] {
+        launch_inputs_kv<scalar_t, HEAD_DIM, KNORM>(kp, s.int8, stream);
+      });
     });
   });
-  // Launch 2: keys and values. An int8 pool takes bf16/fp16 rows (checked
-  // above): fp32 rows with INT8 are never instantiated.
-  if (s.int8) {
-    TILEINFER_DISPATCH_HALF(dtype, op, [&] {
-      kp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
-      TILEINFER_DISPATCH_HEAD_DIM(d, op, [&] {
-        TILEINFER_BOOL_SWITCH(k_norm_weight.has_value(), KNORM, [&] {
-          launch_kv_write<scalar_t, HEAD_DIM, KNORM, true, true>(kp, stream);
-        });
-      });
-    });
-  } else {
-    TILEINFER_DISPATCH_FLOAT(dtype, op, [&] {
-      kp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
-      TILEINFER_DISPATCH_HEAD_DIM(d, op, [&] {
-        TILEINFER_BOOL_SWITCH(k_norm_weight.has_value(), KNORM, [&] {
-          launch_kv_write<scalar_t, HEAD_DIM, KNORM, true, false>(kp, stream);
-        });
-      });
-    });
-  }
 }
 
 }  // namespace tileinfer::cuda

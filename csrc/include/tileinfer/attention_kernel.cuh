@@ -240,15 +240,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     w = Work::template make<BM>(p, meta);
     num_tiles = w.active && w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
     write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
-#pragma unroll
-    for (int j = 0; j < S; ++j) first_entries[j] = j < num_tiles ? keys.first_entry(j) : 0;
+    keys.first_entries(first_entries, num_tiles);
   };
-
-  auto finish_lookups = [&] {
-#pragma unroll
-    for (int j = 0; j < S; ++j)
-      if (j < num_tiles) keys.lookup_entry(j, first_entries[j]);
-  };
+  auto finish_lookups = [&] { keys.lookup_entries(first_entries, num_tiles); };
   start();
   TILEINFER_STAMP(1);  // metadata read, first entries in flight
   auto load_tile = [&](int tile) {
@@ -324,8 +318,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     int entries_now[S];
     if (p.programmatic) {
       now = Work::template read_meta<true>(p);
-#pragma unroll
-      for (int j = 0; j < S; ++j) entries_now[j] = j < num_tiles ? keys.template first_entry<true>(j) : 0;
+      keys.template first_entries<true>(entries_now, num_tiles);
     }
     TILEINFER_STAMP(2);  // waited
     if (w.active) issue_first_copies();  // block-uniform

@@ -42,37 +42,28 @@ struct KeyTiles {
   // Pool rows of the keys of tile `tile` into its slot, and the slot's flags,
   // from the entries fetch_entries copied kStages tiles earlier.
   __device__ __forceinline__ void lookup(int tile) const {
-    if (tid < kBlockN) {
-      const int pos = w.key_begin + tile * kBlockN + tid;
-      set_row(tile, pos < w.key_end ? pool_row_on_page(kv, entries[(tile % kStages) * kBlockN + tid], w.kv_head, pos)
-                                    : -1);
-    }
+    lookup_with(tile, [&] { return entries[(tile % kStages) * kBlockN + tid]; });
   }
 
   // The first kStages tiles' lookups (nothing fetched their entries) in two
   // steps, so that a thread's loads for all of them are in flight at once
-  // (one round trip instead of one per tile): first_entry reads the
-  // block-table entry of this thread's key (0 for none; kL2: from L2, as
-  // load_meta), lookup_entry takes it. lookup_first does both.
+  // (one round trip instead of one per tile): first_entries reads the
+  // block-table entries of this thread's keys (0 for none; kL2: from L2, as
+  // load_meta), lookup_entries takes them. lookup_first does both.
   template <bool kL2 = false>
-  __device__ __forceinline__ int first_entry(int tile) const {
-    const int pos = w.key_begin + tile * kBlockN + tid;
-    if (tid >= kBlockN || pos >= w.key_end) return 0;
-    return load_meta<kL2>(kv.block_tables + static_cast<int64_t>(w.seq) * kv.max_pages + (pos >> page_shift));
+  __device__ __forceinline__ void first_entries(int (&e)[kStages], int num_tiles) const {
+#pragma unroll
+    for (int j = 0; j < kStages; ++j) e[j] = j < num_tiles ? first_entry<kL2>(j) : 0;
   }
-  __device__ __forceinline__ void lookup_entry(int tile, int entry) const {
-    if (tid < kBlockN) {
-      const int pos = w.key_begin + tile * kBlockN + tid;
-      set_row(tile, pos < w.key_end ? pool_row_on_page(kv, entry, w.kv_head, pos) : -1);
-    }
+  __device__ __forceinline__ void lookup_entries(const int (&e)[kStages], int num_tiles) const {
+#pragma unroll
+    for (int j = 0; j < kStages; ++j)
+      if (j < num_tiles) lookup_with(j, [&] { return e[j]; });
   }
   __device__ __forceinline__ void lookup_first(int num_tiles) const {
     int e[kStages];
-#pragma unroll
-    for (int j = 0; j < kStages; ++j) e[j] = j < num_tiles ? first_entry(j) : 0;
-#pragma unroll
-    for (int j = 0; j < kStages; ++j)
-      if (j < num_tiles) lookup_entry(j, e[j]);
+    first_entries(e, num_tiles);
+    lookup_entries(e, num_tiles);
   }
 
   // Block-table entries of the keys of tile `tile`, copied asynchronously by
@@ -109,11 +100,26 @@ struct KeyTiles {
   }
 
  private:
-  __device__ __forceinline__ void set_row(int tile, int row) const {
-    const int slot = tile % kSlots;
-    key_rows[slot * kBlockN + tid] = row;
-    const unsigned skipped = __ballot_sync(0xffffffffu, row < 0);
-    if ((tid & 31) == 0) flags[slot * kFlags + (tid >> 5)] = skipped != 0u;
+  // The block-table entry of this thread's key of the first tile `tile`.
+  template <bool kL2>
+  __device__ __forceinline__ int first_entry(int tile) const {
+    const int pos = w.key_begin + tile * kBlockN + tid;
+    if (tid >= kBlockN || pos >= w.key_end) return 0;
+    return load_meta<kL2>(kv.block_tables + static_cast<int64_t>(w.seq) * kv.max_pages + (pos >> page_shift));
+  }
+  // Pool row of this thread's key of tile `tile`, from its page's block-table
+  // entry (entry(), read only for a key in range), into the tile's slot, and
+  // the slot's flags.
+  template <class Entry>
+  __device__ __forceinline__ void lookup_with(int tile, Entry entry) const {
+    if (tid < kBlockN) {
+      const int pos = w.key_begin + tile * kBlockN + tid;
+      const int row = pos < w.key_end ? pool_row_on_page(kv, entry(), w.kv_head, pos) : -1;
+      const int slot = tile % kSlots;
+      key_rows[slot * kBlockN + tid] = row;
+      const unsigned skipped = __ballot_sync(0xffffffffu, row < 0);
+      if ((tid & 31) == 0) flags[slot * kFlags + (tid >> 5)] = skipped != 0u;
+    }
   }
 };
 
