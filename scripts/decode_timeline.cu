@@ -6,8 +6,8 @@
 //   4 key loop done (warp 0), 6 every warp's loop done, 7 the warps' parts
 //   merged into shared memory, 5 partial written (stores issued).
 // No torch, no paging
-// library: a synthetic cache (Qwen3-4B heads 32 / 8, d 128, page 64, pages in
-// random order). Prints, per context length, the kernel's time and the
+// library: a synthetic cache (Qwen3-4B heads 32 / 8, d 128 unless a case says
+// otherwise, page 64, pages in random order). Prints, per context length, the kernel's time and the
 // median / max over blocks of every interval. Mode `floor`: kernels that
 // only read the bytes of one sequence at 32k positions (contiguous, and as
 // 16-KB chunks in random order), for the floor decode stands on. Build and
@@ -37,6 +37,8 @@ constexpr int kHq = 32, kHkv = 8, kD = 128, kPage = 64;
 using Bf16Tile = DecodeTileSmall<__nv_bfloat16, kD>;
 using Int8WideTile = DecodeTileInt8Wide<__nv_bfloat16, kD>;
 using Int8SmallTile = DecodeTileSmall<__nv_bfloat16, kD, int8_t>;
+using Bf16Tile64 = DecodeTileSmall<__nv_bfloat16, 64>;
+using Bf16Tile256 = DecodeTileSmall<__nv_bfloat16, 256>;
 
 // The int8 split rule before 2026-11-29's sixth session: three narrow blocks per SM.
 int old_int8_splits(int sms, int seqs) { return std::min(32, std::max(1, 3 * sms / (seqs * kHkv))); }
@@ -130,6 +132,7 @@ template <class Cfg>
 void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int splits_override = 0, bool chain = false,
          bool shuffle = true) {
   constexpr bool kInt8 = Cfg::kInt8;
+  constexpr int kD = Cfg::D;
   const int row_bytes = kD * (kInt8 ? 1 : 2);
   const int pages_per_seq = (len + kPage - 1) / kPage;
   const int num_pages = seqs * pages_per_seq;
@@ -426,6 +429,10 @@ int main(int argc, char** argv) {
     run<Bf16Tile>("bf16", 8, 32768, sms, false, 0, true);
     run<Bf16Tile>("bf16", 32, 4096, sms, false, 0, true);
     run<Int8WideTile>("int8w", 1, 32768, sms, false, 0, true);
+    for (int seqs : {1, 32}) {  // the other head dims
+      run<Bf16Tile64>("bf16d64", seqs, seqs == 1 ? 32768 : 4096, sms, false, 0, true);
+      run<Bf16Tile256>("bf16d256", seqs, seqs == 1 ? 32768 : 4096, sms, false, 0, true);
+    }
     return 0;
   }
   for (int len : {1024, 8192, 32768, 131072}) run<Bf16Tile>("bf16", 1, len, sms, false, 0, len == 32768);

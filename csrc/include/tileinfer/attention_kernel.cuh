@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   auto load_tile = [&](int tile) {
     uint8_t* k_dst = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
     uint8_t* v_dst = k_dst + Cfg::kTileBytes;
-    keys.template copy_kv<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes>(
+    keys.template copy_kv<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes, Cfg::kWarpsM == 1>(
         tile, k_pool, v_pool, k_dst, v_dst, [](int row, int ch) { return Cfg::stage_offset(row, ch); });
     if constexpr (Cfg::kInt8) {
       // A pool row is also the index of its scale ([num_pages, num_kv_heads, page_size]).
@@ -803,8 +803,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       }
     }
   }
+  // The key-slice warps (decode) skip rows of no query, which are never
+  // stored: most of the rows when a group packs fewer than the tile has (a
+  // GQA-4 group: 4 of 16). (Prefill's int8 tile spilled registers with it.)
 #pragma unroll
   for (int R = 0; R < kR; ++R) {
+    if (Cfg::kWarpsN > 1 && row_token_s[row_of(R)] < 0) continue;
     float* row = o_s + (warp_n * BM + row_of(R)) * Cfg::kOStride;
     const float f = out_scale[R];
     if constexpr (Cfg::kValuesInRegs) {  // columns 16 ch + 4 quad .. + 3 (see the P V product)

@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, key_rows_s, flags_s, entries_s};
   auto load_tile = [&](int tile) {
     uint8_t* k_dst = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
-    keys.template copy_kv<Cfg::kThreads, Cfg::kChunks, Cfg::kRowBytes>(
+    keys.template copy_kv<Cfg::kThreads, Cfg::kChunks, Cfg::kRowBytes, false>(
         tile, k_pool, v_pool, k_dst, k_dst + Cfg::kTileBytes, [](int row, int ch) { return Cfg::offset(BN, row, ch); });
   };
 
