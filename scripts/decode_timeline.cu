@@ -5,13 +5,12 @@
 //   entries read and the previous kernel waited for, 3 first K/V tile landed,
 //   4 key loop done (warp 0), 6 every warp's loop done, 7 the warps' parts
 //   merged into shared memory, 5 partial written (stores issued).
-// No torch, no paging
-// library: a synthetic cache (Qwen3-4B heads 32 / 8, d 128 unless a case says
-// otherwise, page 64, pages in random order). Prints, per context length, the kernel's time and the
-// median / max over blocks of every interval. Mode `floor`: kernels that
-// only read the bytes of one sequence at 32k positions (contiguous, and as
-// 16-KB chunks in random order), for the floor decode stands on. Build and
-// run on the GPU:
+// No torch, no paging library: a synthetic cache (Qwen3-4B heads 32 / 8, d 128
+// unless a case says otherwise, page 64, pages in random order). Prints, per
+// context length, the kernel's time and the median / max over blocks of every
+// interval. Mode `floor`: kernels that only read the bytes of one sequence at
+// 32k positions (contiguous, and as 16-KB chunks in random order), for the
+// floor decode stands on. Build and run on the GPU:
 //   bash scripts/decode_timeline.sh [quick | floor | bf16-splits | int8-splits]
 #include <algorithm>
 #include <cmath>
