@@ -103,26 +103,20 @@ def split_pages(length, page, i, splits):
 
 def split_exact(p, s, lo, hi, causal):
     """float64 (out, lse) of sequence s's queries over its positions [lo, hi)
-    alone (causal as in the whole sequence); rows that see none: out 0, lse -inf."""
-    k, v, _ = reference.gather_kv(p.k_cache, p.v_cache, p.block_tables, p.seq_lens, s)
-    b, e = p.cu_seqlens_q.tolist()[s:s + 2]
-    group = p.q.shape[1] // k.shape[1]
-    L, n = k.shape[0], e - b
-    q = p.q[b:e].double().transpose(0, 1)  # [hq, n, d]
-    ks = k.double().repeat_interleave(group, dim=1).transpose(0, 1)
-    vs = v.double().repeat_interleave(group, dim=1).transpose(0, 1)
-    kpos = torch.arange(L, device=k.device)
-    mask = ((kpos >= lo) & (kpos < hi))[None, :].expand(n, L)
-    if causal:
-        mask = mask & (kpos[None, :] <= (L - n + torch.arange(n, device=k.device))[:, None])
-    scores = (q @ ks.transpose(1, 2) * p.scale).masked_fill(~mask, float("-inf"))
-    m = scores.amax(-1, keepdim=True)
-    seen = torch.isfinite(m)
-    w = torch.exp(scores - torch.where(seen, m, torch.zeros_like(m)))
-    den = w.sum(-1, keepdim=True)
-    out = (w @ vs) / torch.where(seen, den, torch.ones_like(den))  # rows that see nothing: w = 0
-    lse = torch.where(seen, m + torch.log(den), torch.full_like(m, float("-inf")))
-    return out.transpose(0, 1), lse.squeeze(-1).transpose(0, 1)
+    alone (lo on a page boundary; causal as in the whole sequence): the
+    reference with the sequence's other pages marked outside the pool and the
+    other sequences' queries dropped. Rows that see none: out 0, lse -inf."""
+    page = p.k_cache.shape[2]
+    first, end = lo // page, -(-hi // page) if hi > lo else 0  # pages kept: [first, end)
+    tables = p.block_tables.clone()
+    tables[s, :first] = -1
+    tables[s, max(first, end):] = -1
+    cu = p.cu_seqlens_q.clone()
+    b, e = cu[s].item(), cu[s + 1].item()
+    cu[:s + 1], cu[s + 1:] = b, e
+    out, lse = reference.paged_attention(p.q, p.k_cache, p.v_cache, tables, p.seq_lens, cu, p.scale, causal,
+                                         exact=True, return_lse=True)
+    return out[b:e], lse[b:e]
 
 
 def exact_attention(p, causal):

@@ -97,6 +97,10 @@ struct TileConfig {
   static constexpr bool kQInRegs = D * kRowTiles <= 128;
   static constexpr int kOStride = D + 8;  // fp32 epilogue rows: +8 floats avoids bank conflicts
   static constexpr int kRowSlots = kStages + 1;  // key-row lookups run one tile ahead of the copies
+  // Warps split each key tile (decode: the packed rows fit one row tile):
+  // a stream over the cache, whose copies take the page-run path
+  // (KeyTiles::copy_kv) and whose epilogue skips rows of no query.
+  static constexpr bool kKeySlices = kWarpsN > 1;
 
   static_assert(kThreads == 128, "the kernels are written for 4 warps");
   static_assert(kWarpsM == 1 || kWarpsN == 1, "warps split either rows or keys (int8 conversion barriers)");
@@ -248,7 +252,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   auto load_tile = [&](int tile) {
     uint8_t* k_dst = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
     uint8_t* v_dst = k_dst + Cfg::kTileBytes;
-    keys.template copy_kv<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes, Cfg::kWarpsM == 1>(
+    keys.template copy_kv<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes, Cfg::kKeySlices>(
         tile, k_pool, v_pool, k_dst, v_dst, [](int row, int ch) { return Cfg::stage_offset(row, ch); });
     if constexpr (Cfg::kInt8) {
       // A pool row is also the index of its scale ([num_pages, num_kv_heads, page_size]).
@@ -808,7 +812,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // GQA-4 group: 4 of 16). (Prefill's int8 tile spilled registers with it.)
 #pragma unroll
   for (int R = 0; R < kR; ++R) {
-    if (Cfg::kWarpsN > 1 && row_token_s[row_of(R)] < 0) continue;
+    if (Cfg::kKeySlices && row_token_s[row_of(R)] < 0) continue;
     float* row = o_s + (warp_n * BM + row_of(R)) * Cfg::kOStride;
     const float f = out_scale[R];
     if constexpr (Cfg::kValuesInRegs) {  // columns 16 ch + 4 quad .. + 3 (see the P V product)

@@ -69,7 +69,7 @@ struct KeyTiles {
   // Block-table entries of the keys of tile `tile`, copied asynchronously by
   // the thread that will look them up (so no barrier is needed before it does).
   __device__ __forceinline__ void fetch_entries(int tile) const {
-    const int pos = w.key_begin + tile * kBlockN + tid;
+    const int pos = tile_start(tile) + tid;
     if (tid < kBlockN && pos < w.key_end) {
       cp_async_4(entries + (tile % kStages) * kBlockN + tid,
                  kv.block_tables + static_cast<int64_t>(w.seq) * kv.max_pages + (pos >> page_shift), true);
@@ -94,7 +94,7 @@ struct KeyTiles {
     // over the cache (H200, page 64: -0.3 us at 1 x 32k, -10 us at d 256 32 x
     // 4k; NOTES v12); prefill is bound by its math, and its int8 tile, at 255
     // registers, spilled with it.
-    const int pos = w.key_begin + tile * kBlockN;
+    const int pos = tile_start(tile);
     const int row0 = rows[0];
     if (kPageRuns && (pos >> page_shift) == ((pos + kBlockN - 1) >> page_shift) && pos + kBlockN <= w.key_end &&
         row0 >= 0) {
@@ -123,10 +123,12 @@ struct KeyTiles {
   }
 
  private:
+  // Position of key 0 of tile `tile`.
+  __device__ __forceinline__ int tile_start(int tile) const { return w.key_begin + tile * kBlockN; }
   // The block-table entry of this thread's key of the first tile `tile`.
   template <bool kL2>
   __device__ __forceinline__ int first_entry(int tile) const {
-    const int pos = w.key_begin + tile * kBlockN + tid;
+    const int pos = tile_start(tile) + tid;
     if (tid >= kBlockN || pos >= w.key_end) return 0;
     return load_meta<kL2>(kv.block_tables + static_cast<int64_t>(w.seq) * kv.max_pages + (pos >> page_shift));
   }
@@ -136,7 +138,7 @@ struct KeyTiles {
   template <class Entry>
   __device__ __forceinline__ void lookup_with(int tile, Entry entry) const {
     if (tid < kBlockN) {
-      const int pos = w.key_begin + tile * kBlockN + tid;
+      const int pos = tile_start(tile) + tid;
       const int row = pos < w.key_end ? pool_row_on_page(kv, entry(), w.kv_head, pos) : -1;
       const int slot = tile % kSlots;
       key_rows[slot * kBlockN + tid] = row;
