@@ -291,13 +291,14 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
     c.o_stride_token = kHq * kD;
     c.o_stride_head = kD;
     c.lse = nullptr;
+    auto step = [&](bool pdl) {
+      AttentionParams d = p;
+      d.programmatic = pdl;  // as launch_attention sets it
+      CHECK(launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, cudaStream_t(0), pdl, d));
+      CHECK((launch_combine<__nv_bfloat16, kD>(c, cudaStream_t(0), pdl)));
+    };
     for (bool pdl : {false, true}) {
-      const double t = time_us([&] {
-        AttentionParams d = p;
-        d.programmatic = pdl;  // as launch_attention sets it
-        CHECK(launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, cudaStream_t(0), pdl, d));
-        CHECK((launch_combine<__nv_bfloat16, kD>(c, cudaStream_t(0), pdl)));
-      }, kIters);
+      const double t = time_us([&] { step(pdl); }, kIters);
       std::printf("       decode + combine, %s launches: %.1f us per step\n", pdl ? "programmatic" : "plain", t);
     }
     {  // the step's output bits, to compare the variants of an A / B run
@@ -311,10 +312,7 @@ void run(const char* name, int seqs, int len, int sms, bool by_sm = false, int s
     const double t_idle = time_us([&] { idle_kernel<<<1, 32>>>(); }, kIters);
     const double t_behind = time_us([&] {
       idle_kernel<<<1, 32>>>();
-      AttentionParams d = p;
-        d.programmatic = true;
-      CHECK(launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, cudaStream_t(0), true, d));
-      CHECK((launch_combine<__nv_bfloat16, kD>(c, cudaStream_t(0), true)));
+      step(true);
     }, kIters);
     std::printf("       decode + combine, programmatic, each behind an empty kernel that does not trigger: %.1f us per"
                 " step (the empty kernel alone: %.1f us)\n", t_behind, t_idle);

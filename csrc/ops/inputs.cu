@@ -140,13 +140,10 @@ void launch_kv_write(const KVWriteParams& p, cudaStream_t stream) {
 // lambdas it would not).
 template <typename T, int D, bool KNORM>
 void launch_inputs_kv(const KVWriteParams& p, bool int8, cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, float>) {
-    launch_kv_write<T, D, KNORM, true, false>(p, stream);
-  } else if (int8) {
-    launch_kv_write<T, D, KNORM, true, true>(p, stream);
-  } else {
-    launch_kv_write<T, D, KNORM, true, false>(p, stream);
+  if constexpr (!std::is_same_v<T, float>) {
+    if (int8) return launch_kv_write<T, D, KNORM, true, true>(p, stream);
   }
+  launch_kv_write<T, D, KNORM, true, false>(p, stream);
 }
 
 // The shapes of a token tensor op (rms_norm, rope) on x and out.
