@@ -103,9 +103,10 @@ def set_bytes(p: Problem) -> int:
 
 
 def attention_flops(p: Problem, causal: bool = True) -> float:
-    """2 matmuls x 2 FLOPs x (query, key) pairs x d x query heads. SPEC's causal
-    count for a full prompt of L is 2*2*L*L/2*d*Hq; a step of n < L queries at the
-    end of L positions sees n*(L-n) + n*(n+1)/2 pairs; non-causal n*L."""
+    """2 matmuls x 2 FLOPs x (query, key) pairs x d x query heads. The causal
+    count for a full prompt of L is 2*2*L*L/2*d*Hq (half the pairs, the usual
+    convention); a step of n < L queries at the end of L positions sees
+    n*(L-n) + n*(n+1)/2 pairs; non-causal n*L."""
     total = 0.0
     for L, n in zip(p.lens, p.q_lens, strict=True):
         if not causal:
@@ -139,32 +140,6 @@ def ours_attention(p: Problem, causal: bool = True):
     return fn, (out, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
 
 
-def with_env(made, **env):
-    """(fn, args) of an impl whose calls run with these environment variables
-    set (the ops read their switches at every call, and a graph capture
-    records what was read then)."""
-    fn, args = made
-
-    def wrapped(*a):
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return fn(*a)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    del os.environ[k]
-                else:
-                    os.environ[k] = v
-    return wrapped, args
-
-
-def ours_attention_no_pdl(p: Problem, causal: bool = True):
-    """The attention op with every kernel launched the ordinary way
-    (TILEINFER_NO_PDL=1): what programmatic dependent launch gains."""
-    return with_env(ours_attention(p, causal), TILEINFER_NO_PDL="1")
-
-
 def ours_decode_combine(p: Problem, splits: int, causal: bool = True, int8: Optional[dict] = None):
     """decode into `splits` fp32 partials, then combine: the attention op's
     decode path with another split count than the dispatcher's
@@ -184,11 +159,6 @@ def ours_decode_combine(p: Problem, splits: int, causal: bool = True, int8: Opti
         ops.combine(out, None, po, pl)
         return out
     return fn, (out, po, pl, p.q, *caches, p.block_tables, p.seq_lens, p.cu_seqlens_q, *extra)
-
-
-def ours_prefill_tile_kernel(p: Problem, causal: bool = True):
-    """prefill on the mma.sync tile kernel (TILEINFER_PREFILL_WGMMA=0), next to the default wgmma kernel."""
-    return with_env(ours_prefill(p, causal), TILEINFER_PREFILL_WGMMA="0")
 
 
 # ----------------------------------------------------------------------------- peers
@@ -286,7 +256,7 @@ def eager_reference(p: Problem, causal: bool = True):
     ref = common.load_reference()
 
     def fn(q, kc, vc, bt, sl, cu):
-        return ref.paged_attention(q, kc, vc, bt, sl, cu, p.scale, causal=causal)
+        return ref.paged_attention(q, kc, vc, bt, sl, cu, p.max_q_len, p.scale, causal)
     return fn, (p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
 
 
@@ -422,19 +392,22 @@ def timed(label: str, make: Callable, problems: Sequence[Problem], graph: bool, 
 
 def time_impls(label: str, impls: Sequence[tuple], sets: Sequence[Problem], errors: list, *, ours: str,
                base: Sequence[str], metrics: Callable, extra: Optional[dict] = None, **bench_kw) -> list:
-    """Times every (name, make, graph) of one case on the same input sets and
-    returns one row each: times, metrics(Timing) (e.g. TFLOP/s, GB/s), the time
+    """Times every (name, make, graph[, role]) of one case on the same input
+    sets and returns one row each: times, metrics(Timing) (e.g. TFLOP/s, GB/s),
+    the role ("ours" for `ours`, else the given one, default "peer"; "dev" marks
+    an internal A/B variant that README's plot and tables leave out), the time
     ratio to ours (t / t_ours: above 1 means ours is faster) and the relative
     difference of its output to that of the first of `base` that ran (a sanity
     check, not a test; the row says which in `diff_vs`)."""
     rows, outs = [], {}
-    for name, make, graph in impls:
+    for name, make, graph, *role in impls:
         r = timed(f"{label} {name}", make, sets, graph, errors, **bench_kw)
         if r is None:
             continue
         t, note, out = r
         outs[name] = packed_output(sets[0], out)
-        rows.append(dict(case=label, impl=name, **(extra or {}), us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us,
+        rows.append(dict(case=label, impl=name, role="ours" if name == ours else (role[0] if role else "peer"),
+                         **(extra or {}), us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us,
                          mode=t.mode, sets=t.sets, note=note, **metrics(t)))
         sys.stdout.flush()
     base_name = next((b for b in base if b in outs), None)

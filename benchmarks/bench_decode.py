@@ -1,5 +1,5 @@
-"""Decode benchmark (issue 4): one query per sequence over the paged cache, our
-attention op (split-KV decode + combine) against its peers, and speculative
+"""Decode benchmark: one query per sequence over the paged cache, our attention
+op (split-KV decode + combine) against its peers, and speculative
 verify steps of n = 2..16 queries: the decode path against the prefill op on
 the same inputs (where is the crossover?).
 
@@ -13,7 +13,10 @@ can be captured; the `mode` column says which.
 
 Peers: torch SDPA with the cuDNN and the flash backend on a contiguous cache,
 gather-pages-then-SDPA(flash), the eager reference (small sizes only),
-FlashInfer's paged decode if it imports.
+FlashInfer's paged decode if it imports. The verify grid's rows are internal
+(role "dev": our decode path, other split counts, our prefill op).
+
+Writes benchmarks/results/decode.json and decode.png.
 
     python3 benchmarks/bench_decode.py [--quick] [--only 32k] [--no-verify] [--out-dir DIR]
 """
@@ -28,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import attention_peers as ap  # noqa: E402
 import common  # noqa: E402
 
-NAME = "bench_decode"
+NAME = "decode"
 QWEN3 = dict(hq=32, hkv=8, d=128)
 LLAMA3_8B = dict(hq=32, hkv=8, d=128)  # same head counts as Qwen3-4B; a longer, wider batch
 
@@ -53,9 +56,6 @@ VERIFY_QUICK_N = [4, 16]
 VERIFY_QUICK_L = [256, 512, 2048, 8192]
 
 OURS = "tileinfer decode (attention op)"
-# The same op with every kernel launched the ordinary way: what programmatic
-# dependent launch (v3: combine, v4: every kernel) gains.
-OURS_BEFORE = "tileinfer decode, no PDL"
 # Outputs are compared with the first of these that ran (a sanity check).
 BASE = ["sdpa flash (contiguous)", "sdpa cudnn (contiguous)", "eager reference"]
 VERIFY_DECODE = "decode path (attention op)"
@@ -84,7 +84,6 @@ def run_case(label, batch, ctx, cfg, args, ceil, errors, status):
         impls.append(("flashinfer paged decode", lambda p: ap.flashinfer_decode(p), True))
     # Ours last: a kernel that breaks the CUDA context then costs no peer of this case.
     if status["decode"][0]:
-        impls.append((OURS_BEFORE, lambda p: ap.ours_attention_no_pdl(p), True))
         impls.append((OURS, lambda p: ap.ours_attention(p), True))
 
     def metrics(t):
@@ -107,20 +106,21 @@ def run_verify(n, ctx, args, ceil, errors, status):
     kw = dict(rep_ms=40 if args.quick else 150, warmup_ms=10)
     impls = []
     if status["decode"][0]:
-        impls.append((VERIFY_DECODE, lambda p: ap.ours_attention(p), True))
-        # What the launches and the split count do to these steps (NOTES v5:
-        # 9-16-query steps had at most 8 splits until v5, 64 blocks for one sequence).
-        impls.append((VERIFY_DECODE + ", no PDL", lambda p: ap.ours_attention_no_pdl(p), True))
+        impls.append((VERIFY_DECODE, lambda p: ap.ours_attention(p), True, "dev"))
+        # Split counts other than the dispatcher's for 9-16-query steps: does its choice hold?
         if n > 8:
             for splits in VERIFY_SPLITS:
-                impls.append((f"decode+combine, {splits} splits", lambda p, s=splits: ap.ours_decode_combine(p, s), True))
+                impls.append((f"decode+combine, {splits} splits",
+                              lambda p, s=splits: ap.ours_decode_combine(p, s), True, "dev"))
     if status["prefill"][0]:
-        impls.append((VERIFY_PREFILL, lambda p: ap.ours_prefill(p), True))
+        impls.append((VERIFY_PREFILL, lambda p: ap.ours_prefill(p), True, "dev"))
 
     def metrics(t):
         return dict(kv_bytes=nbytes, gbps=nbytes / t.seconds / 1e9, tflops=flops / t.seconds / 1e12)
     rows = ap.time_impls(f"verify n={n} L={ctx}", impls, sets, errors, ours=VERIFY_DECODE, base=[VERIFY_PREFILL],
                          metrics=metrics, extra=dict(batch=1, ctx=ctx, n=n, **QWEN3), **kw)
+    for r in rows:  # every row here is an internal comparison, the decode path's too
+        r["role"] = "dev"
     del sets
     return rows
 
@@ -167,18 +167,7 @@ def main():
     elif not args.no_verify:
         print("   [skip] verify steps: neither decode nor prefill has a CUDA kernel in this build")
 
-    payload = dict(name=NAME, env=env, ceilings=ceil, args=vars(args), status=status, rows=rows, verify=verify,
-                   errors=errors)
-    common.write_json(NAME, payload, args.out_dir)
-    if not args.no_plot:
-        cases = list(dict.fromkeys(r["case"] for r in rows))
-        impls = list(dict.fromkeys(r["impl"] for r in rows))
-        series = {i: [next((r["gbps"] for r in rows if r["case"] == c and r["impl"] == i), None) for c in cases]
-                  for i in impls}
-        common.plot_bars(common.results_path(NAME, "png", args.out_dir), "Decode (1 query / sequence), paged KV, bf16",
-                         cases, series, "GB/s of k+v read", log=True,
-                         hlines={"copy bandwidth (this run)": ceil.get("copy_gbps")},
-                         subtitle=f"{env['card']}, {env['date']}, torch {env['torch']}")
+    common.save(NAME, dict(env=env, ceilings=ceil, status=status, rows=rows, verify=verify, errors=errors), args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Attention inputs (issue 5): the fused attention_inputs (2 launches) against
+"""Attention inputs: the fused attention_inputs (2 launches) against
 this package's separate ops (rms_norm, rope, rms_norm, rope, cache_write: 5
 launches) and against plain PyTorch eager ops (reference.rms_norm /
 reference.rope and an index_put into the pools through a precomputed slot
@@ -19,7 +19,9 @@ Small steps are launch-bound: each variant is also timed as CUDA-graph replays,
 next to the replay time of one trivial kernel (the floor of one launch), so
 "one launch's worth of latency per launch" can be read off.
 
-    python benchmarks/bench_inputs.py [--quick] [--out-dir DIR]
+Writes benchmarks/results/inputs.json and inputs.png.
+
+    python3 benchmarks/bench_inputs.py [--quick] [--out-dir DIR]
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ HQ, HKV, D, PAGE, ROT = 32, 8, 128, 64, 128
 DTYPE = torch.bfloat16
 EPS = 1e-6
 DECODE_CTX = 1024  # positions per sequence after a decode step
+NAME = "inputs"
 
 
 def written_pages(q_len: int, ctx: int) -> int:
@@ -138,10 +141,10 @@ def check(steps, qw, kw, ref) -> dict:
 def main():
     ap = common.parser("attention_inputs: fused vs separate ops vs eager PyTorch")
     args = ap.parse_args()
-    env = common.print_header("bench_inputs")
+    env = common.print_header(NAME)
     ok, why = common.has_cuda_kernel("attention_inputs")
     if not ok:
-        print(f"   [skip] bench_inputs: {why}")
+        print(f"   [skip] {NAME}: {why}")
         return
     ref = common.load_reference()
     ceil = common.measure_ceilings(quick=args.quick, skip=args.no_ceilings)
@@ -216,17 +219,7 @@ def main():
                "page_size": PAGE, "rotary_dim": ROT, "dtype": str(DTYPE), "decode_ctx": DECODE_CTX,
                "norms": True}, "launch_floor": {"graph": floor_graph, "events": floor_events},
                "accuracy": accuracy, "rows": rows, "errors": errors}
-    common.write_json("bench_inputs", payload, args.out_dir)
-    if not args.no_plot:
-        common.plot_bars(common.results_path("bench_inputs", "png", args.out_dir),
-                         "attention inputs: achieved GB/s (fewest bytes / graph-replay time)",
-                         [r["case"] for r in rows],
-                         {"fused attention_inputs (2 launches)": [r.get("fused_gbps") for r in rows],
-                          "contiguous copies of as many bytes (2 launches)": [r.get("copy_gbps") for r in rows],
-                          "separate ops (5 launches)": [r.get("unfused_gbps") for r in rows],
-                          "eager PyTorch": [r.get("eager_gbps") for r in rows]},
-                         "GB/s", hlines={"copy bandwidth (this run)": copy_gbps}, log=True,
-                         subtitle=f"{env.get('card')}, {env.get('date')}; Qwen3-4B shapes, bf16, page {PAGE}")
+    common.save(NAME, payload, args)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ start from caches filled with random keys/values at the given context length.
 Our model: attention_inputs (q/k RMSNorm + RoPE + paged cache write) + attention.
 Peer: the same norms and RoPE in eager PyTorch, index_copy_ into a contiguous
 [B, kv_heads, max_len, d] cache, torch SDPA (cuDNN backend, GQA) over it.
+
+Writes benchmarks/results/model.json and model.png.
+
+    python3 benchmarks/bench_model.py [--quick] [--layers 4] [--only B1x] [--out-dir DIR]
 """
 from __future__ import annotations
 
@@ -17,14 +21,14 @@ from torch import nn
 
 import common
 
-common.load_tileinfer()  # puts the repo root on sys.path
-from tileinfer_attn import reference  # noqa: E402
-from tileinfer_attn.metadata import AttentionMetadata  # noqa: E402
-from tileinfer_attn.models.qwen3 import Qwen3Config, Qwen3Model  # noqa: E402
+# The package's modules, imported by main() once the extension is known to load
+# (so that --help and a run without a build still work).
+reference = AttentionMetadata = Qwen3Config = Qwen3Model = None
 
 CASES = [(1, 4096), (8, 4096), (32, 2048), (64, 1024), (1, 32768)]
 QUICK = [(1, 4096), (32, 2048), (1, 32768)]
 PAGE = 64
+NAME = "model"
 
 
 class ContiguousSDPA(nn.Module):
@@ -98,34 +102,32 @@ def main():
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=4)
     args = p.parse_args()
-    env = common.print_header("bench_model")
+    env = common.print_header(NAME)
     ok, why = common.has_cuda_kernel("attention_inputs")
     if not torch.cuda.is_available() or not ok:
-        print(f"   [skip] bench_model: {why if torch.cuda.is_available() else 'no CUDA device'}")
+        print(f"   [skip] {NAME}: {why if torch.cuda.is_available() else 'no CUDA device'}")
         return
+    global reference, AttentionMetadata, Qwen3Config, Qwen3Model
+    from tileinfer_attn import reference
+    from tileinfer_attn.metadata import AttentionMetadata
+    from tileinfer_attn.models.qwen3 import Qwen3Config, Qwen3Model
+    ceil = common.measure_ceilings(quick=args.quick, skip=args.no_ceilings)
     cfg = Qwen3Config(vocab_size=32768, hidden_size=2560, num_layers=args.layers, num_heads=32, num_kv_heads=8,
                       head_dim=128, intermediate_size=9728, max_position=40960)
     weights = Qwen3Model(cfg).randomize_(0).to(dtype=torch.bfloat16).state_dict()
-    rows = []
+    rows, errors = [], []
     for batch, ctx in (QUICK if args.quick else CASES):
         label = f"B{batch}x{ctx}"
         if args.only and args.only not in label:
             continue
-        row = common.attempt(label, lambda: run_case(cfg, weights, batch, ctx))
+        row = common.attempt(label, lambda: run_case(cfg, weights, batch, ctx), errors)
         if row:
             rows.append(row)
     common.print_table(rows, [("case", "label", ""), ("ours us", "ours_us", ".1f"), ("sdpa us", "sdpa_us", ".1f"),
                               ("ours tok/s", "ours_tok_s", ".0f"), ("sdpa tok/s", "sdpa_tok_s", ".0f"),
                               ("speedup", "speedup", ".2f")],
                        title=f"decode step, {args.layers} Qwen3-4B layers, CUDA graphs")
-    common.write_json("bench_model", dict(env=env, layers=args.layers, rows=rows), args.out_dir)
-    if not args.no_plot:
-        common.plot_bars(common.results_path("bench_model", "png", args.out_dir),
-                         f"Decode step, {args.layers} Qwen3-4B layers (CUDA graphs), {env.get('card', '')}",
-                         [r["label"] for r in rows],
-                         {"tileinfer (paged)": [r["ours_tok_s"] for r in rows],
-                          "SDPA cuDNN (contiguous)": [r["sdpa_tok_s"] for r in rows]},
-                         "tokens / s", log=True, subtitle=env.get("date", ""))
+    common.save(NAME, dict(env=env, ceilings=ceil, layers=args.layers, rows=rows, errors=errors), args)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,23 @@
-"""Shared helpers of the benchmarks: timing, ceilings, environment header, results.
+"""Shared helpers of the benchmarks: timing, ceilings, run metadata, results.
 
-Every benchmark script follows the same pattern (METHOD: "two numbers first",
-"time properly"):
+Every benchmark script follows the same pattern:
 
     args = common.parser("what it measures").parse_args()
-    env = common.print_header("bench_xyz")          # card, date, torch, clocks
+    env = common.print_header("decode")              # GPU, driver, versions, commit, command
     ceil = common.measure_ceilings(quick=args.quick) # copy GB/s, bf16 GEMM TFLOP/s, this run
     t = common.bench(fn, input_sets)                 # median of many CUDA-event timed reps
-    common.write_json("bench_xyz", {...}, args.out_dir)
-    common.plot_bars(common.results_path("bench_xyz", "png", args.out_dir), ...)
+    common.save("decode", dict(env=env, ceilings=ceil, rows=rows, ...), args)
 
-Results JSON (what benchmarks/summary.py, printed last by gpu_check.sh, reads):
-{"name", "env", "ceilings": {"copy_gbps", "gemm_tflops", ...}, "rows": [{"case",
-"impl", "us", and "gbps" / "pct_copy" or "tflops" / "pct_gemm", ...}], "errors"}.
+`save` writes benchmarks/results/<name>.json and <name>.png (figures.py draws
+the PNG from the JSON alone), overwriting the previous ones: the directory
+holds one current result per benchmark, and git keeps the earlier ones.
+benchmarks/report.py renders README's tables from the same JSON files.
+
+Results JSON: {"name", "env": environment(), "ceilings": {"copy_gbps",
+"gemm_tflops", ...}, "args", "rows": [...], ...}. Rows of the attention
+benchmarks carry "case", "impl", "role" ("ours", "peer", or "dev" for internal
+A/B rows that the README plot and tables leave out), "us", and "gbps" /
+"pct_copy" or "tflops" / "pct_gemm".
 
 Timing rules encoded here:
 - CUDA events around each call, a warm-up first (module load, JIT, cuDNN plans,
@@ -35,6 +40,8 @@ import json
 import math
 import os
 import platform
+import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -50,10 +57,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 __all__ = [
-    "ROOT", "RESULTS_DIR", "Timing", "parser", "today", "environment", "print_header", "bench",
+    "ROOT", "RESULTS_DIR", "Timing", "parser", "environment", "git_state", "print_header", "bench",
     "sets_for", "l2_bytes", "measure_ceilings", "copy_bandwidth", "gemm_rate", "results_path",
-    "write_json", "plot_bars", "print_table", "attempt", "load_tileinfer", "load_reference",
-    "has_cuda_kernel", "fmt",
+    "save", "print_table", "attempt", "load_tileinfer", "load_reference", "has_cuda_kernel", "fmt",
 ]
 
 
@@ -65,16 +71,12 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="trimmed grid and shorter timing (scripts/gpu_check.sh uses it)")
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR,
-                   help=f"where <name>_<date>.json/.png go (default {RESULTS_DIR})")
+                   help=f"where <name>.json and <name>.png go, replacing earlier ones (default {RESULTS_DIR})")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--only", default="", help="run only cases whose label contains this")
     p.add_argument("--no-ceilings", action="store_true",
                    help="skip the copy / GEMM ceilings (ratios to them are then left out)")
     return p
-
-
-def today() -> str:
-    return datetime.date.today().isoformat()
 
 
 # ----------------------------------------------------------------------------- environment
@@ -84,8 +86,52 @@ def _nvidia_smi(query: str) -> Optional[str]:
         r = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
                            capture_output=True, text=True, timeout=10)
         return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
-    except Exception:  # no nvidia-smi (CPU machine) or it hung: the header just lacks it
+    except Exception:  # no nvidia-smi (CPU machine) or it hung: the metadata just lacks it
         return None
+
+
+def _driver_version() -> Optional[str]:
+    """The NVIDIA driver version (e.g. 580.159.04), from nvidia-smi or the kernel module."""
+    v = _nvidia_smi("driver_version")
+    if v:
+        return v
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            m = re.search(r"Kernel Module\s+(\S+)", f.read())
+        return m.group(1) if m else None
+    except OSError:
+        return None
+
+
+def _git(*args: str) -> Optional[str]:
+    try:
+        r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() if r.returncode == 0 else None
+    except Exception:  # no git on the machine: the caller falls back
+        return None
+
+
+def git_state() -> dict:
+    """The checkout's commit and whether tracked files differ from it. Result
+    files under benchmarks/results/ do not count, since a run rewrites them. A
+    copy of the tree without .git (a GPU machine that receives only the files)
+    takes both from GIT_COMMIT and GIT_DIRTY (0 or 1); otherwise they are None."""
+    commit = _git("rev-parse", "HEAD")
+    if commit:
+        status = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                      ":(exclude)benchmarks/results")
+        return {"commit": commit, "dirty": None if status is None else bool(status)}
+    dirty = os.environ.get("GIT_DIRTY")
+    return {"commit": os.environ.get("GIT_COMMIT") or None,
+            "dirty": None if dirty is None else dirty not in ("", "0")}
+
+
+def _command() -> str:
+    """The command line that started this process, the interpreter by its name
+    (python3, not the path a launcher resolved it to)."""
+    argv = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    argv[0] = Path(argv[0]).name
+    return shlex.join(argv)
 
 
 def l2_bytes() -> int:
@@ -96,35 +142,43 @@ def l2_bytes() -> int:
 
 
 def environment() -> dict:
-    """What a reader needs to trust or compare the numbers: card, date, versions, clocks."""
+    """What a reader needs to trust, compare or repeat the numbers: the commit
+    (and whether the tree was dirty), GPU, driver, torch / CUDA / cuDNN
+    versions, date (UTC, ISO 8601), the exact command line, and the clocks as
+    found. Every result JSON stores this as its "env"."""
     env = {
-        "date": today(),
-        "time": datetime.datetime.now().strftime("%H:%M:%S"),
-        "host": platform.node(),
-        "python": platform.python_version(),
+        **git_state(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": _command(),
+        "gpu": None,
+        "driver": _driver_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "argv": " ".join(sys.argv),
+        "python": platform.python_version(),
+        "host": platform.node(),
     }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(torch.cuda.current_device())
-        env.update(card=p.name, sm_count=p.multi_processor_count, l2_mb=p.L2_cache_size / 1e6,
+        env.update(gpu=p.name, sm_count=p.multi_processor_count, l2_mb=p.L2_cache_size / 1e6,
                    memory_gib=round(p.total_memory / 2**30, 1), capability=f"{p.major}.{p.minor}")
-        # Clocks are read, never set (METHOD: measure the card as you find it).
-        env["nvidia_smi"] = _nvidia_smi("driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.limit")
+        # Clocks are read, never set: the card is measured as it is found.
+        env["clocks"] = _nvidia_smi("clocks.sm,clocks.mem,clocks.max.sm,power.limit")
     else:
-        env.update(card="cpu (no CUDA device)", sm_count=0, l2_mb=0.0)
+        env.update(gpu="cpu (no CUDA device)", sm_count=0, l2_mb=0.0)
     return env
 
 
 def print_header(name: str) -> dict:
     env = environment()
-    print(f"== {name}  {env['date']} {env['time']}  card: {env['card']}"
+    commit = (env["commit"] or "unknown")[:12] + (" (dirty)" if env["dirty"] else "")
+    print(f"== {name}  {env['date']}  {env['gpu']}"
           + (f" ({env['sm_count']} SMs, L2 {env['l2_mb']:.0f} MB)" if env.get("sm_count") else ""))
-    print(f"   torch {env['torch']}  cuda {env['cuda']}  cudnn {env['cudnn']}  python {env['python']}")
-    if env.get("nvidia_smi"):
-        print(f"   nvidia-smi (driver, sm clk, mem clk, max sm clk, power limit): {env['nvidia_smi']}")
+    print(f"   commit {commit}  driver {env['driver']}  torch {env['torch']}  cuda {env['cuda']}  "
+          f"cudnn {env['cudnn']}  python {env['python']}")
+    print(f"   command: {env['command']}")
+    if env.get("clocks"):
+        print(f"   nvidia-smi (sm clk, mem clk, max sm clk, power limit): {env['clocks']}")
     sys.stdout.flush()
     return env
 
@@ -333,7 +387,7 @@ def copy_bandwidth(nbytes: int = 2 << 30, quick: bool = False) -> dict:
 
 
 def gemm_rate(n: int = 8192, quick: bool = False) -> dict:
-    """bf16 n x n x n matrix product on random data (zeros run faster: METHOD)."""
+    """bf16 n x n x n matrix product on random data (zeros draw less power and run faster)."""
     if not torch.cuda.is_available():
         return {"gemm_tflops": None}
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -405,10 +459,10 @@ def load_reference():
 # ----------------------------------------------------------------------------- results
 
 def results_path(name: str, ext: str, out_dir: Optional[Path] = None) -> Path:
-    """benchmarks/results/<name>_<YYYY-MM-DD>.<ext> (or under out_dir)."""
+    """benchmarks/results/<name>.<ext> (or under out_dir): one current file per benchmark."""
     d = Path(out_dir) if out_dir else RESULTS_DIR
     d.mkdir(parents=True, exist_ok=True)
-    return d / f"{name}_{today()}.{ext}"
+    return d / f"{name}.{ext}"
 
 
 def _jsonable(x):
@@ -427,60 +481,21 @@ def _jsonable(x):
     return repr(x)
 
 
-def write_json(name: str, payload: dict, out_dir: Optional[Path] = None) -> Path:
-    path = results_path(name, "json", out_dir)
+def save(name: str, payload: dict, args: argparse.Namespace) -> Path:
+    """Writes <out_dir>/<name>.json (payload plus "name" and "args"; payload
+    holds "env" and "ceilings" of this run and the "rows") and, unless
+    --no-plot, <name>.png drawn from that JSON by figures.py."""
+    data = _jsonable({"name": name, **payload, "args": vars(args)})
+    path = results_path(name, "json", args.out_dir)
     with open(path, "w") as f:
-        json.dump(_jsonable(payload), f, indent=1)
+        json.dump(data, f, indent=1)
+        f.write("\n")
     print(f"   wrote {path}")
-    return path
-
-
-def plot_bars(
-    path: Path,
-    title: str,
-    groups: Sequence[str],
-    series: dict,
-    ylabel: str,
-    hlines: Optional[dict] = None,
-    log: bool = False,
-    subtitle: str = "",
-) -> Optional[Path]:
-    """Grouped bar chart: one group per case, one bar per series (impl -> values,
-    None where not measured), optional horizontal lines (label -> value), e.g. a
-    ceiling measured in the same run."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as e:  # noqa: BLE001
-        print(f"   [skip] plot {path.name}: matplotlib unavailable ({e})")
-        return None
-    names = [k for k, v in series.items() if any(x is not None for x in v)]
-    if not groups or not names:
-        return None
-    width = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(max(8.0, 0.9 * len(groups) * max(1, len(names)) * 0.35 + 3), 5.0))
-    for i, name in enumerate(names):
-        xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))]
-        ys = [float("nan") if v is None else v for v in series[name]]
-        ax.bar(xs, ys, width, label=name)
-    for j, (label, value) in enumerate((hlines or {}).items()):
-        if value:
-            ax.axhline(value, color=f"C{(len(names) + j) % 10}", linestyle="--", linewidth=1, label=label)
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(ylabel)
-    if log:
-        ax.set_yscale("log")
-    ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"   wrote {path}")
+    if not args.no_plot:
+        import figures
+        png = figures.plot(data, results_path(name, "png", args.out_dir))
+        if png:
+            print(f"   wrote {png}")
     return path
 
 

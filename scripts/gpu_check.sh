@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# THE one call on the H200: build everything, run all tests (GPU and CPU), the
-# sanitizer script if present, the benchmarks, and print a short summary LAST.
+# The one call on the GPU machine: builds the extension, runs every test (GPU and
+# CPU), scripts/sanitize.sh, the benchmarks, and prints a short summary last.
 #
 #   bash scripts/gpu_check.sh                  # ~8 minutes: full build, tests, --quick benchmarks
 #
@@ -11,40 +11,58 @@
 #   SKIP_BENCH=1     no benchmarks        BENCH_ONLY=decode,prefill,inputs,model,int8  (subset)
 #   FULL=1           full benchmark grids instead of --quick (several minutes more)
 #   BENCH_ARGS="..." extra flags for every benchmark, e.g. "--only 32k --no-plot"
-#   TILEINFER_NO_FLASHINFER=1   ignore a carried FlashInfer
+#   TILEINFER_NO_FLASHINFER=1   leave FlashInfer out even when its wheels are there
+#   GIT_COMMIT=<sha> GIT_DIRTY=0|1   the commit the result files record, where the
+#                    tree here is a copy without .git (with .git, git says it)
 #   TEST_TIMEOUT / SANITIZE_TIMEOUT / BENCH_TIMEOUT / FI_TIMEOUT   seconds per step
 #                    (240 / 120 / 150 / 240: FlashInfer's background JIT, from the start)
 #
-# FlashInfer as a peer: carry its wheels in .whl/ (benchmarks/NOTES.md says
-# which and how; run with carry [".whl"]); they are installed into /tmp/site and
-# FlashInfer's kernels are JIT-compiled in the background while we build.
+# FlashInfer as a peer: its wheels travel in .whl/ (git-ignored), fetched once in
+# the checkout with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl flashinfer-python==0.5.0 apache-tvm-ffi==0.1.3
+# (0.5.0 is a pure-Python wheel that JIT-compiles its kernels; apache-tvm-ffi is its
+# one dependency missing from a plain torch install). Send .whl/ along with the tree;
+# this script installs the wheels into /tmp/site, sets FLASHINFER_CUDA_ARCH_LIST=9.0a
+# and JIT-compiles the kernels the benchmarks use in the background while our
+# extension builds. Without the wheels the benchmarks leave FlashInfer out.
+#
+# Results: each benchmark writes benchmarks/results/<name>.json and <name>.png
+# (prefill, decode, inputs, model, int8), replacing the previous ones; a benchmark
+# that fails leaves no file rather than a stale one. The summary prints their
+# tables as README shows them (benchmarks/report.py --print).
+#
+# Files under $OUT, when set (three plain files): gpu_check.log (build, tests,
+# sanitizer and benchmark logs in one file), summary.txt, and results.tgz: the
+# JSON and PNG files this run wrote, at the top of the archive, so that
+#   tar xzf results.tgz -C benchmarks/results
+# puts them in place in a checkout. Without $OUT the log and summary go to /tmp and
+# the results are already in benchmarks/results/.
 #
 # Exit status: 0 when every step that ran exited 0, else 1; the summary's last
 # line lists the failed steps (a sanitizer FAIL or TIMEOUT makes sanitize.sh
 # exit non-zero).
-#
-# Files under $OUT (flat, at most 8): gpu_check.log (build + tests + sanitize +
-# benchmark logs, one file), results.tgz (bench_*_<date>.{json,png}),
-# summary.txt. Without $OUT they go to benchmarks/results/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-OUTDIR=${OUT:-benchmarks/results}
-mkdir -p "$OUTDIR"
 WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
-mkdir -p "$WORK/results"
+OUTDIR=${OUT:-$WORK}
+mkdir -p "$OUTDIR"
+RESULTS=benchmarks/results
+WROTE=()  # result files written by this run
 T0=$(date +%s)
 step() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; collect_logs; }
-# One log file under $OUTDIR, rewritten after every step: a run stopped at its
-# time limit still brings back what it did.
+# One log file and the results archive under $OUTDIR, rewritten after every
+# step: a run stopped at its time limit still brings back what it did.
 collect_logs() {
   for part in flashinfer build tests sanitize bench_prefill bench_decode bench_inputs bench_model bench_int8; do
     [ -f "$WORK/$part.log" ] || continue
     echo "=================================== $part.log"
     cat "$WORK/$part.log"
   done >"$OUTDIR/gpu_check.log"
-  if [ -n "${OUT:-}" ] && ls "$WORK"/results/*.json >/dev/null 2>&1; then
-    tar czf "$OUTDIR/results.tgz" -C "$WORK/results" .
+  if [ -n "${OUT:-}" ] && [ ${#WROTE[@]} -gt 0 ]; then
+    tar czf "$OUTDIR/results.tgz" -C "$RESULTS" "${WROTE[@]}"
   fi
 }
 FAILED=""  # steps that did not exit 0: listed in the summary, and the exit status
@@ -129,9 +147,12 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     want_bench "$b" || continue
     [ -f "$f" ] || { step "$f absent"; continue; }
     step "bench_$b $flags (timeout ${BENCH_TIMEOUT:-150}s)"
-    timeout "${BENCH_TIMEOUT:-150}" python3 "$f" $flags ${BENCH_ARGS:-} --out-dir "$WORK/results" \
-      >"$WORK/bench_$b.log" 2>&1
+    rm -f "$RESULTS/$b.json" "$RESULTS/$b.png"
+    # shellcheck disable=SC2086
+    timeout "${BENCH_TIMEOUT:-150}" python3 "$f" $flags ${BENCH_ARGS:-} >"$WORK/bench_$b.log" 2>&1
     rc=$?
+    RAN="${RAN:+$RAN,}$b"
+    for x in json png; do [ -f "$RESULTS/$b.$x" ] && WROTE+=("$b.$x"); done
     [ $rc -eq 124 ] && echo "bench_$b TIMED OUT after ${BENCH_TIMEOUT:-150}s (no JSON written)"
     [ $rc -ne 0 ] && fail "bench_$b(exit $rc)"
     # What was skipped and why, then the tables (they start after an empty line).
@@ -141,12 +162,24 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   done
 fi
 
-# --- collect: one log, the JSON/PNG, the summary --------------------------------
+# --- collect: one log, the results archive, the summary -------------------------
 collect_logs
-[ -n "${OUT:-}" ] || cp "$WORK"/results/*.json "$WORK"/results/*.png "$OUTDIR"/ 2>/dev/null
-python3 benchmarks/summary.py --results "$WORK/results" \
-  $( [ -f "$WORK/tests.log" ] && echo --tests-log "$WORK/tests.log" ) \
-  $( [ -f "$WORK/sanitize.log" ] && echo --sanitize-log "$WORK/sanitize.log" ) \
-  --build-status "$BUILD_STATUS" --failed "$FAILED" | tee "$OUTDIR/summary.txt"
-step "done"
+{
+  echo
+  echo "================ gpu_check summary ================"
+  echo "build: $BUILD_STATUS"
+  if [ -f "$WORK/tests.log" ]; then
+    echo "tests: $(grep -E "[0-9]+ (passed|failed|error)" "$WORK/tests.log" | tail -1 | sed 's/^=* *//; s/ *=*$//')"
+  fi
+  [ -f "$WORK/sanitize.log" ] && grep -E "^(memcheck|racecheck|initcheck|synccheck): " "$WORK/sanitize.log" | sed 's/^/sanitize /'
+  if [ -n "${RAN:-}" ]; then
+    python3 benchmarks/report.py --print --names "$RAN"
+    for b in ${RAN//,/ }; do
+      n=$(grep -c "\[skip\]" "$WORK/bench_$b.log")
+      [ "$n" -gt 0 ] && echo "bench_$b: $n skipped or failed measurements (see the log)"
+    done
+  fi
+  if [ -n "$FAILED" ]; then echo "FAILED STEPS: $FAILED"; else echo "every step that ran exited 0"; fi
+} | tee "$OUTDIR/summary.txt"
+step "done (log: $OUTDIR/gpu_check.log)"
 [ -z "$FAILED" ]  # the exit status: 1 when a step failed

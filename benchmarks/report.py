@@ -1,0 +1,253 @@
+"""Renders README's performance tables from the committed result files, so every
+figure in README comes from benchmarks/results/<name>.json.
+
+README holds one block per benchmark between the markers
+
+    <!-- results:NAME -->
+    ...
+    <!-- /results:NAME -->
+
+(NAME: prefill, decode, int8, inputs, model). This script replaces what lies
+between them with a table rendered from benchmarks/results/NAME.json, headed by
+the GPU, commit, date and command it came from and the ceilings measured in
+the same run. A missing JSON leaves its block as it is (a note says so); a
+missing marker pair is reported too. No torch needed.
+
+    python3 benchmarks/report.py             # rewrites README.md in place
+    python3 benchmarks/report.py --check     # exit 1 when README.md is out of date
+    python3 benchmarks/report.py --print [--names decode,int8]   # the tables on stdout
+                                             # (scripts/gpu_check.sh's summary)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import figures
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ("prefill", "decode", "int8", "inputs", "model")
+
+# Peers that get a column of their own in the prefill and decode tables (the
+# fastest peer of each case, whichever it is, is named in the last columns).
+PEER_COLUMNS = (("sdpa cudnn (contiguous)", "cuDNN SDPA"), ("sdpa flash (contiguous)", "flash SDPA"),
+                ("flashinfer paged (auto backend)", "FlashInfer"), ("flashinfer paged decode", "FlashInfer"))
+SHORT = dict(PEER_COLUMNS + (("gather+sdpa flash", "gather + flash SDPA"), ("eager reference", "eager")))
+
+
+def f(x, spec: str = ".0f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list:
+    """A Markdown table; the first column left-aligned, the others right-aligned."""
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def provenance(data: dict, source: str) -> list:
+    """Where the figures come from: GPU, driver, versions, commit, date, command, ceilings."""
+    env = data.get("env") or {}
+    commit = env.get("commit")
+    commit = f"`{commit[:12]}`" if commit else "unknown"
+    if env.get("dirty"):
+        commit += " with uncommitted changes"
+    ceil = data.get("ceilings") or {}
+    ceilings = []
+    if ceil.get("copy_gbps"):
+        ceilings.append(f"copy {ceil['copy_gbps']:.0f} GB/s")
+    if ceil.get("gemm_tflops"):
+        ceilings.append(f"bf16 GEMM {ceil['gemm_tflops']:.0f} TFLOP/s")
+    lines = [f"{env.get('gpu', 'unknown GPU')} (driver {env.get('driver') or '?'}), torch {env.get('torch', '?')}, "
+             f"CUDA {env.get('cuda', '?')}; commit {commit}, {env.get('date', '?')};",
+             f"`{env.get('command', '?')}` ({source}).",
+             "Ceilings measured in the same run: " + ", ".join(ceilings) + "." if ceilings else
+             "No ceilings measured in this run."]
+    return ["*" + " ".join(lines) + "*", ""]
+
+
+def _row(rows, case, impl):
+    return next((r for r in rows if r.get("case") == case and r.get("impl") == impl), None)
+
+
+def _vs_peers(rows, value_key: str, value_head: str, pct_key: str, pct_head: str) -> list:
+    """One line per case: ours (us, rate, % of ceiling), the peer columns
+    present, and the fastest peer with t_peer / t_ours."""
+    rows = [r for r in rows if r.get("role", "peer") != "dev"]
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    present = {impl for impl in (r["impl"] for r in rows)}
+    peers = [(impl, head) for impl, head in PEER_COLUMNS if impl in present]
+    header = ["case", "ours us", value_head, pct_head] + [f"{h} us" for _, h in peers] + ["fastest peer",
+                                                                                          "t_peer / t_ours"]
+    out = []
+    for c in cases:
+        o, best = figures.ours(rows, c), figures.best_peer(rows, c)
+        cells = [c, f(o and o["us"], ".1f"), f(o and o.get(value_key)), f(o and o.get(pct_key))]
+        cells += [f((r := _row(rows, c, impl)) and r["us"], ".1f") for impl, _ in peers]
+        cells += [SHORT.get(best["impl"], best["impl"]) if best else "-",
+                  f(best["us"] / o["us"], ".2f") if best and o else "-"]
+        out.append(cells)
+    return table(header, out)
+
+
+def render_prefill(data: dict) -> list:
+    return (["Causal prefill over the paged cache (bf16, page 64); TFLOP/s of causal FLOPs "
+             "(2 * 2 * L * L / 2 * d * Hq per prompt).", ""]
+            + _vs_peers(data.get("rows") or [], "tflops", "TFLOP/s", "pct_gemm", "% of GEMM"))
+
+
+def render_decode(data: dict) -> list:
+    return (["Decode, one query per sequence (bf16, page 64), CUDA-graph replays; GB/s of the keys and values "
+             "read once.", ""]
+            + _vs_peers(data.get("rows") or [], "gbps", "GB/s", "pct_copy", "% of copy"))
+
+
+def render_int8(data: dict) -> list:
+    int8, bf16 = "tileinfer int8 (attention op)", "tileinfer bf16 (attention op)"
+    rows = data.get("rows") or []
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    out = ["Decode on an int8 vs a bf16 cache holding the same data (our attention op, CUDA-graph replays); "
+           "GB/s of the bytes each cache must read (int8: k + v + fp32 scales).", ""]
+    out += table(["case", "int8 us", "bf16 us", "t_bf16 / t_int8", "int8 GB/s", "int8 % of copy"],
+                 [[c, f(i and i["us"], ".1f"), f(b and b["us"], ".1f"),
+                   f(b["us"] / i["us"], ".2f") if i and b else "-", f(i and i.get("gbps")),
+                   f(i and i.get("pct_copy"))]
+                  for c in cases for i, b in [(_row(rows, c, int8), _row(rows, c, bf16))]])
+    prefill = data.get("prefill") or []
+    if prefill:
+        pi, pb = "tileinfer int8 prefill", "tileinfer bf16 prefill"
+        out += ["", "Causal prefill on the int8 vs the bf16 cache:", ""]
+        out += table(["case", "int8 TFLOP/s", "bf16 TFLOP/s", "t_bf16 / t_int8"],
+                     [[c, f(i and i.get("tflops")), f(b and b.get("tflops")),
+                       f(b["us"] / i["us"], ".2f") if i and b else "-"]
+                      for c in dict.fromkeys(r["case"] for r in prefill)
+                      for i, b in [(_row(prefill, c, pi), _row(prefill, c, pb))]])
+    acc = data.get("accuracy") or []
+    if acc:
+        out += ["", "Relative error of a decode step against float64 attention on the unquantized bf16 inputs "
+                "(in parentheses: float64 on the dequantized cache, the quantization alone):", ""]
+        lines = []
+        for keys in dict.fromkeys(r.get("keys") for r in acc):
+            e = {r.get("impl"): r.get("rel_error") for r in acc if r.get("keys") == keys}
+            lines.append([keys, f(e.get("bf16 cache (attention op)"), ".1e"),
+                          f"{f(e.get('int8 cache (attention op)'), '.1e')} "
+                          f"({f(e.get('int8: float64 on the dequantized cache'), '.1e')})",
+                          f"{f(e.get('int8 smoothed cache (attention op)'), '.1e')} "
+                          f"({f(e.get('int8 smoothed: float64 on the dequantized cache'), '.1e')})"])
+        out += table(["keys", "bf16 cache", "int8 cache", "int8 cache, smoothed keys"], lines)
+    return out
+
+
+def render_inputs(data: dict) -> list:
+    rows = data.get("rows") or []
+    floor = ((data.get("launch_floor") or {}).get("graph") or {}).get("median_us")
+    out = ["attention_inputs (q/k RMSNorm + RoPE + paged cache write, Qwen3-4B shapes, bf16), CUDA-graph replays; "
+           "GB/s of the fewest bytes a step moves" + (f"; one trivial launch: {floor:.2f} us." if floor else "."), ""]
+    out += table(["step", "fused us", "fused % of copy", "same-bytes copy us", "separate ops us", "eager us",
+                  "separate / fused", "eager / fused"],
+                 [[r["case"], f(r.get("fused_us"), ".2f"), f(r.get("fused_of_copy") and 100 * r["fused_of_copy"]),
+                   f(r.get("copy_us"), ".2f"), f(r.get("unfused_us"), ".2f"), f(r.get("eager_us"), ".2f"),
+                   f(r.get("unfused_over_fused"), ".2f"), f(r.get("eager_over_fused"), ".2f")] for r in rows])
+    return out
+
+
+def render_model(data: dict) -> list:
+    rows = data.get("rows") or []
+    layers = data.get("layers") or (data.get("args") or {}).get("layers", "?")
+    out = [f"Decode step of {layers} Qwen3-4B layers, both models captured in CUDA graphs: ours (paged cache, "
+           "attention_inputs + attention) vs eager norms / RoPE + cuDNN SDPA on a contiguous cache.", ""]
+    out += table(["batch x context", "ours us", "SDPA us", "ours tokens/s", "SDPA tokens/s", "t_sdpa / t_ours"],
+                 [[r["label"], f(r.get("ours_us"), ".1f"), f(r.get("sdpa_us"), ".1f"), f(r.get("ours_tok_s")),
+                   f(r.get("sdpa_tok_s")), f(r.get("speedup"), ".2f")] for r in rows])
+    return out
+
+
+RENDER: dict[str, Callable[[dict], list]] = {"prefill": render_prefill, "decode": render_decode,
+                                             "int8": render_int8, "inputs": render_inputs, "model": render_model}
+
+
+def render(name: str, data: dict, source: str) -> str:
+    return "\n".join(provenance(data, source) + RENDER[name](data))
+
+
+def load(results: Path, name: str) -> Optional[dict]:
+    path = results / f"{name}.json"
+    if not path.exists():
+        return None
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def source_name(results: Path, name: str) -> str:
+    path = (results / f"{name}.json").resolve()
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def update(text: str, results: Path, notes: list) -> str:
+    """text with every marker block whose JSON exists re-rendered."""
+    for name in NAMES:
+        pattern = re.compile(rf"(<!-- results:{name} -->\n)(.*?)(<!-- /results:{name} -->)", re.S)
+        if not pattern.search(text):
+            notes.append(f"{name}: no <!-- results:{name} --> ... <!-- /results:{name} --> markers in the README")
+            continue
+        data = load(results, name)
+        if data is None:
+            notes.append(f"{name}: {source_name(results, name)} missing, its block left as it is")
+            continue
+        block = render(name, data, source_name(results, name)) + "\n"
+        text = pattern.sub(lambda m, b=block: m.group(1) + b + m.group(3), text, count=1)
+    return text
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--readme", type=Path, default=ROOT / "README.md", help="the file to update (default README.md)")
+    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results",
+                   help="where <name>.json are (default benchmarks/results)")
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 when the file is out of date")
+    p.add_argument("--print", dest="print_only", action="store_true",
+                   help="print the tables instead of touching the README")
+    p.add_argument("--names", default=",".join(NAMES), help=f"with --print: which (default {','.join(NAMES)})")
+    a = p.parse_args(argv)
+
+    if a.print_only:
+        for name in a.names.split(","):
+            if name not in RENDER:
+                print(f"\n## {name}: no such benchmark ({', '.join(NAMES)})")
+                continue
+            data = load(a.results, name)
+            print(f"\n## {name}\n")
+            print(render(name, data, source_name(a.results, name)) if data else
+                  f"no {source_name(a.results, name)}")
+        return 0
+
+    notes: list = []
+    old = a.readme.read_text()
+    new = update(old, a.results, notes)
+    for n in notes:
+        print(f"report: {n}")
+    if a.check:
+        if new != old:
+            print(f"report: {a.readme} is out of date; run python3 benchmarks/report.py")
+            return 1
+        print(f"report: {a.readme} is up to date")
+        return 0
+    if new != old:
+        a.readme.write_text(new)
+        print(f"report: updated {a.readme}")
+    else:
+        print(f"report: {a.readme} already up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
