@@ -1,7 +1,7 @@
 """PagedKVCache: the pools of every layer, one page allocator, per-sequence
 block tables and lengths.
 
-Layout (SPEC section 1): each layer's pools are ``[num_pages, num_kv_heads,
+Layout: each layer's pools are ``[num_pages, num_kv_heads,
 page_size, head_dim]`` views of one ``[num_layers, ...]`` tensor; all layers
 share one page allocator (a sequence's page ``j`` is the same page id in every
 layer). ``block_tables [max_seqs, max_pages_per_seq]`` and ``seq_lens
@@ -9,16 +9,22 @@ layer). ``block_tables [max_seqs, max_pages_per_seq]`` and ``seq_lens
 place, so CUDA graphs can capture them; the allocator's bookkeeping lives on
 the host.
 
-A step::
+A step (runs as written, on the GPU where there is one)::
 
-    cache = PagedKVCache(num_layers=2, num_pages=256, num_kv_heads=8, head_dim=128,
-                         page_size=64, dtype=torch.bfloat16, device="cuda")
+    import torch
+    import tileinfer_attn as ti
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cache = ti.PagedKVCache(num_layers=2, num_pages=64, num_kv_heads=2, head_dim=64, page_size=16,
+                            dtype=torch.bfloat16, device=device)
     a, b = cache.add(), cache.add()
-    md = cache.prepare_step([a, b], [prompt_a_len, prompt_b_len])  # appends, returns metadata
+    md = cache.prepare_step([a, b], [20, 7])  # appends 20 and 7 positions, returns the step's metadata
     for layer in range(2):
-        k_cache, v_cache, *int8 = cache.layer_cache(layer)
-        ops.cache_write(k_cache, v_cache, k, v, md.block_tables, md.seq_lens, md.cu_seqlens_q)
-        out = ops.attention(q, k_cache, v_cache, md.block_tables, md.seq_lens, md.cu_seqlens_q, md.max_q_len)
+        q = torch.randn(md.num_tokens, 8, 64, dtype=torch.bfloat16, device=device)
+        k, v = (torch.randn(md.num_tokens, 2, 64, dtype=torch.bfloat16, device=device) for _ in "kv")
+        k_cache, v_cache = cache.layer_cache(layer)[:2]
+        ti.cache_write(k_cache, v_cache, k, v, md.block_tables, md.seq_lens, md.cu_seqlens_q)
+        out = ti.attention(q, k_cache, v_cache, md.block_tables, md.seq_lens, md.cu_seqlens_q, md.max_q_len)
 """
 from __future__ import annotations
 

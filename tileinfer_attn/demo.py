@@ -111,8 +111,8 @@ def main(argv=None) -> int:
             out, q_rot, dt = layer_step(layer, md)
             secs += dt
             k_cache, v_cache = cache.layer_cache(layer)[:2]
-            ref = R.paged_attention(q_rot, k_cache, v_cache, md.block_tables, md.seq_lens, md.cu_seqlens_q, scale,
-                                    md.causal, exact=True, **cache.quant_kwargs(layer))
+            ref = R.paged_attention(q_rot, k_cache, v_cache, md.block_tables, md.seq_lens, md.cu_seqlens_q,
+                                    md.max_q_len, scale, md.causal, exact=True, **cache.quant_kwargs(layer))
             if dtype == torch.float32:
                 err, ok = rel_error(out, ref), rel_error(out, ref) <= 1e-5
                 errs.append(f"{err:.1e} rel")

@@ -106,4 +106,5 @@ class PagedAttention(nn.Module):
         reference.cache_write(k_cache, v_cache, k, v, m.block_tables, m.seq_lens, m.cu_seqlens_q,
                               k_scale, v_scale, k_smooth)
         return reference.paged_attention(q, k_cache, v_cache, m.block_tables, m.seq_lens, m.cu_seqlens_q,
-                                         self.scale, m.causal, k_scale, v_scale, k_smooth)
+                                         m.max_q_len, self.scale, m.causal, k_scale=k_scale, v_scale=v_scale,
+                                         k_smooth=k_smooth)

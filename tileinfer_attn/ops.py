@@ -7,7 +7,7 @@ what is not given, fill in defaults and return the results. They add no
 device synchronization, so they work inside ``torch.compile(fullgraph=True)``
 and CUDA-graph capture.
 
-Layout (SPEC section 1): token tensors ``[num_tokens, heads, head_dim]``; pools
+Layout: token tensors ``[num_tokens, heads, head_dim]``; pools
 ``[num_pages, num_kv_heads, page_size, head_dim]``; ``block_tables [num_seqs,
 max_pages]``, ``seq_lens [num_seqs]`` (positions cached after this step's keys)
 and ``cu_seqlens_q [num_seqs + 1]``, all int32 on the device. Query t of
@@ -50,6 +50,23 @@ def _check(cond: bool, msg: str) -> None:
 def _check_tensor(op: str, name: str, t, dim: int) -> None:
     _check(isinstance(t, torch.Tensor), f"{op}: {name} must be a tensor, got {type(t).__name__}")
     _check(t.dim() == dim, f"{op}: {name} must be {dim}-D, got shape {tuple(t.shape)}")
+
+
+def _check_not_meta_mixed(op: str, **tensors) -> None:
+    """Rejects tensors on the ``meta`` device next to tensors with data: a meta
+    tensor has a shape but no storage, so a kernel cannot read or write it.
+    All-meta calls stay allowed (shape checks through the fake kernels). The
+    error names the first meta argument and the first real one."""
+    meta = real = None
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor):
+            if t.device.type == "meta":
+                meta = meta or name
+            elif real is None:
+                real = (name, t.device)
+    if meta is not None and real is not None:
+        raise RuntimeError(f"{op}: {meta} is on the meta device but {real[0]} is on {real[1]}; a meta tensor has "
+                           f"no data, so every tensor argument must be on the same real device")
 
 
 def _scale(op: str, q: torch.Tensor, scale: Optional[float]) -> float:
@@ -107,6 +124,9 @@ def prefill(
     ``cu_seqlens_q[-1]`` are not written.
     """
     _check_tensor("prefill", "q", q, 3)
+    _check_not_meta_mixed("prefill", q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+                          seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, out=out, lse=lse, k_scale=k_scale,
+                          v_scale=v_scale, k_smooth=k_smooth)
     max_q_len = _check_max_q_len("prefill", max_q_len)
     scale = _scale("prefill", q, scale)
     if out is None:
@@ -162,6 +182,9 @@ def decode(
     Returns ``(partial_out, partial_lse)``.
     """
     _check_tensor("decode", "q", q, 3)
+    _check_not_meta_mixed("decode", q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+                          seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, partial_out=partial_out,
+                          partial_lse=partial_lse, k_scale=k_scale, v_scale=v_scale, k_smooth=k_smooth)
     max_q_len = _check_max_q_len("decode", max_q_len)
     scale = _scale("decode", q, scale)
     if partial_out is not None:
@@ -205,6 +228,7 @@ def combine(
     Returns ``out``, or ``(out, lse)``. Rows whose partials are all neutral give 0 (lse -inf).
     """
     _check_tensor("combine", "partial_out", partial_out, 4)
+    _check_not_meta_mixed("combine", partial_out=partial_out, partial_lse=partial_lse, out=out, lse=lse)
     if out is None:
         out = torch.empty(partial_out.shape[1:], dtype=out_dtype or torch.float32, device=partial_out.device)
     if lse is None and return_lse:
@@ -238,6 +262,9 @@ def attention(
     and left untouched on the prefill path.
     """
     _check_tensor("attention", "q", q, 3)
+    _check_not_meta_mixed("attention", q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+                          seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, out=out, k_scale=k_scale, v_scale=v_scale,
+                          k_smooth=k_smooth)
     max_q_len = _check_max_q_len("attention", max_q_len)
     scale = _scale("attention", q, scale)
     if out is None:
@@ -257,6 +284,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
         out: like x, written in place if given (may be x itself).
     """
     _check_tensor("rms_norm", "x", x, 3)
+    _check_not_meta_mixed("rms_norm", x=x, weight=weight, out=out)
     _check(float(eps) >= 0, f"rms_norm: eps must be >= 0, got {eps}")
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -289,6 +317,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
         out: like x, written in place if given (may be x itself).
     """
     _check_tensor("rope", "x", x, 3)
+    _check_not_meta_mixed("rope", x=x, positions=positions, cos_sin_cache=cos_sin_cache, out=out)
     _check_tensor("rope", "cos_sin_cache", cos_sin_cache, 2)
     if rotary_dim is None:
         rotary_dim = cos_sin_cache.shape[1]
@@ -322,6 +351,9 @@ def cache_write(
             and stores its scale.
     """
     _check_tensor("cache_write", "k", k, 3)
+    _check_not_meta_mixed("cache_write", k_cache=k_cache, v_cache=v_cache, k=k, v=v, block_tables=block_tables,
+                          seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, k_scale=k_scale, v_scale=v_scale,
+                          k_smooth=k_smooth)
     _ops.cache_write(k_cache, v_cache, k, v, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth)
 
 
@@ -359,6 +391,10 @@ def attention_inputs(
     Returns ``q_out``.
     """
     _check_tensor("attention_inputs", "q", q, 3)
+    _check_not_meta_mixed("attention_inputs", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache,
+                          block_tables=block_tables, seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q,
+                          cos_sin_cache=cos_sin_cache, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
+                          q_out=q_out, k_scale=k_scale, v_scale=v_scale, k_smooth=k_smooth)
     _check_tensor("attention_inputs", "cos_sin_cache", cos_sin_cache, 2)
     if rotary_dim is None:
         rotary_dim = cos_sin_cache.shape[1]
@@ -377,7 +413,7 @@ def key_smoothing_factors(keys: torch.Tensor, alpha: float = 1.0) -> torch.Tenso
 
     Keys are divided by ``s`` before quantization and queries multiplied by it
     inside the kernels, which cancels in the scores: an outlier channel then no
-    longer sets every key vector's int8 scale (SPEC section 6). alpha = 1
+    longer sets every key vector's int8 scale. alpha = 1
     equalizes the channels' ranges; the queries stay in bf16/fp16, so nothing on
     their side is quantized."""
     _check(keys.dim() == 3, f"key_smoothing_factors: keys must be 3-D [num_samples, num_kv_heads, head_dim], "
@@ -396,7 +432,7 @@ def validate_metadata(
     page_size: int,
     num_tokens: Optional[int] = None,
 ) -> List[str]:
-    """Reports what the kernels would silently clamp or skip (SPEC section 5).
+    """Reports what the kernels would silently clamp or skip.
 
     The ops cannot check device-resident metadata without a sync, so on the GPU
     they stay inside the pools for any contents and skip what is out of range;

@@ -2,10 +2,12 @@
 
 ``paged_attention(..., exact=False)`` computes attention as PyTorch eager does
 (HF's eager attention): scores and probabilities rounded to the element type.
-``exact=True`` computes in float64 on the same inputs: the yardstick of our own
-tests (SPEC section 4).
+``exact=True`` computes in float64 on the same inputs: the yardstick of the
+package's own tests. ``paged_attention`` takes the arguments of
+``tileinfer_attn.attention`` in the same order, so a call of one is a call of
+the other.
 
-Semantics shared with the kernels (SPEC sections 1 and 5): query t of sequence s
+Semantics shared with the kernels: query t of sequence s
 sits at position seq_lens[s] - n_s + t; causal queries see positions <= their
 own; a row that sees no position gives 0 (and lse = -inf); block-table entries
 outside the pool are skipped (their positions contribute nothing).
@@ -85,21 +87,53 @@ def paged_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
-    scale: float,
+    max_q_len: int,
+    scale: Optional[float] = None,
     causal: bool = True,
+    out: Optional[torch.Tensor] = None,
     k_scale: Optional[torch.Tensor] = None,
     v_scale: Optional[torch.Tensor] = None,
     k_smooth: Optional[torch.Tensor] = None,
+    *,
     exact: bool = False,
     return_lse: bool = False,
 ):
     """Attention of a varlen batch over the paged cache, by gathering pages.
 
+    The arguments of ``tileinfer_attn.attention``, in its order: ``max_q_len``
+    is checked (a non-negative host int) but not needed, since the reference
+    reads each sequence's query count from ``cu_seqlens_q``; ``scale`` defaults
+    to ``head_dim ** -0.5``; ``out``, if given, receives the result (it must
+    have the result's shape; it is returned). Then, keyword only:
+
     exact=False: eager rounding (scores and probabilities in q's dtype, softmax
-    in float32 as HF's eager attention). exact=True: float64 throughout, output
-    float64. Returns out [num_tokens, num_q_heads, head_dim] (and lse
-    [num_tokens, num_q_heads], natural log, with return_lse). Tokens of no
-    sequence are left 0."""
+    in float32 as HF's eager attention); out has q's dtype. exact=True: float64
+    throughout, out float64. Returns out [num_tokens, num_q_heads, head_dim]
+    (and lse [num_tokens, num_q_heads], natural log, with return_lse). Rows of
+    tokens of no sequence are 0."""
+    ok = isinstance(max_q_len, torch.SymInt) or (
+        isinstance(max_q_len, int) and not isinstance(max_q_len, bool) and max_q_len >= 0)
+    if not ok:
+        raise RuntimeError(f"reference.paged_attention: max_q_len must be a non-negative int (the arguments are "
+                           f"those of tileinfer_attn.attention, in its order), got {max_q_len!r}")
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise RuntimeError(f"reference.paged_attention: scale must be a number, got {scale!r}")
+    result = _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, float(scale), bool(causal),
+                              k_scale, v_scale, k_smooth, exact)
+    if out is not None:
+        if tuple(out.shape) != tuple(result[0].shape):
+            raise RuntimeError(f"reference.paged_attention: out must have shape {tuple(result[0].shape)}, "
+                               f"got {tuple(out.shape)}")
+        out.copy_(result[0])
+        result = (out, result[1])
+    return result if return_lse else result[0]
+
+
+def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, causal, k_scale, v_scale,
+                     k_smooth, exact):
+    """(out, lse) of paged_attention."""
     num_tokens, hq, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
@@ -142,7 +176,7 @@ def paged_attention(
             row_lse = torch.logsumexp(scores32, dim=-1, keepdim=True)
         out[b:e] = o.transpose(0, 1).to(out.dtype)
         lse[b:e] = row_lse.squeeze(-1).transpose(0, 1).to(lse.dtype)
-    return (out, lse) if return_lse else out
+    return out, lse
 
 
 def merge_partials(partial_out: torch.Tensor, partial_lse: torch.Tensor):

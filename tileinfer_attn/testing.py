@@ -109,9 +109,24 @@ def ulp(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps
 
 
-def ulp_error(out: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype) -> float:
-    """Largest error in units of `dtype`'s ulp at each row's magnitude (rows: last dim).
-    NaN anywhere gives inf."""
+def ulp_error(out: torch.Tensor, exact: torch.Tensor, dtype: Optional[torch.dtype] = None) -> float:
+    """Largest error of ``out`` against ``exact``, in ulps of ``dtype`` at each
+    row's magnitude (rows: the last dim): ``|out - exact| / (2^floor(log2(m)) *
+    eps(dtype))`` with ``m`` the row's largest ``|exact|``. NaN or inf anywhere
+    in ``out`` gives inf.
+
+    Args:
+        out: the result to measure (any float dtype; compared in float64).
+        exact: the yardstick, e.g. ``reference.paged_attention(..., exact=True)``.
+        dtype: the floating dtype whose ulp is the unit, typically the element
+            type the result was computed in. Default: ``out.dtype``. Pass it
+            when ``out`` is held in a wider type than its precision (e.g.
+            bf16 attention merged in float64).
+    """
+    if dtype is None:
+        dtype = out.dtype
+    if not dtype.is_floating_point:
+        raise TypeError(f"ulp_error: dtype must be a floating dtype (the unit is its ulp), got {dtype}")
     o = out.double()
     e = exact.double()
     if not torch.isfinite(o).all():
