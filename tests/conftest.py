@@ -1,5 +1,8 @@
 """Shared pytest setup: GPU tests (marked ``gpu``) are skipped, with the reason
-printed in the header and on every skipped test, where there is no CUDA device."""
+printed in the header and on every skipped test, where there is no CUDA device;
+the `seed` fixture. The tests' helpers are in op_helpers.py."""
+import zlib
+
 import pytest
 import torch
 
@@ -20,3 +23,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def seed(request):
+    """A different, reproducible seed for every test case: the CRC-32 of its node id."""
+    return zlib.crc32(request.node.nodeid.encode())

@@ -1,12 +1,28 @@
-"""Helpers of the CPU/GPU op tests (not a test module)."""
+"""Helpers of the op tests (not a test module): the one place for the oracle
+(exact_attention), the error bounds (check_out, check_lse), the calls of the
+attention ops on a problem (run_prefill, run_decode, run_combine,
+run_attention) and the skips of builds without a CUDA kernel (need).
+
+The `seed` fixture (a reproducible seed per test case) is in conftest.py.
+
+Bounds against float64 attention on the same inputs: bf16 / fp16 outputs
+within ULPS ulps of each row's magnitude, fp32 within REL relative error; lse
+(fp32 for every dtype) within LSE_REL[dtype] of max(1, |lse|): bf16 / fp16
+scores come from tensor cores, whose fp32 accumulation is not IEEE-rounded.
+"""
 import math
 
 import pytest
 import torch
 
 from tileinfer_attn import reference
-from tileinfer_attn.testing import make_problem
+from tileinfer_attn.testing import make_problem, poison_, rel_error, ulp_error
 
+ops = torch.ops.tileinfer_attn
+
+ULPS = 4.0  # bf16 / fp16 outputs
+REL = 1e-5  # fp32 outputs
+LSE_REL = {torch.float32: 1e-5, torch.bfloat16: 1e-4, torch.float16: 1e-4}
 
 # Parametrization of tests that run on both devices: CUDA cases are gpu-marked
 # and skip without a device.
@@ -19,16 +35,29 @@ DEVICES = [
 ]
 
 
+# ------------------------------------------------------------------ builds and skips
 def has_cuda_kernel(op: str) -> bool:
     """Whether this build registers a CUDA kernel for torch.ops.tileinfer_attn.<op>."""
     return torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key(
         f"tileinfer_attn::{op}", "CUDA")
 
 
-def skip_unless_cuda_kernel(*ops: str) -> None:
-    for op in ops:
-        if not has_cuda_kernel(op):
-            pytest.skip(f"this build has no CUDA kernel for tileinfer_attn::{op}")
+def need(*names: str) -> None:
+    """Skips the test unless this build has CUDA kernels for all the ops named."""
+    missing = [n for n in names if not has_cuda_kernel(n)]
+    if missing:
+        pytest.skip(f"this build has no CUDA kernel for {', '.join('tileinfer_attn::' + n for n in missing)}")
+
+
+# The CUDA kernels behind each way of computing attention: `attention` itself
+# is always registered; it calls prefill, or decode + combine.
+PATH_KERNELS = {"prefill": ("prefill",), "decode": ("decode", "combine"),
+                "attention": ("prefill", "decode", "combine")}
+
+
+def need_path(path: str) -> None:
+    """need() for the kernels behind a test path: "prefill", "decode" (+ combine) or "attention"."""
+    need(*PATH_KERNELS[path])
 
 
 def call_or_skip_not_implemented(fn, *args, **kwargs):
@@ -42,41 +71,49 @@ def call_or_skip_not_implemented(fn, *args, **kwargs):
         raise
 
 
-def sample_args(op: str, device: str, int8: bool = False) -> dict:
-    """Keyword arguments of a small valid call of torch.ops.tileinfer_attn.<op>
-    (bf16, 2 sequences, 8 query / 2 KV heads, head_dim 64, page 16)."""
-    p = make_problem([20, 5], [3, 1], 8, 2, 64, 16, dtype=torch.bfloat16, device=device, int8=int8)
-    t, hq, d = p.q.shape
-    meta = dict(block_tables=p.block_tables, seq_lens=p.seq_lens, cu_seqlens_q=p.cu_seqlens_q)
-    cache = dict(k_cache=p.k_cache, v_cache=p.v_cache, **meta)
-    if int8:
-        cache.update(p.int8_kwargs())
-    att = dict(q=p.q, **cache, max_q_len=p.max_q_len, scale=p.scale, causal=True)
-    kv = dict(k=torch.randn(t, 2, d, device=device).bfloat16(), v=torch.randn(t, 2, d, device=device).bfloat16())
-    f32 = dict(dtype=torch.float32, device=device)
-    cos_sin = torch.randn(64, d, **f32)
-    if op == "prefill":
-        return dict(out=torch.empty_like(p.q), lse=torch.empty(t, hq, **f32), **att)
-    if op == "decode":
-        return dict(partial_out=torch.empty(2, t, hq, d, **f32), partial_lse=torch.empty(2, t, hq, **f32), **att)
-    if op == "attention":
-        return dict(out=torch.empty_like(p.q), **att)
-    if op == "combine":
-        return dict(out=torch.empty(t, hq, d, dtype=torch.bfloat16, device=device), lse=torch.empty(t, hq, **f32),
-                    partial_out=torch.randn(3, t, hq, d, **f32), partial_lse=torch.randn(3, t, hq, **f32))
-    if op == "rms_norm":
-        return dict(out=torch.empty_like(p.q), x=p.q, weight=torch.ones(d, dtype=torch.bfloat16, device=device),
-                    eps=1e-6)
-    if op == "rope":
-        return dict(out=torch.empty_like(p.q), x=p.q, positions=torch.arange(t, device=device),
-                    cos_sin_cache=cos_sin, rotary_dim=d)
-    if op == "cache_write":
-        return dict(**cache, **kv)
-    if op == "attention_inputs":
-        w = torch.ones(d, dtype=torch.bfloat16, device=device)
-        return dict(q_out=torch.empty_like(p.q), q=p.q, **kv, **cache, cos_sin_cache=cos_sin, rotary_dim=d,
-                    q_norm_weight=w, k_norm_weight=w, eps=1e-6)
-    raise AssertionError(op)
+# ------------------------------------------------------------------ oracle and bounds
+def exact_attention(p, causal):
+    """float64 (out, lse) of a problem (an int8 problem's cache dequantized with
+    its k_scale / v_scale / k_smooth). A sequence with queries but no position
+    (seq_lens <= 0) is given one position on no page, which the reference
+    treats the same way: its rows see nothing (it cannot reduce over zero
+    positions)."""
+    lens = p.seq_lens.clone()
+    tables = p.block_tables.clone()
+    empty = lens <= 0
+    lens[empty] = 1
+    tables[empty] = -1
+    return reference.paged_attention(p.q, p.k_cache, p.v_cache, tables, lens, p.cu_seqlens_q, p.max_q_len,
+                                     p.scale, causal, k_scale=p.k_scale, v_scale=p.v_scale, k_smooth=p.k_smooth,
+                                     exact=True, return_lse=True)
+
+
+def check_out(out, exact, dtype, what, ulps=ULPS):
+    """An output against float64: finite, and within `ulps` ulps of each row's
+    magnitude (bf16 / fp16) or REL relative error (fp32). Returns the error."""
+    assert torch.isfinite(out).all(), f"{what}: NaN / inf (unwritten or invalid) in rows that must be written"
+    if dtype == torch.float32:
+        err = rel_error(out, exact)
+        assert err <= REL, f"{what}: relative error {err:.3g} > {REL}"
+    else:
+        err = ulp_error(out, exact, dtype)
+        assert err <= ulps, f"{what}: {err:.2f} ulps > {ulps}"
+    return err
+
+
+def check_lse(lse, exact_lse, dtype, what, rel=None):
+    """An lse against float64: no NaN, -inf exactly where the exact one is
+    (rows that see nothing), elsewhere within `rel` (default LSE_REL of the
+    output's `dtype`) relative of max(1, |lse|)."""
+    rel = LSE_REL[dtype] if rel is None else rel
+    lse = lse.double()
+    assert not torch.isnan(lse).any(), f"{what}: NaN in lse"
+    seen = torch.isfinite(exact_lse)
+    assert torch.equal(torch.isfinite(lse), seen), f"{what}: lse finite where exact is -inf (or the reverse)"
+    assert torch.all(lse[~seen] == float("-inf")), f"{what}: rows that see nothing must have lse = -inf"
+    if seen.any():
+        err = ((lse[seen] - exact_lse[seen]).abs() / exact_lse[seen].abs().clamp_min(1.0)).max().item()
+        assert err <= rel, f"{what}: lse error {err:.3g} > {rel}"
 
 
 def check_neutral_splits(po, pl, p, splits):
@@ -114,33 +151,92 @@ def split_exact(p, s, lo, hi, causal):
     cu = p.cu_seqlens_q.clone()
     b, e = cu[s].item(), cu[s + 1].item()
     cu[:s + 1], cu[s + 1:] = b, e
-    out, lse = reference.paged_attention(p.q, p.k_cache, p.v_cache, tables, p.seq_lens, cu, p.scale, causal,
-                                         exact=True, return_lse=True)
+    out, lse = reference.paged_attention(p.q, p.k_cache, p.v_cache, tables, p.seq_lens, cu, p.max_q_len, p.scale,
+                                         causal, exact=True, return_lse=True)
     return out[b:e], lse[b:e]
 
 
-def exact_attention(p, causal):
-    """float64 (out, lse) of a problem. A sequence with queries but no position
-    (seq_lens <= 0) is given one position on no page, which the reference
-    treats the same way: its rows see nothing (it cannot reduce over zero
-    positions)."""
-    lens = p.seq_lens.clone()
-    tables = p.block_tables.clone()
-    empty = lens <= 0
-    lens[empty] = 1
-    tables[empty] = -1
-    return reference.paged_attention(p.q, p.k_cache, p.v_cache, tables, lens, p.cu_seqlens_q, p.scale, causal,
-                                     exact=True, return_lse=True)
+# ------------------------------------------------------------------ the ops on a problem
+# Outputs are poisoned with NaN first, so unwritten elements show. An int8
+# problem's k_scale / v_scale / k_smooth go in as keywords (prefill,
+# attention) and positionally (decode): both forms of the schema's optional
+# trailing tensors. For other problems they are None.
+def run_prefill(p, causal, with_lse=True, scale=None, guard=0):
+    """prefill's (out, lse); lse None without with_lse. With guard > 0, out and
+    lse are views into buffers with `guard` poisoned tokens on either side,
+    returned too: (out, lse, out_buffer, lse_buffer)."""
+    t, h, d = p.q.shape
+    big = poison_(torch.empty(t + 2 * guard, h, d, dtype=p.q.dtype, device=p.q.device))
+    big_lse = poison_(torch.empty(t + 2 * guard, h, dtype=torch.float32, device=p.q.device))
+    out = big[guard:guard + t]
+    lse = big_lse[guard:guard + t] if with_lse else None
+    ops.prefill(out, lse, *p.args(), p.scale if scale is None else scale, causal, **p.int8_kwargs())
+    if guard:
+        return out, lse, big, big_lse
+    return out, lse
 
 
-def check_lse(lse, exact_lse, what, rel):
-    """An lse against float64: no NaN, -inf exactly where the exact one is
-    (rows that see nothing), elsewhere within `rel` relative (of max(1, |lse|))."""
-    lse = lse.double()
-    assert not torch.isnan(lse).any(), f"{what}: NaN in lse"
-    seen = torch.isfinite(exact_lse)
-    assert torch.equal(torch.isfinite(lse), seen), f"{what}: lse finite where exact is -inf (or the reverse)"
-    assert torch.all(lse[~seen] == float("-inf")), f"{what}: rows that see nothing must have lse = -inf"
-    if seen.any():
-        err = ((lse[seen] - exact_lse[seen]).abs() / exact_lse[seen].abs().clamp_min(1.0)).max().item()
-        assert err <= rel, f"{what}: lse error {err:.3g} > {rel}"
+def run_decode(p, causal, splits):
+    """decode's (partial_out, partial_lse) with `splits` splits."""
+    t, h, d = p.q.shape
+    po = poison_(torch.empty(splits, t, h, d, dtype=torch.float32, device=p.q.device))
+    pl = poison_(torch.empty(splits, t, h, dtype=torch.float32, device=p.q.device))
+    ops.decode(po, pl, *p.args(), p.scale, causal, p.k_scale, p.v_scale, p.k_smooth)
+    return po, pl
+
+
+def run_combine(po, pl, dtype, with_lse=True):
+    """combine's (out, lse), out of `dtype`; lse None without with_lse."""
+    _, t, h, d = po.shape
+    out = poison_(torch.empty(t, h, d, dtype=dtype, device=po.device))
+    lse = poison_(torch.empty(t, h, dtype=torch.float32, device=po.device)) if with_lse else None
+    ops.combine(out, lse, po, pl)
+    return out, lse
+
+
+def run_attention(p, causal, positional=False):
+    """The attention op's out; positional: the int8 arguments given positionally."""
+    out = poison_(torch.empty_like(p.q))
+    if positional:
+        ops.attention(out, *p.args(), p.scale, causal, p.k_scale, p.v_scale, p.k_smooth)
+    else:
+        ops.attention(out, *p.args(), p.scale, causal, **p.int8_kwargs())
+    return out
+
+
+# ------------------------------------------------------------------ valid calls of every op
+def sample_args(op: str, device: str, int8: bool = False) -> dict:
+    """Keyword arguments of a small valid call of torch.ops.tileinfer_attn.<op>
+    (bf16, 2 sequences, 8 query / 2 KV heads, head_dim 64, page 16)."""
+    p = make_problem([20, 5], [3, 1], 8, 2, 64, 16, dtype=torch.bfloat16, device=device, int8=int8)
+    t, hq, d = p.q.shape
+    meta = dict(block_tables=p.block_tables, seq_lens=p.seq_lens, cu_seqlens_q=p.cu_seqlens_q)
+    cache = dict(k_cache=p.k_cache, v_cache=p.v_cache, **meta)
+    if int8:
+        cache.update(p.int8_kwargs())
+    att = dict(q=p.q, **cache, max_q_len=p.max_q_len, scale=p.scale, causal=True)
+    kv = dict(k=torch.randn(t, 2, d, device=device).bfloat16(), v=torch.randn(t, 2, d, device=device).bfloat16())
+    f32 = dict(dtype=torch.float32, device=device)
+    cos_sin = torch.randn(64, d, **f32)
+    if op == "prefill":
+        return dict(out=torch.empty_like(p.q), lse=torch.empty(t, hq, **f32), **att)
+    if op == "decode":
+        return dict(partial_out=torch.empty(2, t, hq, d, **f32), partial_lse=torch.empty(2, t, hq, **f32), **att)
+    if op == "attention":
+        return dict(out=torch.empty_like(p.q), **att)
+    if op == "combine":
+        return dict(out=torch.empty(t, hq, d, dtype=torch.bfloat16, device=device), lse=torch.empty(t, hq, **f32),
+                    partial_out=torch.randn(3, t, hq, d, **f32), partial_lse=torch.randn(3, t, hq, **f32))
+    if op == "rms_norm":
+        return dict(out=torch.empty_like(p.q), x=p.q, weight=torch.ones(d, dtype=torch.bfloat16, device=device),
+                    eps=1e-6)
+    if op == "rope":
+        return dict(out=torch.empty_like(p.q), x=p.q, positions=torch.arange(t, device=device),
+                    cos_sin_cache=cos_sin, rotary_dim=d)
+    if op == "cache_write":
+        return dict(**cache, **kv)
+    if op == "attention_inputs":
+        w = torch.ones(d, dtype=torch.bfloat16, device=device)
+        return dict(q_out=torch.empty_like(p.q), q=p.q, **kv, **cache, cos_sin_cache=cos_sin, rotary_dim=d,
+                    q_norm_weight=w, k_norm_weight=w, eps=1e-6)
+    raise AssertionError(op)

@@ -15,19 +15,15 @@ those rows are unspecified), which initcheck would report.
 """
 import argparse
 import dataclasses
-import os
 
 import torch
 
 import tileinfer_attn  # noqa: F401  (registers the ops)
+from op_helpers import has_cuda_kernel
 from tileinfer_attn.testing import make_problem, poison_
 
 ops = torch.ops.tileinfer_attn
 DEV = "cuda"
-
-
-def has_cuda_kernel(op):
-    return torch._C._dispatch_has_kernel_for_dispatch_key(f"tileinfer_attn::{op}", "CUDA")
 
 
 def call(op, *args, **kwargs):
@@ -149,17 +145,12 @@ def main():
             p.seq_lens[1] = p.block_tables.shape[1] * 16 + 1000
             p.seq_lens[2] = -7
             run_attention_ops(p, causal=(True,), with_prefill=False)
-    # The tile kernel's 128-row prefill tile (the default from 2048 queries on
-    # where wgmma is not used), forced on small problems: bf16 and int8 caches;
-    # then its 64-row tile on a bf16 cache (the wgmma kernel's shapes otherwise).
-    os.environ["TILEINFER_PREFILL_ROWS"] = "128"
-    os.environ["TILEINFER_PREFILL_WGMMA"] = "0"
+    # The tile kernel's 128-row prefill tile, which prefill takes from 2048
+    # queries on where the wgmma kernel does not run: an int8 cache (a bf16
+    # cache too on a GPU without wgmma). Prefill only: the decode path is above.
     for int8 in (False, True):
-        run_attention_ops(make_problem([300, 70], [300, 3], 4, 2, 128, 64, device=DEV, seed=7, int8=int8))
-    os.environ["TILEINFER_PREFILL_ROWS"] = "64"
-    run_attention_ops(make_problem([300, 70], [300, 3], 4, 2, 128, 64, device=DEV, seed=7))
-    del os.environ["TILEINFER_PREFILL_ROWS"]
-    del os.environ["TILEINFER_PREFILL_WGMMA"]
+        run_attention_ops(make_problem([2100, 70], [2100, 3], 4, 2, 128, 64, device=DEV, seed=7, int8=int8),
+                          causal=(True,))
     torch.cuda.synchronize()
     print(f"sanitize_case: ok ({len(cases)} problems)", flush=True)
 

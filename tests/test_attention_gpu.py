@@ -1,13 +1,13 @@
 """GPU tests of the attention ops end to end: prefill, decode + combine, combine
 alone and the `attention` dispatcher, called as torch.ops.tileinfer_attn.*,
-against float64 attention on the same inputs (SPEC section 4).
+against float64 attention on the same inputs.
 
 Complements tests/test_attention_kernels_gpu.py (each kernel's mechanisms, decode
 checked through its partials): here every result goes through the CUDA ops a
 model calls, including the combine kernel. Every case draws fresh random inputs
 (a seed per test id) and poisons outputs with NaN first, so unwritten elements
-fail. Tolerances: bf16 / fp16 within ULPS ulps of each row's magnitude, fp32
-within REL relative error (SPEC section 4).
+fail. Tolerances (op_helpers): bf16 / fp16 within ULPS ulps of each row's
+magnitude, fp32 within REL relative error, lse within LSE_REL.
 
 Order matters at the end: the adversarial-metadata tests come last, so that a
 kernel that faults (and kills the CUDA context) cannot hide other results.
@@ -18,101 +18,27 @@ import os
 import re
 import subprocess
 import sys
-import zlib
 
 import pytest
 import torch
 
 import tileinfer_attn
-import op_helpers
-from op_helpers import exact_attention, has_cuda_kernel
+from op_helpers import (ULPS, check_lse, check_out, exact_attention, has_cuda_kernel, need, need_path, run_attention,
+                        run_combine, run_decode, run_prefill)
 from tileinfer_attn import reference
-from tileinfer_attn.testing import make_problem, poison_, rel_error, ulp_error
+from tileinfer_attn.testing import make_problem, poison_
 
 pytestmark = pytest.mark.gpu
 
 ops = torch.ops.tileinfer_attn
 DEV = "cuda"
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-ULPS = 4.0  # bf16 / fp16: SPEC section 4
-REL = 1e-5  # fp32: SPEC section 4
-# lse (fp32 in every dtype), relative to max(1, |lse|): bf16/fp16 scores come from
-# tensor cores, whose fp32 accumulation is not IEEE-rounded; same bound as
-# tests/test_attention_kernels_gpu.py.
-LSE_REL = {torch.float32: 1e-5, torch.bfloat16: 1e-4, torch.float16: 1e-4}
-
-
-def need(*names):
-    """Skips the test unless this build has CUDA kernels for all the ops named."""
-    missing = [n for n in names if not has_cuda_kernel(n)]
-    if missing:
-        pytest.skip(f"this build has no CUDA kernel for {', '.join('tileinfer_attn::' + n for n in missing)}")
-
-
-def need_attention():
-    # `attention` itself is always registered; it calls these three.
-    need("prefill", "decode", "combine")
-
-
-def need_path(path):
-    """Kernels behind a test path: "prefill", "decode" (+ combine) or "attention"."""
-    {"prefill": lambda: need("prefill"), "decode": lambda: need("decode", "combine"),
-     "attention": need_attention}[path]()
-
-
-@pytest.fixture
-def seed(request):
-    """A different, reproducible seed for every test case."""
-    return zlib.crc32(request.node.nodeid.encode())
 
 
 # ------------------------------------------------------------------ helpers
-def check_out(out, exact, dtype, what, ulps=ULPS):
-    if dtype == torch.float32:
-        err = rel_error(out, exact)
-        assert err <= REL, f"{what}: relative error {err:.3g} > {REL}"
-    else:
-        err = ulp_error(out, exact, dtype)
-        assert err <= ulps, f"{what}: {err:.2f} ulps > {ulps}"
-    return err
-
-
-def check_lse(lse, exact_lse, dtype, what):
-    op_helpers.check_lse(lse, exact_lse, what, LSE_REL[dtype])
-
-
 def real_rows(p):
     """Number of tokens that belong to a sequence (the rows a test may check)."""
     return int(p.cu_seqlens_q[-1])
-
-
-def run_prefill(p, causal, with_lse=True):
-    out = poison_(torch.empty_like(p.q))
-    lse = poison_(torch.empty(p.q.shape[:2], dtype=torch.float32, device=DEV)) if with_lse else None
-    ops.prefill(out, lse, *p.args(), p.scale, causal)
-    return out, lse
-
-
-def run_decode(p, causal, splits):
-    t, h, d = p.q.shape
-    po = poison_(torch.empty(splits, t, h, d, dtype=torch.float32, device=DEV))
-    pl = poison_(torch.empty(splits, t, h, dtype=torch.float32, device=DEV))
-    ops.decode(po, pl, *p.args(), p.scale, causal)
-    return po, pl
-
-
-def run_combine(po, pl, dtype, with_lse=True):
-    _, t, h, d = po.shape
-    out = poison_(torch.empty(t, h, d, dtype=dtype, device=po.device))
-    lse = poison_(torch.empty(t, h, dtype=torch.float32, device=po.device)) if with_lse else None
-    ops.combine(out, lse, po, pl)
-    return out, lse
-
-
-def run_attention(p, causal):
-    out = poison_(torch.empty_like(p.q))
-    ops.attention(out, *p.args(), p.scale, causal)
-    return out
 
 
 def with_padding_tokens(p, n):
@@ -270,7 +196,7 @@ def test_attention_single_split_writes_out(dtype, head_dim, int8, n, misaligned_
     attention op has the decode kernel write `out` itself (no partials, no
     combine). It must give the bits of decode with one split + combine, 0 on
     padding tokens and on empty batch slots, and write through a misaligned view."""
-    need_attention()
+    need_path("attention")
     if int8 and dtype == torch.float32:
         pytest.skip("the int8 cache takes bf16 / fp16 queries")
     kv_heads, group = 4, 4
@@ -401,9 +327,9 @@ def run_combine_bad_calls():
 
 def test_combine_rejects_bad_arguments():
     """Each bad call raises a RuntimeError naming the argument. The calls run in
-    a child process: on the H200 (2026-11-29) one of them ended the process with
-    a segfault instead of raising (not explained yet), which would end the whole
-    pytest session; the child's output says which call it was."""
+    a child process: a call that crashes the process (a segfault instead of an
+    error) then fails this test instead of ending the whole pytest run, and
+    the child's output says which call it was."""
     need("combine")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
@@ -426,7 +352,7 @@ def test_combine_rejects_bad_arguments():
 def test_attention(dtype, group, max_q_len, seed):
     """The dispatcher: decode + combine for <= 16 queries and a power-of-two
     group, prefill otherwise (groups 3 and 6 always); same answer either way."""
-    need_attention()
+    need_path("attention")
     n = max_q_len
     p = make_problem([n, n + 50, 64 + n, 900], [n, max(1, n // 2), n, 1], 2 * group, 2, 128, 64, dtype=dtype,
                      device=DEV, seed=seed)
@@ -489,7 +415,7 @@ def test_cuda_graph_decode_steps(group, kv_heads, num_seqs, seed):
     equal an eager step bit for bit, and float64 attention every few steps.
     40 sequences x 8 KV heads: one split per (sequence, head), where the decode
     kernel writes `out` itself."""
-    need_attention()
+    need_path("attention")
     use_cache_write = has_cuda_kernel("cache_write")
     g = torch.Generator().manual_seed(seed)
     dtype, page, d, steps = torch.bfloat16, 16, 128, 70
@@ -567,7 +493,7 @@ def test_cuda_graph_decode_steps(group, kv_heads, num_seqs, seed):
         assert torch.equal(out, eager_out), f"step {i}: graph replay differs from eager"
         if i % 10 == 0 or i == steps - 1:
             assert all(torch.equal(a, b) for a, b in zip(pools, eager_pools)), f"step {i}: caches differ"
-            exact = reference.paged_attention(q, *pools, block_tables, seq_lens, cu_seqlens_q, scale, True,
+            exact = reference.paged_attention(q, *pools, block_tables, seq_lens, cu_seqlens_q, 1, scale, True,
                                               exact=True)
             check_out(out, exact, dtype, f"graph step {i} (lengths {lens})")
 
@@ -596,39 +522,53 @@ def check_context_alive(seed):
     check_out(out, exact_attention(p, True)[0], torch.bfloat16, "normal case after bad metadata")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("path", ["prefill", "decode", "attention"])
-def test_adversarial_metadata(path, seed):
-    """Bad device metadata: no fault, finite results that match the reference's
-    reading (bad pages skipped, lengths clamped), the context survives, and
-    validate_metadata names every bad entry."""
+def test_adversarial_metadata(path, dtype, seed):
+    """Bad device metadata: out-of-range and negative page ids among used
+    pages, seq_lens beyond what the table holds (by a little and by far) and
+    negative, a sequence whose every page id is bad. No fault, no NaN, every
+    row as the reference reads the metadata (bad pages skipped, lengths
+    clamped; rows that see nothing: 0, lse -inf), decode's partials right
+    before combine too, the context survives, and validate_metadata names
+    every bad entry."""
     need_path(path)
     need("decode", "combine")  # check_context_alive
-    q_lens = [5, 3, 20, 1] if path == "prefill" else [1, 2, 1, 1]
-    p = make_problem([70, 40, 33, 20], q_lens, 8, 2, 64, 16, device=DEV, seed=seed)
-    bad = corrupt(p)
+    q_lens = [5, 3, 20, 1, 4, 6] if path == "prefill" else [1, 2, 1, 1, 3, 1]
+    p = make_problem([70, 40, 33, 20, 50, 45], q_lens, 8, 2, 64, 16, dtype=dtype, device=DEV, seed=seed)
+    bad = corrupt(p)  # sequences 0-3
+    p.block_tables[4, :] = -1  # every page bad: its rows see nothing
+    p.seq_lens[5] = 10**6  # far beyond what the table holds: clamped
+    bad += ["block_tables[4, 0]", "seq_lens[5]"]
+    exact, exact_lse = exact_attention(p, True)
     if path == "prefill":
         out, lse = run_prefill(p, True)
     elif path == "decode":
-        out, lse = run_combine(*run_decode(p, True, 4), torch.bfloat16)
+        po, pl = run_decode(p, True, 4)
+        torch.cuda.synchronize()  # a fault would raise here
+        assert not torch.isnan(po).any() and not torch.isnan(pl).any(), "NaN partials with bad metadata"
+        merged, merged_lse = reference.merge_partials(po, pl)
+        check_out(merged, exact, dtype, "decode partials (merged in float64) with bad metadata")
+        check_lse(merged_lse, exact_lse, dtype, "decode partials (merged in float64) with bad metadata lse")
+        out, lse = run_combine(po, pl, dtype)
     else:
         out, lse = run_attention(p, True), None
     torch.cuda.synchronize()  # a fault would raise here
     assert torch.isfinite(out).all(), "NaN / inf with bad metadata"
-    exact, exact_lse = exact_attention(p, True)
-    check_out(out, exact, torch.bfloat16, f"{path} with bad metadata")
+    rows = slice(int(p.cu_seqlens_q[4]), int(p.cu_seqlens_q[5]))
+    assert torch.all(out[rows] == 0), "rows that see no position must be 0"
+    check_out(out, exact, dtype, f"{path} with bad metadata")
     if lse is not None:
-        check_lse(lse, exact_lse, torch.bfloat16, f"{path} with bad metadata lse")
+        check_lse(lse, exact_lse, dtype, f"{path} with bad metadata lse")
     check_context_alive(seed)
 
-    validate = getattr(tileinfer_attn, "validate_metadata", None)
-    if validate is None:
-        pytest.skip("tileinfer_attn has no validate_metadata yet (the kernels passed)")
     args = (p.k_cache.shape[0], p.k_cache.shape[2], p.q.shape[0])
-    problems = "\n".join(validate(p.block_tables, p.seq_lens, p.cu_seqlens_q, *args))
+    problems = "\n".join(tileinfer_attn.validate_metadata(p.block_tables, p.seq_lens, p.cu_seqlens_q, *args))
     missing = [entry for entry in bad if entry not in problems]
     assert not missing, f"validate_metadata did not report {missing}; it said:\n{problems}"
     clean = make_problem([70, 40], [1, 1], 8, 2, 64, 16, device=DEV, seed=seed)
-    assert validate(clean.block_tables, clean.seq_lens, clean.cu_seqlens_q, clean.k_cache.shape[0], 16, 2) == []
+    assert tileinfer_attn.validate_metadata(clean.block_tables, clean.seq_lens, clean.cu_seqlens_q,
+                                            clean.k_cache.shape[0], 16, 2) == []
 
 
 @pytest.mark.parametrize("path", ["prefill", "decode", "attention"])

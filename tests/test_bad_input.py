@@ -1,4 +1,4 @@
-"""Every bad-input class of SPEC section 5 raises a RuntimeError naming the
+"""Every bad-input class of docs/CONTRACT.md ("Bad input") raises a RuntimeError naming the
 argument: dtype, device, shape, strides, head counts that do not divide,
 unsupported head dim / page size, seq_lens longer than the block table can
 hold (and the other host-checkable metadata values, on CPU).

@@ -7,8 +7,7 @@ import tileinfer_attn as ti
 from tileinfer_attn import reference as R
 from tileinfer_attn.cache import CacheFullError, PagedKVCache
 from tileinfer_attn.testing import make_problem, ulp_error
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+from op_helpers import DEVICES, need
 
 
 def check_device_rows(cache: PagedKVCache):
@@ -154,12 +153,10 @@ def test_prepare_step_metadata_and_static_buffers():
 def test_cache_with_ops_matches_reference(device, dtype):
     """Prefill, then decode steps, then a fork whose branches diverge: every step
     through cache_write + attention on the cache's pools matches exact attention."""
-    from op_helpers import skip_unless_cuda_kernel
-
     if device == "cuda":
-        skip_unless_cuda_kernel("cache_write", "attention", "prefill", "decode", "combine")
+        need("cache_write", "attention", "prefill", "decode", "combine")
     qdt = torch.bfloat16
-    # ulps of bf16 against float64 (SPEC section 4); the CUDA int8 kernels also
+    # ulps of bf16 against float64 (op_helpers.ULPS); the CUDA int8 kernels also
     # round q * k_smooth and p * v_scale to bf16: 6 (tests/test_int8_gpu.py says why).
     tol = 6 if dtype == torch.int8 and device == "cuda" else 4
     c = PagedKVCache(2, 40, 2, 64, page_size=16, dtype=dtype, device=device, max_seqs=4)
@@ -180,8 +177,8 @@ def test_cache_with_ops_matches_reference(device, dtype):
             ti.cache_write(k_cache, v_cache, k, v, md.block_tables, md.seq_lens, md.cu_seqlens_q, **kw)
             out = ti.attention(q, k_cache, v_cache, md.block_tables, md.seq_lens, md.cu_seqlens_q, md.max_q_len,
                                **kw)
-            ref = R.paged_attention(q, k_cache, v_cache, md.block_tables, md.seq_lens, md.cu_seqlens_q, 0.125,
-                                    exact=True, **kw)
+            ref = R.paged_attention(q, k_cache, v_cache, md.block_tables, md.seq_lens, md.cu_seqlens_q,
+                                    md.max_q_len, 0.125, exact=True, **kw)
             assert ulp_error(out, ref, qdt) <= tol
             if dtype != torch.int8:
                 # the keys just written sit at the end of each sequence

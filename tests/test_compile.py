@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import tileinfer_attn as ti
-from op_helpers import skip_unless_cuda_kernel
+from op_helpers import need
 from tileinfer_attn.testing import make_problem
 
 
@@ -74,7 +74,7 @@ def test_compiled_matches_eager_cpu(backend, q_lens):
 def test_reduce_overhead_cuda_graphs():
     """mode="reduce-overhead" (CUDA graphs) replays correctly as the sequences grow:
     the same captured graph serves new lengths and new cache contents."""
-    skip_unless_cuda_kernel("rms_norm", "rope", "cache_write", "attention_inputs", "attention", "prefill",
+    need("rms_norm", "rope", "cache_write", "attention_inputs", "attention", "prefill",
                             "decode", "combine")
     from torch._dynamo.utils import counters
 

@@ -1,5 +1,5 @@
 """GPU tests of rms_norm, rope, cache_write (plain and int8) and the fused
-attention_inputs (issue 5).
+attention_inputs.
 
 - rms_norm / rope against the eager reference (tileinfer_attn.reference) within
   1 ulp (rms_norm: the normalized value; fp32 a few ulps, see NORM_ULPS); plain
@@ -25,7 +25,7 @@ import tileinfer_attn  # noqa: F401  (registers the ops)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
 
-from op_helpers import skip_unless_cuda_kernel
+from op_helpers import need
 
 pytestmark = [
     pytest.mark.gpu,
@@ -131,7 +131,7 @@ def assert_pools_equal(a, b, what):
 
 def token_targets(prob, num_tokens, max_position=None):
     """(token, position, page, slot) of every token a cache write stores, by the
-    reference rules (SPEC sections 1 and 5), plus the positions of all tokens
+    reference rules (docs/CONTRACT.md), plus the positions of all tokens
     (-1 for tokens of no sequence). With max_position, tokens whose position is
     outside the cos/sin table are dropped (attention_inputs skips them)."""
     num_pages, _, page_size, _ = prob.k_cache.shape
@@ -191,7 +191,7 @@ def norm_weight(gen, d, dtype):
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
 def test_rms_norm(dtype, d, layout):
-    skip_unless_cuda_kernel("rms_norm")
+    need("rms_norm")
     gen = torch.Generator(device=DEV).manual_seed(1000 + d + DTYPES.index(dtype))
     t, h = 67, 6
     if layout == "strided":  # a head-slice of a packed tensor, out strided too
@@ -237,7 +237,7 @@ def rotary_dims(d):
 @pytest.mark.parametrize("rot", [0, 1, 2], ids=["full", "half", "odd"])
 @pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64])
 def test_rope(dtype, d, rot, pos_dtype):
-    skip_unless_cuda_kernel("rope")
+    need("rope")
     rotary_dim = rotary_dims(d)[rot]
     gen = torch.Generator(device=DEV).manual_seed(2000 + d + 7 * rot + DTYPES.index(dtype))
     t, h, max_pos = 45, 5, 4096
@@ -278,7 +278,7 @@ Q_LENS = [5, 1, 30, 1, 64]
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_cache_write_plain(dtype, d, page_size):
-    skip_unless_cuda_kernel("cache_write")
+    need("cache_write")
     hkv = 3
     prob = make_problem(SEQ_LENS, Q_LENS, 2 * hkv, hkv, d, page_size, dtype, DEV, seed=d + page_size)
     gen = torch.Generator(device=DEV).manual_seed(3000 + d + page_size + DTYPES.index(dtype))
@@ -347,7 +347,7 @@ def int8_check(pools, prob, k, v, targets, what):
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("smooth", [True, False])
 def test_cache_write_int8(dtype, d, page_size, smooth):
-    skip_unless_cuda_kernel("cache_write")
+    need("cache_write")
     hkv = 2
     prob = make_problem(SEQ_LENS, Q_LENS, 4, hkv, d, page_size, dtype, DEV, seed=d + page_size, int8=True)
     if not smooth:
@@ -424,7 +424,7 @@ def run_fused_vs_separate(dtype, d, rotary_dim, norms, packed, page_size, int8=F
 
 @pytest.mark.parametrize("case", FUSED_CASES, ids=fused_case_id)
 def test_attention_inputs_matches_separate_ops(case):
-    skip_unless_cuda_kernel("attention_inputs", "rms_norm", "rope", "cache_write")
+    need("attention_inputs", "rms_norm", "rope", "cache_write")
     dtype, d, rot, norms, packed, page_size = case
     run_fused_vs_separate(dtype, d, rotary_dims(d)[rot], norms, packed, page_size,
                           seed=d + 3 * rot + page_size + DTYPES.index(dtype))
@@ -445,7 +445,7 @@ LARGE_Q_LENS = [1500, 300, 129, 64]
     (torch.float32, 128, False, 32, 8), (torch.bfloat16, 128, True, 32, 8), (torch.float16, 64, True, 32, 8),
     (torch.bfloat16, 128, False, 10, 2)], ids=lambda v: str(v).replace("torch.", ""))
 def test_attention_inputs_large_step(dtype, d, int8, hq, hkv):
-    skip_unless_cuda_kernel("attention_inputs", "rms_norm", "rope", "cache_write")
+    need("attention_inputs", "rms_norm", "rope", "cache_write")
     run_fused_vs_separate(dtype, d, d, "both", True, 64, int8=int8, seed=d + int8 + hq, hq=hq, hkv=hkv,
                           seq_lens=LARGE_SEQ_LENS, q_lens=LARGE_Q_LENS)
 
@@ -455,7 +455,7 @@ def test_attention_inputs_large_step(dtype, d, int8, hq, hkv):
 @pytest.mark.parametrize("rot", [0, 1], ids=["full", "half"])
 @pytest.mark.parametrize("norms", ["both", "none"])
 def test_attention_inputs_int8(dtype, d, rot, norms):
-    skip_unless_cuda_kernel("attention_inputs", "rms_norm", "rope", "cache_write")
+    need("attention_inputs", "rms_norm", "rope", "cache_write")
     page_size = PAGE_SIZES[(d // 64 + rot) % 4]
     prob, pools, k, kr, v, targets = run_fused_vs_separate(
         dtype, d, rotary_dims(d)[rot], norms, packed=rot == 0, page_size=page_size, int8=True,
@@ -499,7 +499,7 @@ def bad_problem(dtype, int8=False):
 
 @pytest.mark.parametrize("int8", [False, True])
 def test_bad_metadata_never_writes_outside(int8):
-    skip_unless_cuda_kernel("attention_inputs", "cache_write", "rms_norm", "rope")
+    need("attention_inputs", "cache_write", "rms_norm", "rope")
     dtype = torch.bfloat16
     prob, t, max_pos = bad_problem(dtype, int8)
     gen = torch.Generator(device=DEV).manual_seed(77)
@@ -565,7 +565,7 @@ def test_bad_metadata_never_writes_outside(int8):
 
 
 def test_attention_inputs_cuda_graph_as_sequences_grow():
-    skip_unless_cuda_kernel("attention_inputs")
+    need("attention_inputs")
     dtype, d, page_size, hq, hkv = torch.bfloat16, 128, 16, 8, 2
     start = [14, 15, 30]  # decode steps cross the page boundaries 16 and 32
     steps = 5
@@ -615,7 +615,7 @@ def test_attention_inputs_cuda_graph_as_sequences_grow():
 
 
 def test_bad_arguments_name_the_argument():
-    skip_unless_cuda_kernel("rms_norm", "rope", "cache_write", "attention_inputs")
+    need("rms_norm", "rope", "cache_write", "attention_inputs")
     dtype, d = torch.bfloat16, 128
     x = torch.randn(4, 2, d, device=DEV).to(dtype)
     out = torch.empty_like(x)

@@ -1,4 +1,4 @@
-"""GPU tests of attention over an int8 KV cache (SPEC section 6): CUDA prefill,
+"""GPU tests of attention over an int8 KV cache (docs/CONTRACT.md, "The int8 cache"): CUDA prefill,
 decode (its partials merged in float64, and decode + combine) and the
 `attention` dispatcher, against float64 attention on the dequantized cache
 (reference.paged_attention(..., exact=True) with k_scale / v_scale / k_smooth);
@@ -19,13 +19,15 @@ and poisons outputs with NaN first, so unwritten elements fail.
     python3 -m pytest -q -rs -n 8 tests/test_int8_gpu.py     # on a GPU machine
 """
 import dataclasses
+import functools
 import math
-import zlib
 
 import pytest
 import torch
 
-from op_helpers import check_neutral_splits, has_cuda_kernel
+import op_helpers
+from op_helpers import (check_neutral_splits, exact_attention, need, need_path, run_attention,
+                        run_combine, run_decode, run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
 
@@ -35,11 +37,12 @@ ops = torch.ops.tileinfer_attn
 DEV = "cuda"
 DTYPES = [torch.bfloat16, torch.float16]  # q's dtype; an int8 cache takes bf16 / fp16 queries only
 # Output tolerance, in ulps of q's dtype at each row's magnitude: 6, where the
-# bf16 / fp16 caches get 4 (SPEC section 4). The int8 kernels round two products
+# bf16 / fp16 caches get 4 (op_helpers.ULPS). The int8 kernels round two products
 # that the float64 reference keeps exact: q * k_smooth (to 15 bits per query row,
 # up to 2^-14 of the row's largest value per channel, which moves every score)
 # and p * v_scale (to fp16, over the running maximum of the value scales) before
-# the PV product. (Measured when q * k_smooth was rounded to fp16:) A PyTorch emulation of the same roundings in bf16 (3 bits coarser)
+# the PV product. A PyTorch emulation of the same roundings in bf16 (3 bits
+# coarser than the fp16 rounding of q * k_smooth that the bound was set for)
 # reached 2.8 ulps with smoothing and 1.2 without over d 64-256, pages 16/64,
 # lengths up to 700; online-softmax rescaling and the merge of splits add what
 # they add on the bf16 cache (within 4). 6 leaves that margin, and a real bug
@@ -47,32 +50,9 @@ DTYPES = [torch.bfloat16, torch.float16]  # q's dtype; an int8 cache takes bf16 
 # far more.
 ULPS = 6.0
 # lse (fp32), relative to max(1, |lse|), as for the bf16 caches
-# (tests/test_attention_gpu.py); with k_smooth against the fp16-rounded
+# (op_helpers.LSE_REL); with k_smooth against the fp16-rounded
 # q * k_smooth that the kernels use (see check_lse).
 LSE_REL = 1e-4
-
-
-def need(*names):
-    """Skips the test unless this build has CUDA kernels for all the ops named.
-    (A build whose kernels still refuse an int8 cache fails: that is what these
-    tests are for.)"""
-    missing = [n for n in names if not has_cuda_kernel(n)]
-    if missing:
-        pytest.skip(f"this build has no CUDA kernel for {', '.join('tileinfer_attn::' + n for n in missing)}")
-
-
-def need_attention():
-    need("prefill", "decode", "combine")  # `attention` itself is always registered; it calls these
-
-
-# The CUDA kernels behind each test path.
-PATH_KERNELS = {"prefill": ("prefill",), "decode": ("decode", "combine"), "attention": ("prefill", "decode", "combine")}
-
-
-@pytest.fixture
-def seed(request):
-    """A different, reproducible seed for every test case."""
-    return zlib.crc32(request.node.nodeid.encode())
 
 
 # ------------------------------------------------------------------ problems and oracles
@@ -82,21 +62,6 @@ def int8_problem(seq_lens, q_lens, hq, hkv, head_dim, page, dtype=torch.bfloat16
     drops k_smooth (the ops then take none)."""
     p = make_problem(seq_lens, q_lens, hq, hkv, head_dim, page, dtype=dtype, device=DEV, seed=seed, int8=True)
     return p if smooth else dataclasses.replace(p, k_smooth=None)
-
-
-def exact_attention(p, causal, q=None, k_smooth="problem"):
-    """float64 (out, lse) on the dequantized cache. A sequence with queries but
-    no position (seq_lens <= 0) is given one position on no page, which the
-    reference treats the same way: its rows see nothing."""
-    lens = p.seq_lens.clone()
-    tables = p.block_tables.clone()
-    empty = lens <= 0
-    lens[empty] = 1
-    tables[empty] = -1
-    return reference.paged_attention(p.q if q is None else q, p.k_cache, p.v_cache, tables, lens, p.cu_seqlens_q,
-                                     p.scale, causal, k_scale=p.k_scale, v_scale=p.v_scale,
-                                     k_smooth=p.k_smooth if k_smooth == "problem" else k_smooth,
-                                     exact=True, return_lse=True)
 
 
 def kernel_queries(p):
@@ -116,10 +81,8 @@ def kernel_queries(p):
     return q.double() / scale.double()
 
 
-def check_out(out, exact, dtype, what, ulps=ULPS):
-    err = ulp_error(out, exact, dtype)
-    assert err <= ulps, f"{what}: {err:.2f} ulps > {ulps}"
-    return err
+# Outputs against float64 within ULPS ulps (int8 problems take bf16 / fp16 queries only).
+check_out = functools.partial(op_helpers.check_out, ulps=ULPS)
 
 
 def check_lse(lse, exact_lse, p, causal, what):
@@ -136,45 +99,10 @@ def check_lse(lse, exact_lse, p, causal, what):
     if not seen.any():
         return
     tol = LSE_REL * exact_lse.abs().clamp_min(1.0)
-    _, exact_lse = exact_attention(p, causal, q=kernel_queries(p), k_smooth=None)
+    _, exact_lse = exact_attention(dataclasses.replace(p, q=kernel_queries(p), k_smooth=None), causal)
     excess = ((lse - exact_lse).abs() - tol)[seen]
     assert excess.max().item() <= 0, (f"{what}: lse error above tolerance by {excess.max().item():.3g} "
                                       f"(largest error {(lse - exact_lse)[seen].abs().max().item():.3g})")
-
-
-# ------------------------------------------------------------------ runners
-# The int8 arguments go in as keywords (prefill, attention) and positionally
-# (decode): both forms of the schema's optional trailing tensors.
-def run_prefill(p, causal, with_lse=True):
-    out = poison_(torch.empty_like(p.q))
-    lse = poison_(torch.empty(p.q.shape[:2], dtype=torch.float32, device=DEV)) if with_lse else None
-    ops.prefill(out, lse, *p.args(), p.scale, causal, k_scale=p.k_scale, v_scale=p.v_scale, k_smooth=p.k_smooth)
-    return out, lse
-
-
-def run_decode(p, causal, splits):
-    t, h, d = p.q.shape
-    po = poison_(torch.empty(splits, t, h, d, dtype=torch.float32, device=DEV))
-    pl = poison_(torch.empty(splits, t, h, dtype=torch.float32, device=DEV))
-    ops.decode(po, pl, *p.args(), p.scale, causal, p.k_scale, p.v_scale, p.k_smooth)
-    return po, pl
-
-
-def run_combine(po, pl, dtype, with_lse=True):
-    _, t, h, d = po.shape
-    out = poison_(torch.empty(t, h, d, dtype=dtype, device=po.device))
-    lse = poison_(torch.empty(t, h, dtype=torch.float32, device=po.device)) if with_lse else None
-    ops.combine(out, lse, po, pl)
-    return out, lse
-
-
-def run_attention(p, causal, positional=False):
-    out = poison_(torch.empty_like(p.q))
-    if positional:
-        ops.attention(out, *p.args(), p.scale, causal, p.k_scale, p.v_scale, p.k_smooth)
-    else:
-        ops.attention(out, *p.args(), p.scale, causal, k_scale=p.k_scale, v_scale=p.v_scale, k_smooth=p.k_smooth)
-    return out
 
 
 SMOOTH = [True, False]
@@ -202,20 +130,18 @@ def test_int8_prefill(dtype, head_dim, page, causal, smooth, seed):
     check_lse(lse, exact_lse, p, causal, f"int8 prefill lse (group {group})")
 
 
-@pytest.mark.parametrize("rows", ["64", "128"])
 @pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float16, 64)], ids=["bf16-128", "fp16-64"])
-def test_int8_prefill_long(dtype, head_dim, rows, seed, monkeypatch):
+def test_int8_prefill_long(dtype, head_dim, seed):
     """A 3000-position prompt next to a chunk of 200 queries at the end of 2500
-    positions: many key tiles, several query tiles per sequence; both tile
-    shapes (TILEINFER_PREFILL_ROWS forces one: 128-row tiles are the default
-    from 2048 queries on)."""
+    positions: many key tiles, several query tiles per sequence, in the
+    128-row tile that prefill takes from 2048 queries on (test_int8_prefill's
+    short prompts take the 64-row tile)."""
     need("prefill")
-    monkeypatch.setenv("TILEINFER_PREFILL_ROWS", rows)
     p = int8_problem([3000, 2500], [3000, 200], 8, 2, head_dim, 64, dtype, seed=seed)
     out, lse = run_prefill(p, True)
     exact, exact_lse = exact_attention(p, True)
-    check_out(out, exact, dtype, f"int8 prefill long ({rows}-row tiles)")
-    check_lse(lse, exact_lse, p, True, f"int8 prefill long lse ({rows}-row tiles)")
+    check_out(out, exact, dtype, "int8 prefill long")
+    check_lse(lse, exact_lse, p, True, "int8 prefill long lse")
 
 
 # ------------------------------------------------------------------ decode: partials merged in float64
@@ -316,7 +242,7 @@ def test_int8_attention(dtype, group, max_q_len, seed):
     """The dispatcher on an int8 cache: decode + combine for <= 16 queries and a
     power-of-two group, prefill otherwise (group 3 always, 17 queries); causal
     and not; smoothing on for half the cases."""
-    need_attention()
+    need_path("attention")
     n = max_q_len
     smooth = (group + max_q_len) % 2 == 1
     p = int8_problem([n, n + 50, 64 + n, 900], [n, max(1, n // 2), n, 1], 2 * group, 2, 128, 64, dtype, seed,
@@ -332,7 +258,7 @@ def test_int8_attention(dtype, group, max_q_len, seed):
 def test_int8_deterministic(path, seed):
     """Same inputs, same bits (fixed merge order, no atomics); for `attention`
     also the same bits with the int8 arguments given positionally."""
-    need(*PATH_KERNELS[path])
+    need_path(path)
     q_lens = [600, 1, 77, 1000] if path == "prefill" else [1, 1, 4, 1]
     p = int8_problem([2000, 3000, 77, 1000], q_lens, 16, 4, 128, 64, seed=seed)
 
@@ -360,7 +286,7 @@ def test_int8_value_scale_outlier(path, seed):
     (they would lose most of their bits: tens of ulps). Prefill: 128 queries,
     the outlier at position 63; decode (the attention op's path, 16 queries of
     one sequence, group 1): the outlier at the last position."""
-    need(*PATH_KERNELS["attention" if path == "decode" else "prefill"])
+    need_path("attention" if path == "decode" else "prefill")
     length, outlier = (128, 63) if path == "prefill" else (16, 15)
     p = int8_problem([length], [length], 2, 2, 128, 16, seed=seed, smooth=False)
     page = p.block_tables[0, outlier // 16].item()
@@ -379,7 +305,7 @@ def test_int8_non_finite_query_row(path, seed):
     (decode: in every split's partial), as the float reference's scores would;
     the other rows of its tile are exact. (combine turns an all-NaN row of
     partials into the empty row, 0 with lse -inf, for every cache type.)"""
-    need(*PATH_KERNELS["attention" if path == "decode" else "prefill"])
+    need_path("attention" if path == "decode" else "prefill")
     q_lens = [16, 3] if path == "prefill" else [1, 1]
     p = int8_problem([200, 131], q_lens, 8, 2, 128, 64, seed=seed)
     p.q[0, 1, 5] = float("inf")
@@ -410,7 +336,7 @@ def test_int8_cuda_graph_decode_steps(group, seed):
     q / k / v into the static buffers). Every replay must equal an eager step
     on separate pools bit for bit (output, int8 pages and scales), and float64
     attention on the dequantized cache every few steps."""
-    need_attention()
+    need_path("attention")
     need("cache_write")
     g = torch.Generator().manual_seed(seed)
     dtype, page, kv_heads, d, steps = torch.bfloat16, 16, 2, 128, 40
@@ -488,7 +414,7 @@ def test_int8_cuda_graph_decode_steps(group, seed):
             names = ("k_cache", "v_cache", "k_scale", "v_scale")
             differ = [n for n, a, b in zip(names, cache, eager_cache) if not torch.equal(a, b)]
             assert not differ, f"step {i}: the replayed step wrote different {differ} than eager"
-            exact = reference.paged_attention(q, cache[0], cache[1], block_tables, seq_lens, cu_seqlens_q, scale,
+            exact = reference.paged_attention(q, cache[0], cache[1], block_tables, seq_lens, cu_seqlens_q, 1, scale,
                                               True, k_scale=cache[2], v_scale=cache[3], k_smooth=k_smooth,
                                               exact=True)
             check_out(out, exact, dtype, f"int8 graph step {i} (lengths {lens})")
@@ -510,8 +436,8 @@ def test_int8_adversarial_metadata(path, seed):
     and a negative one, on an int8 cache: no fault, finite output, the
     untouched sequences exactly right, every row as the reference reads the
     metadata (bad pages skipped, lengths clamped), and a later op still works."""
-    need(*PATH_KERNELS[path])
-    need_attention()  # check_context_alive
+    need_path(path)
+    need_path("attention")  # check_context_alive
     q_lens = [5, 3, 20, 1, 7, 9] if path == "prefill" else [1, 2, 1, 1, 4, 1]
     p = int8_problem([70, 40, 33, 20, 50, 90], q_lens, 8, 2, 64, 16, seed=seed)
     num_pages, page = p.k_cache.shape[0], p.k_cache.shape[2]

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import tileinfer_attn  # noqa: F401
-from op_helpers import DEVICES, has_cuda_kernel
-from tileinfer_attn import reference
+from op_helpers import DEVICES, exact_attention, has_cuda_kernel
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
 
 
@@ -29,8 +28,7 @@ def test_decode_padding_rows_are_zero(device, q_lens):
     ops.combine(out, None, po, pl)
     n = p.q.shape[0]
     assert torch.equal(out[n:], torch.zeros_like(out[n:])), "padding rows must be 0"
-    exact = reference.paged_attention(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q,
-                                      p.scale, True, exact=True)
+    exact, _ = exact_attention(p, True)
     assert ulp_error(out[:n], exact, torch.bfloat16) <= 4
 
     # The attention op takes the same path for these shapes.

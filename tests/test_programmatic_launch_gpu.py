@@ -7,18 +7,17 @@ The previous kernel here is a test kernel that lets dependents start at once
 (griddepcontrol.launch_dependents), spins for a while, and only then writes
 seq_lens and the block table: a kernel that read them before its wait would
 see stale values, and the result must be, bit for bit, that of the same op
-run on the new metadata. (H200, NOTES v9 / v10: a decode kernel that read
-them early and used what it read fails the bf16 decode cases.) The long case
+run on the new metadata (a decode kernel that reads them early and uses what
+it read fails the bf16 decode cases). The long case
 gives each decode block more tiles than it reads ahead, so block-table
 entries of the lines read early are read again, through L1, after the wait.
 """
 import dataclasses
-import zlib
 
 import pytest
 import torch
 
-from op_helpers import skip_unless_cuda_kernel
+from op_helpers import need
 from tileinfer_attn.testing import make_problem, poison_
 
 pytestmark = pytest.mark.gpu
@@ -75,9 +74,8 @@ CASES = [("attention", False, [1, 1, 1], False), ("attention", False, [1, 1, 1],
 
 
 @pytest.mark.parametrize("path,int8,q_lens,long", CASES, ids=lambda v: str(v))
-def test_metadata_written_after_the_next_kernel_started(late_copy, path, int8, q_lens, long):
-    skip_unless_cuda_kernel(path if path == "prefill" else "decode", "combine")
-    seed = zlib.crc32(f"{path}{int8}{q_lens}{long}".encode())
+def test_metadata_written_after_the_next_kernel_started(late_copy, path, int8, q_lens, long, seed):
+    need(path if path == "prefill" else "decode", "combine")
     # Long: 32 splits of 18 or 14 pages of 16 positions, up to 5 tiles of 64 keys per block.
     lens = [9000, 7000, 300] if long else [300, 517, 129]
     p = make_problem(lens, q_lens, 8, 2, 128, 16, dtype=torch.bfloat16, device=DEV, seed=seed, int8=int8)
