@@ -102,9 +102,20 @@ def render_prefill(data: dict) -> list:
 
 
 def render_decode(data: dict) -> list:
-    return (["Decode, one query per sequence (bf16, page 64), CUDA-graph replays; GB/s of the keys and values "
-             "read once.", ""]
-            + _vs_peers(data.get("rows") or [], "gbps", "GB/s", "pct_copy", "% of copy"))
+    out = (["Decode, one query per sequence (bf16, page 64), CUDA-graph replays; GB/s of the keys and values "
+            "read once.", ""]
+           + _vs_peers(data.get("rows") or [], "gbps", "GB/s", "pct_copy", "% of copy"))
+    verify = data.get("verify") or []
+    if verify:
+        dec, pre = "decode path (attention op)", "prefill op"
+        out += ["", "Verify steps (n queries at the end of one sequence of L positions): the `attention` op's "
+                "decode path against the prefill op on the same inputs.", ""]
+        out += table(["step", "decode path us", "prefill op us", "t_prefill / t_decode"],
+                     [[c, f(d and d["us"], ".1f"), f(p and p["us"], ".1f"),
+                       f(p["us"] / d["us"], ".2f") if d and p else "-"]
+                      for c in dict.fromkeys(r["case"] for r in verify)
+                      for d, p in [(_row(verify, c, dec), _row(verify, c, pre))]])
+    return out
 
 
 def render_int8(data: dict) -> list:
