@@ -202,7 +202,7 @@ def test_attention_single_split_writes_out(dtype, head_dim, int8, n, misaligned_
     kv_heads, group = 4, 4
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     seqs = next(b for b in range(1, 4096)
-                if ops.decode_num_splits(sms, b, kv_heads, n, group, head_dim, int8) == 1)
+                if ops.decode_num_splits(sms, b, kv_heads) == 1)
     g = torch.Generator().manual_seed(seed)
     lens = [0, 1, 15, 16, 17, 63, 64, 65, n] + torch.randint(n, 700, (seqs - 9,), generator=g).tolist()
     q_lens = [min(n, L) for L in lens]
@@ -422,7 +422,7 @@ def test_cuda_graph_decode_steps(group, kv_heads, num_seqs, seed):
     hq = group * kv_heads
     if num_seqs > 3:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        assert ops.decode_num_splits(sms, num_seqs, kv_heads, 1, group, d, False) == 1
+        assert ops.decode_num_splits(sms, num_seqs, kv_heads) == 1
     start = [page - 3, 2 * page - 1, 5] + [1 + (7 * i) % 50 for i in range(num_seqs - 3)]
     max_pages = math.ceil((max(start) + steps) / page) + 1
     num_pages = num_seqs * max_pages + 3

@@ -1,31 +1,30 @@
-"""The decode split rule (tileinfer/decode_splits.h, the op decode_num_splits): about two
-blocks per SM, rounded down, at most 32 splits (whatever the step's query
-count or cache type), never fewer than 1; the CPU path counts 8 "SMs" and two
-blocks each."""
+"""The decode split rule (tileinfer/decode_splits.h, the op decode_num_splits):
+about two blocks per SM over the (sequence, KV head) pairs, rounded down, at
+most 32 splits, never fewer than 1, whatever the step's query count or cache
+type (the op takes only the SM count and the pairs); the CPU path counts 8
+"SMs" and two blocks each."""
 import pytest
 import torch
 
-import tileinfer_attn  # noqa: F401  (registers the ops)
+import tileinfer_attn as ti
 
 split = torch.ops.tileinfer_attn.decode_num_splits
 
 
 @pytest.mark.parametrize("args,expected", [
-    # (num_sms, num_seqs, num_kv_heads, max_q_len, group, head_dim, int8)
-    ((132, 8, 8, 1, 4, 128, False), 4),     # 264 slots / 64 (sequence, head) pairs
-    ((132, 8, 8, 1, 4, 128, True), 4),      # int8 too (decode.cu's wide int8 tile, two per SM)
-    ((132, 1, 8, 1, 4, 128, False), 32),    # one sequence: capped at 32
-    ((132, 1, 8, 1, 4, 128, True), 32),
-    ((132, 32, 8, 1, 4, 128, True), 1),     # more pairs than slots: one split
-    ((132, 8, 8, 1, 4, 256, True), 4),      # d 256
-    ((132, 8, 8, 8, 4, 128, True), 4),      # 32 packed rows: the 64-row tile, two per SM
-    ((132, 1, 8, 12, 1, 128, False), 32),   # 9-16 queries: the same rule
-    ((132, 1, 8, 16, 4, 128, False), 32),   # 64 packed rows (the 64-row tile): the same rule
-    ((0, 1, 2, 1, 4, 128, True), 8),        # CPU: 8 "SMs", two blocks each
+    # (num_sms, num_seqs, num_kv_heads)
+    ((132, 8, 8), 4),     # 264 slots / 64 (sequence, head) pairs
+    ((132, 1, 8), 32),    # one sequence: capped at 32
+    ((132, 32, 8), 1),    # more pairs than slots: one split
+    ((0, 1, 2), 8),       # CPU: 8 "SMs", two blocks each
 ])
 def test_decode_num_splits(args, expected):
     assert split(*args) == expected
 
 
-def test_decode_num_splits_defaults_are_bf16():
-    assert split(132, 8, 8, 1) == split(132, 8, 8, 1, 1, 128, False) == 4
+def test_wrapper_counts_the_devices_sms():
+    """ti.decode_num_splits(device, ...) is the op with the device's SM count (0 on the CPU)."""
+    assert ti.decode_num_splits("cpu", 1, 2) == split(0, 1, 2) == 8
+    if torch.cuda.is_available():
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert ti.decode_num_splits("cuda", 8, 8) == split(sms, 8, 8)

@@ -138,16 +138,16 @@ def prefill(
     return (out, lse) if lse is not None else out
 
 
-def decode_num_splits(device, num_seqs: int, num_kv_heads: int, max_q_len: int, group_size: int = 1,
-                      head_dim: int = 128, int8: bool = False) -> int:
-    """Split count that ``attention`` uses for decode (the rule of
+def decode_num_splits(device, num_seqs: int, num_kv_heads: int) -> int:
+    """Split count that ``attention`` uses for decode on ``device`` (the rule of
     csrc/include/tileinfer/decode_splits.h, called through the op of the same
-    name): about two blocks per SM, rounded down, at most 32, for every step
-    size and cache type (max_q_len, group_size, head_dim and int8 are accepted
-    and do not change it). Depends on shapes only, never on context length."""
+    name): about two blocks per SM over the ``num_seqs * num_kv_heads``
+    (sequence, KV head) pairs, rounded down, at least 1 and at most 32, for
+    every step size and cache type; the CPU counts 8 "SMs". Depends on shapes
+    only, never on context length."""
     device = torch.device(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
-    return _ops.decode_num_splits(sms, num_seqs, num_kv_heads, max_q_len, group_size, head_dim, int8)
+    return _ops.decode_num_splits(sms, num_seqs, num_kv_heads)
 
 
 def decode(
@@ -192,9 +192,7 @@ def decode(
     if num_splits is None:
         _check_tensor("decode", "block_tables", block_tables, 2)
         _check_tensor("decode", "k_cache", k_cache, 4)
-        num_splits = decode_num_splits(q.device, block_tables.shape[0], k_cache.shape[1], max_q_len,
-                                       q.shape[1] // max(k_cache.shape[1], 1), k_cache.shape[3],
-                                       k_cache.dtype == torch.int8)
+        num_splits = decode_num_splits(q.device, block_tables.shape[0], k_cache.shape[1])
     _check(int(num_splits) >= 1, f"decode: num_splits must be >= 1, got {num_splits}")
     t, h, d = q.shape
     if partial_out is None:
