@@ -1,5 +1,5 @@
 """Every bad-input class of docs/CONTRACT.md ("Bad input") raises a RuntimeError naming the
-argument: dtype, device, shape, strides, head counts that do not divide,
+op called and the argument: dtype, device, shape, strides, head counts that do not divide,
 unsupported head dim / page size, seq_lens longer than the block table can
 hold (and the other host-checkable metadata values, on CPU).
 
@@ -157,6 +157,8 @@ def check_raises(op, name, change, device, int8):
         getattr(ops, op)(**kw)
     msg = str(info.value)
     assert re.search(rf"\b{re.escape(name)}\b", msg), f"error does not name {name!r}: {msg}"
+    # the op called, not one it calls (attention runs prefill or decode + combine)
+    assert msg.startswith(f"{op}: "), f"the error of {op} does not name {op}: {msg}"
 
 
 @pytest.mark.parametrize("int8", [False, True])
