@@ -3,14 +3,22 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "tileinfer/tile_table.h"
+
 namespace tileinfer {
 namespace {
 
-bool is_float_type(at::ScalarType t) {
-  return t == at::kBFloat16 || t == at::kHalf || t == at::kFloat;
+// A meta tensor has a shape but no data: only torch.compile's fake
+// implementations take those. Checked before the device comparisons, so that a
+// meta tensor mixed with real ones is named as such whichever argument it is.
+void check_not_meta(const char* op, const char* name, const at::Tensor& t) {
+  TILEINFER_CHECK(!t.is_meta(), op, ": ", name,
+                  " is on the meta device (a shape without data); the kernels need real tensors, all on one "
+                  "device (meta tensors are for torch.compile's fake implementations, never mixed with real ones)");
 }
 
 void check_on(const char* op, const char* name, const at::Tensor& t, const at::Device& device) {
+  check_not_meta(op, name, t);
   TILEINFER_CHECK(t.device() == device, op, ": ", name, " must be on ", device, " (the device of the cache), got ",
               t.device());
 }
@@ -38,6 +46,7 @@ void check_scale(const char* op, const char* name, const std::optional<at::Tenso
 
 // partial_out [num_splits, num_tokens, num_q_heads, head_dim] fp32, contiguous.
 void check_partial_out(const char* op, const at::Tensor& partial_out) {
+  check_not_meta(op, "partial_out", partial_out);
   TILEINFER_CHECK(partial_out.scalar_type() == at::kFloat, op, ": partial_out must be float32, got ",
               partial_out.scalar_type());
   TILEINFER_CHECK(partial_out.dim() == 4, op,
@@ -49,6 +58,7 @@ void check_partial_out(const char* op, const at::Tensor& partial_out) {
 
 // partial_lse [num_splits, num_tokens, num_q_heads] fp32, matching partial_out.
 void check_partial_lse(const char* op, const at::Tensor& partial_lse, const at::Tensor& partial_out) {
+  check_not_meta(op, "partial_lse", partial_lse);
   TILEINFER_CHECK(partial_lse.scalar_type() == at::kFloat, op, ": partial_lse must be float32, got ",
               partial_lse.scalar_type());
   TILEINFER_CHECK(partial_lse.dim() == 3 && partial_lse.sizes() == partial_out.sizes().slice(0, 3), op,
@@ -79,6 +89,7 @@ void check_token_tensor(const char* op, const char* name, const at::Tensor& t, i
 
 void check_lse(const char* op, const char* name, const at::Tensor& lse, int64_t num_tokens, int64_t heads,
                const at::Device& device) {
+  check_not_meta(op, name, lse);
   TILEINFER_CHECK(lse.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ", lse.scalar_type());
   TILEINFER_CHECK(lse.dim() == 2 && lse.size(0) == num_tokens && lse.size(1) == heads, op, ": ", name,
               " must have shape [", num_tokens, ", ", heads, "] (num_tokens, num_q_heads), got ", lse.sizes());
@@ -103,11 +114,10 @@ void check_combine(const char* op, const at::Tensor& out, const std::optional<at
   check_partial_out(op, partial_out);
   check_partial_lse(op, partial_lse, partial_out);
   const int64_t num_tokens = partial_out.size(1), heads = partial_out.size(2), d = partial_out.size(3);
-  TILEINFER_CHECK(d == 64 || d == 128 || d == 256, op, ": unsupported head_dim ", d,
-                  " (dim 3 of partial_out; expected 64, 128 or 256)");
-  TILEINFER_CHECK(out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf ||
-                      out.scalar_type() == at::kFloat,
-                  op, ": out must be bfloat16, float16 or float32, got ", out.scalar_type());
+  TILEINFER_CHECK(supported_head_dim(d), op, ": unsupported head_dim ", d, " (dim 3 of partial_out; expected ",
+                  expected(kHeadDims), ")");
+  TILEINFER_CHECK(float_dtype(out.scalar_type()), op, ": out must be ", expected(kFloatDtypes), ", got ",
+                  out.scalar_type());
   check_token_tensor(op, "out", out, num_tokens, heads, d, out.scalar_type(), partial_out.device());
   if (lse.has_value()) check_lse(op, "lse", *lse, num_tokens, heads, partial_out.device());
 }
@@ -117,6 +127,7 @@ PagedShape check_paged_cache(const char* op, const at::Tensor& k_cache, const at
                              const at::Tensor& cu_seqlens_q, const std::optional<at::Tensor>& k_scale,
                              const std::optional<at::Tensor>& v_scale,
                              const std::optional<at::Tensor>& k_smooth) {
+  check_not_meta(op, "k_cache", k_cache);
   TILEINFER_CHECK(k_cache.dim() == 4, op,
               ": k_cache must be 4-D [num_pages, num_kv_heads, page_size, head_dim], got shape ",
               k_cache.sizes());
@@ -135,14 +146,14 @@ PagedShape check_paged_cache(const char* op, const at::Tensor& k_cache, const at
   s.page_size = k_cache.size(2);
   s.head_dim = k_cache.size(3);
   s.int8 = k_cache.scalar_type() == at::kChar;
-  TILEINFER_CHECK(s.int8 || is_float_type(k_cache.scalar_type()), op,
-              ": k_cache must be bfloat16, float16, float32 or int8, got ", k_cache.scalar_type());
+  TILEINFER_CHECK(cache_dtype(k_cache.scalar_type()), op, ": k_cache must be ", expected(kCacheDtypes), ", got ",
+                  k_cache.scalar_type());
   TILEINFER_CHECK(s.num_pages > 0, op, ": k_cache must hold at least one page");
   TILEINFER_CHECK(s.num_kv_heads > 0, op, ": k_cache must have at least one KV head");
-  TILEINFER_CHECK(s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256, op,
-              ": unsupported head_dim ", s.head_dim, " (expected 64, 128 or 256)");
-  TILEINFER_CHECK(s.page_size == 16 || s.page_size == 32 || s.page_size == 64 || s.page_size == 128, op,
-              ": unsupported page_size ", s.page_size, " (expected 16, 32, 64 or 128)");
+  TILEINFER_CHECK(supported_head_dim(s.head_dim), op, ": unsupported head_dim ", s.head_dim, " (expected ",
+                  expected(kHeadDims), ")");
+  TILEINFER_CHECK(supported_page_size(s.page_size), op, ": unsupported page_size ", s.page_size, " (expected ",
+                  expected(kPageSizes), ")");
 
   TILEINFER_CHECK(block_tables.scalar_type() == at::kInt, op, ": block_tables must be int32, got ",
               block_tables.scalar_type());
@@ -189,8 +200,8 @@ PagedShape check_paged_attention(const char* op, const at::Tensor& q, const at::
                                    k_smooth);
   TILEINFER_CHECK(q.dim() == 3, op, ": q must be 3-D [num_tokens, num_q_heads, head_dim], got shape ", q.sizes());
   if (s.int8) {
-    TILEINFER_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, op,
-                ": with an int8 cache q must be bfloat16 or float16, got ", q.scalar_type());
+    TILEINFER_CHECK(half_dtype(q.scalar_type()), op, ": with an int8 cache q must be ", expected(kHalfDtypes),
+                    ", got ", q.scalar_type());
   } else {
     TILEINFER_CHECK(q.scalar_type() == k_cache.scalar_type(), op, ": q must have the dtype of k_cache (",
                 k_cache.scalar_type(), "), got ", q.scalar_type());
@@ -232,18 +243,19 @@ void check_metadata_values_on_host(const char* op, const PagedShape& s, const at
 // ---- arguments of the attention-inputs ops (rms_norm, rope, cache_write, attention_inputs)
 
 void check_head_dim(const char* op, const char* name, int64_t d) {
-  TILEINFER_CHECK(d == 64 || d == 128 || d == 256, op, ": unsupported head_dim ", d, " of ", name,
-              " (expected 64, 128 or 256)");
+  TILEINFER_CHECK(supported_head_dim(d), op, ": unsupported head_dim ", d, " of ", name, " (expected ",
+                  expected(kHeadDims), ")");
 }
 
 void check_float_dtype(const char* op, const char* name, const at::Tensor& t) {
-  TILEINFER_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf || t.scalar_type() == at::kFloat,
-              op, ": ", name, " must be bfloat16, float16 or float32, got ", t.scalar_type());
+  TILEINFER_CHECK(float_dtype(t.scalar_type()), op, ": ", name, " must be ", expected(kFloatDtypes), ", got ",
+                  t.scalar_type());
 }
 
 // A norm weight [head_dim] of x's dtype.
 void check_weight(const char* op, const char* name, const at::Tensor& w, int64_t d, at::ScalarType dtype,
                   const at::Device& device) {
+  check_not_meta(op, name, w);
   TILEINFER_CHECK(w.dim() == 1 && w.size(0) == d, op, ": ", name, " must have shape [", d, "] (head_dim), got ",
               w.sizes());
   TILEINFER_CHECK(w.scalar_type() == dtype, op, ": ", name, " must have the dtype of the normalized tensor (", dtype,
@@ -254,6 +266,7 @@ void check_weight(const char* op, const char* name, const at::Tensor& w, int64_t
 
 void check_rotary(const char* op, const at::Tensor& cos_sin_cache, int64_t rotary_dim, int64_t d,
                   const at::Device& device) {
+  check_not_meta(op, "cos_sin_cache", cos_sin_cache);
   TILEINFER_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= d, op,
               ": rotary_dim must be even and in [2, head_dim = ", d, "], got ", rotary_dim);
   TILEINFER_CHECK(cos_sin_cache.scalar_type() == at::kFloat, op, ": cos_sin_cache must be float32, got ",
@@ -273,8 +286,8 @@ at::ScalarType check_kv_inputs(const char* op, const PagedShape& s, const at::Te
   TILEINFER_CHECK(k.dim() == 3, op, ": k must be 3-D [num_tokens, num_kv_heads, head_dim], got shape ", k.sizes());
   at::ScalarType dtype = k_cache.scalar_type();
   if (s.int8) {
-    TILEINFER_CHECK(k.scalar_type() == at::kBFloat16 || k.scalar_type() == at::kHalf, op,
-                ": with an int8 cache k must be bfloat16 or float16, got ", k.scalar_type());
+    TILEINFER_CHECK(half_dtype(k.scalar_type()), op, ": with an int8 cache k must be ", expected(kHalfDtypes),
+                    ", got ", k.scalar_type());
     dtype = k.scalar_type();
   }
   check_token_tensor(op, "k", k, -1, s.num_kv_heads, s.head_dim, dtype, k_cache.device());
@@ -291,6 +304,7 @@ void check_rows_io(const char* op, const at::Tensor& out, const at::Tensor& x) {
 }
 
 void check_positions(const char* op, const at::Tensor& positions, const at::Tensor& x) {
+  check_not_meta(op, "positions", positions);
   TILEINFER_CHECK(positions.scalar_type() == at::kInt || positions.scalar_type() == at::kLong, op,
                   ": positions must be int32 or int64, got ", positions.scalar_type());
   TILEINFER_CHECK(positions.dim() == 1 && positions.size(0) == x.size(0), op, ": positions must have shape [",

@@ -1,5 +1,5 @@
 // Argument checks shared by the CPU and CUDA implementations, so that both
-// devices reject bad input with the same message (SPEC section 5). Each check
+// devices reject bad input with the same message. Each check
 // names the op, the argument and what was expected.
 #pragma once
 

@@ -1,6 +1,7 @@
 // Small helpers shared by the CPU implementations (csrc/cpu/*.cpp): element
 // conversions, the host view of a paged cache, and the element-type switch.
-// Plain C++ over data pointers; accuracy first, speed second (SPEC section 3).
+// Plain C++ over data pointers; accuracy first, speed second (the CPU ops are
+// the reference the GPU kernels are tested against).
 #pragma once
 
 #include "tileinfer/error.h"
@@ -11,6 +12,7 @@
 #include <c10/util/Half.h>
 
 #include "checks.h"
+#include "tileinfer/tile_table.h"
 
 namespace tileinfer::cpu::detail {
 
@@ -18,7 +20,8 @@ namespace tileinfer::cpu::detail {
 template <typename T> inline float to_float(T x) { return static_cast<float>(x); }
 template <typename T> inline T from_float(float x) { return static_cast<T>(x); }
 
-// Element types of q / out / a non-int8 cache. The lambda sees `scalar_t`.
+// Element types of q / out / a non-int8 cache (tileinfer/tile_table.h:
+// kFloatDtypes). The lambda sees `scalar_t`.
 #define TILEINFER_CPU_DISPATCH_FLOAT(stype, NAME, ...)                                       \
   [&] {                                                                                     \
     switch (stype) {                                                                        \
@@ -26,8 +29,8 @@ template <typename T> inline T from_float(float x) { return static_cast<T>(x); }
       case at::kHalf: { using scalar_t = c10::Half; return __VA_ARGS__(); }                 \
       case at::kFloat: { using scalar_t = float; return __VA_ARGS__(); }                    \
       default:                                                                              \
-        TILEINFER_CHECK(false, NAME, ": unsupported dtype ", stype,                             \
-                    " (expected bfloat16, float16 or float32)");                            \
+        TILEINFER_CHECK(false, NAME, ": unsupported dtype ", stype, " (expected ",           \
+                        ::tileinfer::expected(::tileinfer::kFloatDtypes), ")");             \
     }                                                                                       \
   }()
 
@@ -48,7 +51,7 @@ struct HostKV {
     return (page * s.num_kv_heads + kv_head) * s.page_size + slot;
   }
   // Page id of the j-th page of a sequence, or -1 when it lies outside the pool:
-  // such pages are skipped, as on the GPU (SPEC section 5).
+  // such pages are skipped, as on the GPU.
   int64_t page_of(int64_t seq, int64_t j) const {
     const int64_t page = block_tables[seq * s.max_pages + j];
     return (page >= 0 && page < s.num_pages) ? page : -1;

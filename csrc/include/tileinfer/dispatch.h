@@ -1,17 +1,19 @@
 // The one place where runtime values become template arguments. Each switch
 // calls a lambda with a compile-time constant in scope, so switches nest cleanly
-// and launchers keep their commas out of macros. Only values listed here are
-// instantiated: adding a head dim or page size is a one-line change here.
+// and launchers keep their commas out of macros. Only the values of the support
+// table (tile_table.h) are instantiated, and an unsupported value's error lists
+// that table's values.
 #pragma once
 
 #include "error.h"
+#include "tile_table.h"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <c10/util/Exception.h>
 #include <c10/core/ScalarType.h>
 
-// Element types of q / out / a non-int8 cache.
+// Element types of q / out / a non-int8 cache (tile_table.h: kFloatDtypes).
 #define TILEINFER_DISPATCH_FLOAT(stype, NAME, ...)                                   \
   [&] {                                                                             \
     switch (stype) {                                                                \
@@ -28,12 +30,13 @@
         return __VA_ARGS__();                                                       \
       }                                                                             \
       default:                                                                      \
-        TILEINFER_CHECK(false, NAME, ": unsupported dtype ", stype,                     \
-                    " (expected bfloat16, float16 or float32)");                    \
+        TILEINFER_CHECK(false, NAME, ": unsupported dtype ", stype, " (expected ",  \
+                        ::tileinfer::expected(::tileinfer::kFloatDtypes), ")");     \
     }                                                                               \
   }()
 
-// Same, without fp32: for tensor-core kernels whose fp32 path is separate.
+// Same, without fp32 (tile_table.h: kHalfDtypes): for tensor-core kernels whose
+// fp32 path is separate.
 #define TILEINFER_DISPATCH_HALF(stype, NAME, ...)                                    \
   [&] {                                                                             \
     switch (stype) {                                                                \
@@ -46,36 +49,25 @@
         return __VA_ARGS__();                                                       \
       }                                                                             \
       default:                                                                      \
-        TILEINFER_CHECK(false, NAME, ": unsupported dtype ", stype,                     \
-                    " (expected bfloat16 or float16)");                             \
+        TILEINFER_CHECK(false, NAME, ": unsupported dtype ", stype, " (expected ",  \
+                        ::tileinfer::expected(::tileinfer::kHalfDtypes), ")");      \
     }                                                                               \
   }()
 
-// Head dims of SPEC section 1.
+// Head dims of the support table (tile_table.h: TILEINFER_HEAD_DIMS), one case
+// each, with `constexpr int HEAD_DIM` in scope of the lambda.
+#define TILEINFER_HEAD_DIM_CASE_(v, ...)                                             \
+  case v: {                                                                         \
+    constexpr int HEAD_DIM = v;                                                     \
+    return __VA_ARGS__();                                                           \
+  }
 #define TILEINFER_DISPATCH_HEAD_DIM(d, NAME, ...)                                    \
   [&] {                                                                             \
     switch (d) {                                                                    \
-      case 64: { constexpr int HEAD_DIM = 64; return __VA_ARGS__(); }               \
-      case 128: { constexpr int HEAD_DIM = 128; return __VA_ARGS__(); }             \
-      case 256: { constexpr int HEAD_DIM = 256; return __VA_ARGS__(); }             \
+      TILEINFER_HEAD_DIMS(TILEINFER_HEAD_DIM_CASE_, __VA_ARGS__)                    \
       default:                                                                      \
-        TILEINFER_CHECK(false, NAME, ": unsupported head_dim ", d,                      \
-                    " (expected 64, 128 or 256)");                                  \
-    }                                                                               \
-  }()
-
-// Page sizes of SPEC section 1. Kernels that do not need the page size at
-// compile time (they walk positions, not pages) take it as a runtime value.
-#define TILEINFER_DISPATCH_PAGE_SIZE(p, NAME, ...)                                   \
-  [&] {                                                                             \
-    switch (p) {                                                                    \
-      case 16: { constexpr int PAGE_SIZE = 16; return __VA_ARGS__(); }              \
-      case 32: { constexpr int PAGE_SIZE = 32; return __VA_ARGS__(); }              \
-      case 64: { constexpr int PAGE_SIZE = 64; return __VA_ARGS__(); }              \
-      case 128: { constexpr int PAGE_SIZE = 128; return __VA_ARGS__(); }            \
-      default:                                                                      \
-        TILEINFER_CHECK(false, NAME, ": unsupported page_size ", p,                     \
-                    " (expected 16, 32, 64 or 128)");                               \
+        TILEINFER_CHECK(false, NAME, ": unsupported head_dim ", d, " (expected ",   \
+                        ::tileinfer::expected(::tileinfer::kHeadDims), ")");        \
     }                                                                               \
   }()
 

@@ -1,0 +1,115 @@
+// What the extension supports, answered in one place: head dims, page sizes,
+// element types, and the decode kernel's tile shapes per head dim. The dispatch
+// switches (dispatch.h), the host checks and their messages (csrc/checks.cpp),
+// the CPU ops and the op `supported` (which hands these lists to Python, where
+// tileinfer_attn/cache.py reads them) all read this file; nothing else lists them.
+//
+// Adding a head dim: add it to TILEINFER_HEAD_DIMS. Every kernel that the
+// dispatch reaches is then instantiated for it (the dispatch switches are the
+// instantiation list); check the tile shapes below (shared memory per stage
+// grows with the head dim) and the kernels' static_asserts.
+//
+// Host-side C++ only (c10's ScalarType, no CUDA), so the CPU-only build uses it too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <c10/core/ScalarType.h>
+
+// Head dims with kernels, as an X-macro: TILEINFER_DISPATCH_HEAD_DIM (dispatch.h)
+// expands each entry into a switch case with a compile-time HEAD_DIM, kHeadDims
+// below into the values checked at run time.
+// X(v, args...) is expanded once per head dim; the extra arguments let a
+// dispatch switch pass its lambda to every case.
+#define TILEINFER_HEAD_DIMS(X, ...) X(64, __VA_ARGS__) X(128, __VA_ARGS__) X(256, __VA_ARGS__)
+
+namespace tileinfer {
+
+#define TILEINFER_TABLE_ENTRY(v, ...) v,
+inline constexpr int64_t kHeadDims[] = {TILEINFER_HEAD_DIMS(TILEINFER_TABLE_ENTRY, )};
+#undef TILEINFER_TABLE_ENTRY
+// Page sizes (positions per page). A run-time value in every kernel; powers of
+// two, because the kernels find a position's page and slot with a shift and a mask.
+inline constexpr int64_t kPageSizes[] = {16, 32, 64, 128};
+
+// Element types of q, out and a non-int8 cache (fp32 runs on the CUDA cores).
+inline constexpr c10::ScalarType kFloatDtypes[] = {c10::ScalarType::BFloat16, c10::ScalarType::Half,
+                                                   c10::ScalarType::Float};
+// Element types of the cache: the float types, or int8 with per-vector fp32 scales.
+inline constexpr c10::ScalarType kCacheDtypes[] = {c10::ScalarType::BFloat16, c10::ScalarType::Half,
+                                                   c10::ScalarType::Float, c10::ScalarType::Char};
+// The 16-bit float types: the tensor cores' inputs (queries over an int8 cache,
+// keys and values written into one).
+inline constexpr c10::ScalarType kHalfDtypes[] = {c10::ScalarType::BFloat16, c10::ScalarType::Half};
+
+template <typename T, size_t N>
+constexpr bool table_has(const T (&list)[N], T v) {
+  for (size_t i = 0; i < N; ++i)
+    if (list[i] == v) return true;
+  return false;
+}
+constexpr bool supported_head_dim(int64_t d) { return table_has(kHeadDims, d); }
+constexpr bool supported_page_size(int64_t p) { return table_has(kPageSizes, p); }
+constexpr bool float_dtype(c10::ScalarType t) { return table_has(kFloatDtypes, t); }
+constexpr bool cache_dtype(c10::ScalarType t) { return table_has(kCacheDtypes, t); }
+constexpr bool half_dtype(c10::ScalarType t) { return table_has(kHalfDtypes, t); }
+
+// A dtype's name as Python spells it (torch.<name>).
+inline const char* dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::Float: return "float32";
+    case c10::ScalarType::Char: return "int8";
+    default: return c10::toString(t);
+  }
+}
+
+// A list for error messages: "64, 128 or 256", "bfloat16, float16 or float32".
+inline std::string table_text(int64_t v) { return std::to_string(v); }
+inline std::string table_text(c10::ScalarType t) { return dtype_name(t); }
+template <typename T, size_t N>
+std::string expected(const T (&list)[N]) {
+  std::string s;
+  for (size_t i = 0; i < N; ++i) {
+    if (i) s += i + 1 == N ? " or " : ", ";
+    s += table_text(list[i]);
+  }
+  return s;
+}
+
+// ---- tile shapes (TileConfig's parameters, attention_kernel.cuh)
+
+struct TileShape {
+  int warps_m;    // warps over query rows
+  int warps_n;    // warps over the keys of a tile (key slices, merged at the end)
+  int row_tiles;  // 16-row mma tiles per warp
+  int block_n;    // keys per tile
+  int stages;     // tiles of copies in flight (cp.async)
+};
+
+// Decode, up to 16 packed rows (group x queries: plain decode of any group <= 16,
+// or a few verify queries): one 16-row tile, the 4 warps split each 64-key tile
+// into 16-key slices. Decode is a stream over the cache, so three stages keep
+// two tiles of copies in flight per block (d = 128: 100 KB, two blocks per SM);
+// d = 256 keeps two stages to fit two blocks per SM. An int8 cache's stages are
+// half the bytes: three blocks share an SM at d <= 128 (~72 KB each).
+constexpr TileShape decode_tile_small(int64_t d) { return {1, 4, 1, 64, d >= 256 ? 2 : 3}; }
+
+// Decode over an int8 cache when the launch's blocks fit two per SM anyway:
+// 128-key tiles, so each warp converts and multiplies 32 keys per barrier, per
+// softmax step and per scale load instead of 16, in a loop bound by
+// instructions (on the H200 about 9% faster for one sequence at 32k positions
+// and for 32 sequences at 4k). Three stages, two blocks per SM; a launch of
+// more blocks takes the small tile (three per SM), and short splits lose with
+// it (half of a 128-key tile is empty when a split holds one 64-key page). For d <= 128.
+constexpr TileShape decode_tile_int8_wide(int64_t) { return {1, 4, 1, 128, 3}; }
+
+// Decode of more packed rows (verify steps with large groups): 64-row tiles as
+// prefill's; the grid adds a row-tile dimension and row tiles share the pages
+// through L2. d = 256 halves the key tile to keep two stages in shared memory.
+constexpr TileShape decode_tile_large(int64_t d) { return {4, 1, 1, d >= 256 ? 32 : 64, 2}; }
+
+}  // namespace tileinfer
