@@ -1,6 +1,12 @@
 // The attention op: picks decode + combine or prefill from shapes alone, so a
-// captured CUDA graph takes the same path on every step, and calls them through
-// the dispatcher (the same code serves CPU and CUDA).
+// captured CUDA graph takes the same path on every step, and runs them under its
+// own name (errors raised inside name `attention`). The same code serves CPU
+// and CUDA. Also the ops that answer questions about the build: the split rule
+// (decode_num_splits) and the support table (supported, supported_dtypes).
+#include <iterator>
+#include <string>
+#include <vector>
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -12,6 +18,7 @@
 #include "checks.h"
 #include "ops.h"
 #include "tileinfer/decode_splits.h"
+#include "tileinfer/tile_table.h"
 
 namespace tileinfer {
 
@@ -34,33 +41,69 @@ int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t nu
   return decode_num_splits_for(sm_count(device), num_seqs, num_kv_heads);
 }
 
-int64_t decode_num_splits_op(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
-                             int64_t group_size, int64_t head_dim, bool int8) {
-  // The rule gives every step and cache type the same splits (decode_splits.h);
-  // the op keeps these arguments, which it depended on until 2026-11-29.
-  (void)max_q_len, (void)group_size, (void)head_dim, (void)int8;
+int64_t decode_num_splits_op(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads) {
   return decode_num_splits_for(num_sms, num_seqs, num_kv_heads);
 }
+
+std::vector<int64_t> supported_op(c10::string_view what) {
+  if (what == "head_dims") return {std::begin(kHeadDims), std::end(kHeadDims)};
+  if (what == "page_sizes") return {std::begin(kPageSizes), std::end(kPageSizes)};
+  TILEINFER_CHECK(false, "supported: unknown list \"", std::string(what), "\" (expected head_dims or page_sizes)");
+  return {};
+}
+
+std::vector<std::string> supported_dtypes_op(c10::string_view what) {
+  std::vector<std::string> names;
+  auto add = [&](const auto& list) {
+    for (c10::ScalarType t : list) names.emplace_back(dtype_name(t));
+  };
+  if (what == "float") {
+    add(kFloatDtypes);
+  } else if (what == "half") {
+    add(kHalfDtypes);
+  } else if (what == "cache") {
+    add(kCacheDtypes);
+  } else {
+    TILEINFER_CHECK(false, "supported_dtypes: unknown list \"", std::string(what),
+                    "\" (expected float, half or cache)");
+  }
+  return names;
+}
+
+namespace {
+
+// Runs a CUDA op that has no form taking the caller's name through the
+// dispatcher, and rewrites the op name that leads its error messages ("prefill:
+// ...") into `op`, so that the error names the op the user called.
+template <typename Fn>
+void call_as(const char* op, const char* callee, Fn&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    const std::string prefix = std::string(callee) + ": ";
+    std::string msg = e.what_without_backtrace();
+    if (msg.rfind(prefix, 0) != 0) throw;
+    TILEINFER_CHECK(false, op, ": ", msg.substr(prefix.size()));
+  }
+}
+
+}  // namespace
 
 void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q,
                int64_t max_q_len, double scale, bool causal, const std::optional<at::Tensor>& k_scale,
                const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth) {
-  const PagedShape s = check_paged_attention("attention", q, k_cache, v_cache, block_tables, seq_lens,
-                                             cu_seqlens_q, max_q_len, k_scale, v_scale, k_smooth);
-  check_token_tensor("attention", "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
+  const char* op = "attention";
+  const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+                                             max_q_len, k_scale, v_scale, k_smooth);
+  check_token_tensor(op, "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
   const int64_t group = q.size(1) / s.num_kv_heads;
+  const bool on_cuda = q.is_cuda();
 
   if (use_decode_path(max_q_len, group)) {
-    static auto decode_op = c10::Dispatcher::singleton()
-                                .findSchemaOrThrow("tileinfer_attn::decode", "")
-                                .typed<decltype(cpu::decode)>();
-    static auto combine_op = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("tileinfer_attn::combine", "")
-                                 .typed<decltype(cpu::combine)>();
     const int64_t splits = decode_num_splits(q.device(), s.num_seqs, s.num_kv_heads);
 #ifdef TILEINFER_WITH_CUDA
-    if (splits == 1 && q.is_cuda()) {  // nothing to merge: no partials, no combine launch
+    if (splits == 1 && on_cuda) {  // nothing to merge: no partials, no combine launch
       cuda::decode_single_split(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
                                 causal, k_scale, v_scale, k_smooth);
       return;
@@ -69,14 +112,27 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
     const auto f32 = q.options().dtype(at::kFloat);
     at::Tensor partial_out = at::empty({splits, q.size(0), q.size(1), s.head_dim}, f32);
     at::Tensor partial_lse = at::empty({splits, q.size(0), q.size(1)}, f32);
-    decode_op.call(partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+#ifdef TILEINFER_WITH_CUDA
+    if (on_cuda) {
+      cuda::decode_as(op, partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+                      max_q_len, scale, causal, k_scale, v_scale, k_smooth);
+      cuda::combine_as(op, out, std::nullopt, partial_out, partial_lse);
+      return;
+    }
+#endif
+    cpu::decode_as(op, partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                    max_q_len, scale, causal, k_scale, v_scale, k_smooth);
-    combine_op.call(out, std::nullopt, partial_out, partial_lse);
-  } else {
+    cpu::combine_as(op, out, std::nullopt, partial_out, partial_lse);
+  } else if (on_cuda) {
     static auto prefill_op = c10::Dispatcher::singleton()
                                  .findSchemaOrThrow("tileinfer_attn::prefill", "")
                                  .typed<decltype(cpu::prefill)>();
-    prefill_op.call(out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
+    call_as(op, "prefill", [&] {
+      prefill_op.call(out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
+                      scale, causal, k_scale, v_scale, k_smooth);
+    });
+  } else {
+    cpu::prefill_as(op, out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
                     scale, causal, k_scale, v_scale, k_smooth);
   }
 }

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <optional>
+#include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
 
 #define TILEINFER_DECLARE_OPS                                                              \
   void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,  \
@@ -43,13 +46,37 @@
                         const std::optional<at::Tensor>& v_scale,                           \
                         const std::optional<at::Tensor>& k_smooth);
 
+// decode and combine under the caller's op name (`op`, first in every error
+// message): the attention op runs them as "attention", so that an error raised
+// inside names the op the user called.
+#define TILEINFER_DECLARE_NAMED_OPS                                                        \
+  void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,          \
+                 const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, \
+                 const at::Tensor& block_tables, const at::Tensor& seq_lens,                \
+                 const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,           \
+                 bool causal, const std::optional<at::Tensor>& k_scale,                     \
+                 const std::optional<at::Tensor>& v_scale,                                  \
+                 const std::optional<at::Tensor>& k_smooth);                                \
+  void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse,    \
+                  const at::Tensor& partial_out, const at::Tensor& partial_lse);
+
 namespace tileinfer {
 struct PagedShape;  // checks.h
 
 // The CPU and CUDA implementations have the same signatures: one list, two namespaces.
-namespace cpu { TILEINFER_DECLARE_OPS }
+namespace cpu {
+TILEINFER_DECLARE_OPS
+TILEINFER_DECLARE_NAMED_OPS
+// prefill under the caller's op name, as above.
+void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
+                const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
+                bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                const std::optional<at::Tensor>& k_smooth);
+}  // namespace cpu
 namespace cuda {
 TILEINFER_DECLARE_OPS
+TILEINFER_DECLARE_NAMED_OPS
 // The attention op's decode step when it has one split: the decode kernel
 // writes `out` itself, the bits that decode + combine would give. The
 // arguments were checked by the caller (attention), which passes their shape.
@@ -78,6 +105,9 @@ int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t nu
 // The op decode_num_splits: the same rule (tileinfer/decode_splits.h) for a
 // device of num_sms multiprocessors (<= 0: the CPU path), so that Python uses
 // this one rule.
-int64_t decode_num_splits_op(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads, int64_t max_q_len,
-                             int64_t group_size, int64_t head_dim, bool int8);
+int64_t decode_num_splits_op(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads);
+// The ops supported / supported_dtypes: a list of the support table
+// (tileinfer/tile_table.h), numbers or dtype names as torch spells them.
+std::vector<int64_t> supported_op(c10::string_view what);
+std::vector<std::string> supported_dtypes_op(c10::string_view what);
 }  // namespace tileinfer

@@ -1,6 +1,6 @@
 // The whole op API of tileinfer_attn: every schema, in one place.
 //
-// Conventions (SPEC sections 1-3):
+// Conventions:
 // - Out-style: ops write into tensors they are given and return nothing; every
 //   tensor written is declared mutated with (x!).
 // - Token tensors (q, k, v, out): [num_tokens, num_heads, head_dim], last dim
@@ -11,7 +11,7 @@
 //   sequence s sits at position seq_lens[s] - n_s + t. All three live on the
 //   device and are read by the kernels: a captured CUDA graph stays valid as
 //   sequences grow.
-// - int8 cache (SPEC section 6): k_scale / v_scale [num_pages, num_kv_heads,
+// - int8 cache: k_scale / v_scale [num_pages, num_kv_heads,
 //   page_size] fp32, one scale per cached vector; k_smooth [num_kv_heads,
 //   head_dim] fp32 per-channel key smoothing factors (optional).
 // - lse outputs are natural-log log-sum-exp of the scaled scores, fp32; rows
@@ -65,10 +65,18 @@ TORCH_LIBRARY(tileinfer_attn, m) {
       "Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_smooth=None) -> ()");
 
   // The split count attention gives decode on a device of num_sms multiprocessors
-  // (<= 0: the CPU path). Shapes only, never context length.
-  m.def("decode_num_splits(int num_sms, int num_seqs, int num_kv_heads, int max_q_len, int group_size=1, "
-        "int head_dim=128, bool int8=False) -> int",
-        &tileinfer::decode_num_splits_op);
+  // (<= 0: the CPU path). Shapes only, never context length; the same for every
+  // step size, head dim and cache type.
+  m.def("decode_num_splits(int num_sms, int num_seqs, int num_kv_heads) -> int", &tileinfer::decode_num_splits_op);
+
+  // The support table (csrc/include/tileinfer/tile_table.h), for Python:
+  // supported("head_dims" | "page_sizes") -> the values with kernels;
+  // supported_dtypes("float" | "half" | "cache") -> dtype names as torch spells
+  // them: q / out / a non-int8 cache; the 16-bit ones (q over an int8 cache);
+  // the cache. No tensor arguments: the same answer on every device, in CPU-only
+  // builds and under fake tensors.
+  m.def("supported(str what) -> int[]", &tileinfer::supported_op);
+  m.def("supported_dtypes(str what) -> str[]", &tileinfer::supported_dtypes_op);
 
   // Per-head RMSNorm over the last dim, as Qwen3's q_norm / k_norm:
   // out = weight * round(x * rsqrt(mean(x^2) + eps)), computed in fp32.

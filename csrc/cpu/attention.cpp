@@ -279,12 +279,11 @@ void dispatch_q_and_cache(const char* op, const at::Tensor& q, bool int8, Fn&& f
 
 }  // namespace
 
-void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q, const at::Tensor& k_cache,
-             const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
-             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-             const std::optional<at::Tensor>& k_smooth) {
-  const char* op = "prefill";
+void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
+                const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
+                bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                const std::optional<at::Tensor>& k_smooth) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
   check_token_tensor(op, "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
@@ -298,12 +297,11 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
   });
 }
 
-void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q, const at::Tensor& k_cache,
-            const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-            const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
-            const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-            const std::optional<at::Tensor>& k_smooth) {
-  const char* op = "decode";
+void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q,
+               const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+               const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
+               bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+               const std::optional<at::Tensor>& k_smooth) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
   check_decode_max_q_len(op, max_q_len);
@@ -318,9 +316,8 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
   });
 }
 
-void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,
-             const at::Tensor& partial_lse) {
-  const char* op = "combine";
+void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse,
+                const at::Tensor& partial_out, const at::Tensor& partial_lse) {
   check_combine(op, out, lse, partial_out, partial_lse);
   const int64_t splits = partial_out.size(0);
   const int64_t num_tokens = partial_out.size(1);
@@ -361,6 +358,29 @@ void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
       }
     });
   });
+}
+
+void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q, const at::Tensor& k_cache,
+             const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
+             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+             const std::optional<at::Tensor>& k_smooth) {
+  prefill_as("prefill", out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
+             causal, k_scale, v_scale, k_smooth);
+}
+
+void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q, const at::Tensor& k_cache,
+            const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+            const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
+            const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+            const std::optional<at::Tensor>& k_smooth) {
+  decode_as("decode", partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+            max_q_len, scale, causal, k_scale, v_scale, k_smooth);
+}
+
+void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,
+             const at::Tensor& partial_lse) {
+  combine_as("combine", out, lse, partial_out, partial_lse);
 }
 
 }  // namespace tileinfer::cpu

@@ -20,19 +20,17 @@
 namespace tileinfer::cuda {
 namespace {
 
-constexpr const char* kOp = "combine";
-
 // The shared checks (checks.cpp) plus what the kernel needs: a CUDA tensor,
 // 16-byte aligned partials (16-byte loads), int32 row and split counts.
-void check_combine_inputs(const at::Tensor& out, const std::optional<at::Tensor>& lse,
+void check_combine_inputs(const char* op, const at::Tensor& out, const std::optional<at::Tensor>& lse,
                           const at::Tensor& partial_out, const at::Tensor& partial_lse) {
-  TILEINFER_CHECK(partial_out.is_cuda(), kOp, ": partial_out must be a CUDA tensor, got ", partial_out.device());
-  check_combine(kOp, out, lse, partial_out, partial_lse);
-  TILEINFER_CHECK(reinterpret_cast<uintptr_t>(partial_out.data_ptr()) % 16 == 0, kOp,
+  TILEINFER_CHECK(partial_out.is_cuda(), op, ": partial_out must be a CUDA tensor, got ", partial_out.device());
+  check_combine(op, out, lse, partial_out, partial_lse);
+  TILEINFER_CHECK(reinterpret_cast<uintptr_t>(partial_out.data_ptr()) % 16 == 0, op,
               ": partial_out must be 16-byte aligned");
   const int64_t splits = partial_out.size(0), tokens = partial_out.size(1), heads = partial_out.size(2);
   TILEINFER_CHECK(tokens * heads <= std::numeric_limits<int32_t>::max() && splits <= std::numeric_limits<int32_t>::max(),
-              kOp, ": partial_out is too large (num_tokens * num_q_heads and num_splits must fit in int32)");
+              op, ": partial_out is too large (num_tokens * num_q_heads and num_splits must fit in int32)");
 }
 
 }  // namespace
@@ -41,9 +39,9 @@ void check_combine_inputs(const at::Tensor& out, const std::optional<at::Tensor>
 // lse [num_tokens, num_q_heads] fp32 or None;
 // partial_out [num_splits, num_tokens, num_q_heads, head_dim] fp32;
 // partial_lse [num_splits, num_tokens, num_q_heads] fp32.
-void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,
-             const at::Tensor& partial_lse) {
-  check_combine_inputs(out, lse, partial_out, partial_lse);
+void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse,
+                const at::Tensor& partial_out, const at::Tensor& partial_lse) {
+  check_combine_inputs(op, out, lse, partial_out, partial_lse);
   const c10::cuda::CUDAGuard guard(partial_out.device());
 
   AttentionParams p{};  // the paged-cache fields stay zero: combine does not read the cache
@@ -60,12 +58,17 @@ void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool programmatic = programmatic_launch(partial_out.get_device());
-  TILEINFER_DISPATCH_FLOAT(out.scalar_type(), kOp, [&] {
-    TILEINFER_DISPATCH_HEAD_DIM(p.kv.head_dim, kOp, [&] {
+  TILEINFER_DISPATCH_FLOAT(out.scalar_type(), op, [&] {
+    TILEINFER_DISPATCH_HEAD_DIM(p.kv.head_dim, op, [&] {
       const cudaError_t err = launch_combine<scalar_t, HEAD_DIM>(p, stream, programmatic);  // (commas: not in the macro)
       C10_CUDA_CHECK(err);
     });
   });
+}
+
+void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,
+             const at::Tensor& partial_lse) {
+  combine_as("combine", out, lse, partial_out, partial_lse);
 }
 
 }  // namespace tileinfer::cuda

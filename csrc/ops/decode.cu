@@ -1,4 +1,4 @@
-// CUDA implementation of `decode` (SPEC section 2): split-KV attention for
+// CUDA implementation of `decode`: split-KV attention for
 // steps of a few queries per sequence, GQA-packed. The tensor-core tile kernel
 // (attention_kernel.cuh) with the decode work mapping for bf16 / fp16, the
 // CUDA-core kernel (attention_fp32.cuh) for fp32. Each block writes one
@@ -58,22 +58,22 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
 
 }  // namespace
 
-void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q, const at::Tensor& k_cache,
-            const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-            const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
-            const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-            const std::optional<at::Tensor>& k_smooth) {
-  const PagedShape s = check_paged_attention("decode", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q,
+               const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+               const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
+               bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+               const std::optional<at::Tensor>& k_smooth) {
+  const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
-  check_decode_max_q_len("decode", max_q_len);
+  check_decode_max_q_len(op, max_q_len);
   const int64_t T = q.size(0), H = q.size(1);
-  check_decode_partials("decode", partial_out, partial_lse, q, s.head_dim);
+  check_decode_partials(op, partial_out, partial_lse, q, s.head_dim);
   TILEINFER_CHECK(partial_out.size(0) <= (int64_t(1) << 31) - 1 && partial_out.numel() < (int64_t(1) << 62),
-              "decode: too many splits");
-  TILEINFER_CHECK(aligned16(partial_out.data_ptr()), "decode: partial_out must start at a 16-byte aligned address");
+              op, ": too many splits");
+  TILEINFER_CHECK(aligned16(partial_out.data_ptr()), op, ": partial_out must start at a 16-byte aligned address");
 
   const c10::cuda::CUDAGuard guard(q.device());
-  AttentionParams p = make_attention_params("decode", s, q, k_cache, v_cache, block_tables, seq_lens,
+  AttentionParams p = make_attention_params(op, s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
                                             k_smooth);
   if (T == 0 || H == 0) return;
@@ -86,7 +86,16 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
   p.partial_out = partial_out.data_ptr<float>();
   p.partial_lse = partial_lse.data_ptr<float>();
   p.num_splits = static_cast<int>(partial_out.size(0));
-  launch_decode("decode", p, s, q, max_q_len);
+  launch_decode(op, p, s, q, max_q_len);
+}
+
+void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q, const at::Tensor& k_cache,
+            const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+            const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
+            const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+            const std::optional<at::Tensor>& k_smooth) {
+  decode_as("decode", partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+            max_q_len, scale, causal, k_scale, v_scale, k_smooth);
 }
 
 void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
