@@ -6,7 +6,6 @@
 
 #include <array>
 #include <atomic>
-#include <cstdlib>
 
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime_api.h>
@@ -27,13 +26,9 @@ int cached_device_attribute(int device) {
 }
 
 // Whether the ops launch their kernels as programmatic dependent launches
-// (tileinfer/common.cuh): on compute capability 9.0 and later, unless
-// TILEINFER_NO_PDL is set to something other than 0 (read at every launch, so
-// a benchmark can compare both in one process; a captured graph keeps what
-// was read at capture).
+// (tileinfer/common.cuh): always, on compute capability 9.0 and later, where
+// a kernel's start-up overlaps the previous kernel's tail.
 inline bool programmatic_launch(int device) {
-  const char* off = std::getenv("TILEINFER_NO_PDL");
-  if (off != nullptr && off[0] != '\0' && off[0] != '0') return false;
   return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9;
 }
 

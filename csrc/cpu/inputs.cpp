@@ -1,7 +1,7 @@
 // CPU rms_norm, rope, cache_write (plain and int8-quantizing) and the fused
 // attention_inputs. The fused op is the per-row helpers of the separate ops
 // composed, with the same intermediate rounding to the element type, so it is
-// bit-identical to rms_norm + rope + cache_write (SPEC section 2).
+// bit-identical to rms_norm + rope + cache_write.
 #include <algorithm>
 #include <cmath>
 #include <vector>

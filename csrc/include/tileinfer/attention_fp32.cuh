@@ -1,6 +1,6 @@
 // fp32 attention on CUDA cores: products and sums in fp32 (no tf32 tensor
-// cores), so that it meets 1e-5 relative against exact attention (SPEC section
-// 4). Same work mapping (attention_work.cuh), page lookup and online softmax
+// cores), so that it meets 1e-5 relative against exact attention (the fp32
+// accuracy contract). Same work mapping (attention_work.cuh), page lookup and online softmax
 // (softmax.cuh) as the tensor-core kernel; speed is secondary.
 //
 // A block of 128 threads holds 16 query rows; 8 consecutive lanes share a row.

@@ -21,7 +21,7 @@
 // The epilogue normalizes, stages the output in shared memory as fp32 and writes
 // 16-byte vectors: `out` (prefill) or the fp32 partial (decode), plus the lse.
 //
-// INT8 cache (CacheT = int8_t, SPEC section 6): the int8 tiles and their
+// INT8 cache (CacheT = int8_t): the int8 tiles and their
 // per-key fp32 scales are copied as above (half the bytes); no dequantized
 // copy is made. A key's scale multiplies its column of scores, a value's scale
 // its probabilities before P is rounded for the P V product, and queries are
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // the current grid after griddepcontrol.wait, whatever it read before, so
   // a line they left in L1 cannot answer a later load with an old value (and
   // the second reads go to L2 anyway). As ld.global.cg they cost a plain
-  // launch ~0.5 us (H200, NOTES v10). Prefill and the int8 tiles wait first
+  // launch about 0.5 us on the H200. Prefill and the int8 tiles wait first
   // (with the check, the int8 kernels spilled registers).
   constexpr bool kEarly = Work::kReadsAhead && !Cfg::kInt8;
   TILEINFER_STAMP(0);

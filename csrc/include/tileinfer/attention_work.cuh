@@ -129,10 +129,10 @@ __device__ __forceinline__ float* output_lse(const AttentionParams& p, int token
 // Prefill: grid (num_kv_heads, num_seqs, row tiles). GQA packing: a block's
 // rows are (query, head) pairs of one KV head's group, as in decode (row rr:
 // query rr / group, head head0 + rr % group), so each K / V tile is copied (and,
-// from an int8 cache, converted) once for all the group's heads. On the H200 it
-// measured 0-4% faster than one query head per block with the heads of a group
-// as neighbours in the launch order, sharing their pages through L2 (2026-11-29,
-// bf16, 32 / 8 heads: 4 x 2k 263 -> 273 TFLOP/s, 1 x 16k 314 -> 316).
+// from an int8 cache, converted) once for all the group's heads. On the H200
+// that is 0-4% faster (bf16, 32 / 8 heads) than one query head per block with
+// the heads of a group as neighbours in the launch order, sharing their pages
+// through L2.
 // The row tile is the slowest grid dimension and reversed, so that the last
 // query tiles, the heaviest under causal masking, are dispatched first for
 // every head and sequence (less tail at the end of the launch).

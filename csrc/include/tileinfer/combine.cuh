@@ -134,11 +134,10 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   // them): they share one round trip.
   // Splits past num_splits read as zeros (weight 0): their loads are
   // predicated off, with no branch between the loads, and each address is the
-  // previous one plus the split stride. (When every split's address was its
-  // own 64-bit product, of an index clamped into range, ptxas issued the batch
-  // after the lse reduction, a round trip later: on the H200 one sequence at
-  // 32k positions spent 1.5 us in combine after the decode kernel, 0.5 us
-  // since, and int8 1.3 -> 0.3 us; scripts/decode_timeline.sh, 2026-11-29.)
+  // previous one plus the split stride. (With each split's address its own
+  // 64-bit product of an index clamped into range, ptxas issues the batch
+  // after the lse reduction, a round trip later: about 1 us more of combine
+  // after the decode kernel, for one sequence at 32k positions on the H200.)
   float4 v[B][V];
   auto load_batch = [&](int s0) {
     const float4* src = reinterpret_cast<const float4*>(out_in + s0 * split_stride);

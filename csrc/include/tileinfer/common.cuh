@@ -44,8 +44,8 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 // the product of two pairs rounded to T, as the fp32 product rounded to T
 // (eager PyTorch's `a * b` of two tensors of T). For bf16 / fp16 that is
 // __hmul2_rn, which rounds the exact product once: the same bits for every one
-// of the 2^32 pairs of values of either type (NaN as NaN), checked on the H200
-// by scripts/inputs_variants.cu (2026-11-29).
+// of the 2^32 pairs of values of either type (NaN as NaN), as
+// scripts/inputs_variants.cu checks on a GPU.
 template <typename T>
 struct ElemPair;
 template <>

@@ -1,13 +1,13 @@
 // TILEINFER_CHECK: TORCH_CHECK whose message is built here, with integers and
 // shapes formatted by std::to_string instead of std::ostream.
 //
-// Why: on the H200 image (2026-11-29) the extension is compiled by a newer GCC
-// (/opt/gcc) than the libstdc++ Python loads at run time, and linked with
-// -Bsymbolic-functions, so an ostream<<long instantiated in our library looked
-// up the num_put facet with an id of the newer library: every TORCH_CHECK
-// message holding an integer segfaulted (seen with cuda-gdb) instead of
-// raising. Messages built from strings, std::to_string and c10's own printers
-// (ScalarType, Device: formatted inside libc10) do not touch those facets.
+// Why: the extension may be compiled by a newer GCC than the libstdc++ that
+// Python loads at run time, and linked with -Bsymbolic-functions; an
+// ostream<<long instantiated in our library then looks up the num_put facet
+// with the id of the newer library, and a TORCH_CHECK message holding an
+// integer crashes instead of raising. Messages built from strings,
+// std::to_string and c10's own printers (ScalarType, Device: formatted inside
+// libc10) do not touch those facets.
 #pragma once
 
 #include <string>

@@ -6,7 +6,7 @@
 // value is computed by the same code in both paths: a stage takes and leaves
 // values already rounded to the element type (held as pairs of T, ElemPair),
 // just as the separate ops leave them in memory. That is what makes the fused
-// op bit-identical to the separate ones (SPEC section 2).
+// op bit-identical to the separate ones.
 //
 // Layout: a row (one head of one token, head_dim elements) is held by a group
 // of kLanes threads, each with kVecs 16-byte vectors; lane l holds vectors
@@ -116,7 +116,7 @@ struct TokenPlace {
   int slot;     // slot within the page
 };
 
-// Token t of sequence s sits at position seq_lens[s] - n_s + t (SPEC section 1);
+// Token t of sequence s sits at position seq_lens[s] - n_s + t;
 // -1 for a token of no sequence. seq_lens is taken as it is (not clamped), so
 // positions match the reference; callers range-check what they use it for.
 __device__ __forceinline__ int64_t token_position(const PagedKVParams& p, int token, int* seq_out) {
@@ -170,10 +170,9 @@ __device__ __forceinline__ TokenPlace place_of_token(const PagedKVParams& p, int
 // what one cvt.rn.{bf16,f16}x2.f32 rounds two floats into. The stages take and
 // leave pairs and unpack to fp32 only for their math. Rows kept as floats
 // (rounded to T and widened again after every step, converted once more for
-// the store) cost a quarter more instructions: on the H200 (2026-11-29, 4096
-// tokens, Qwen3-4B heads, ncu) the queries kernel went from 14.5M to 11.2M warp
-// instructions and 25.7 to 22.2 us, the keys / values kernel from 10.3 to 8.6
-// us, same bits (scripts/inputs_variants.sh). fp32 rows: float2. The pair
+// the store) cost about a quarter more instructions (4096 tokens of Qwen3-4B
+// heads: 14.5M instead of 11.2M warp instructions for the queries kernel) and
+// 15-20% more time on the H200, for the same bits. fp32 rows: float2. The pair
 // type and its operations: ElemPair (common.cuh).
 // One 16-byte vector of a row as pairs, moved as one 16-byte access (a copy
 // of the struct itself compiles to four 4-byte ones).
@@ -280,8 +279,7 @@ __device__ __forceinline__ void rms_norm_stage(Pair<T> (&x)[RowLayout<T, D>::kPa
 // i (columns c < D / 2) and vector i + kVecs / 2 (c + D / 2) are partners, in
 // this lane, and share the cos / sin of c. On large steps a group of
 // rows_kernel takes the first step once for the heads of a token it holds in
-// turn (kQueryRowsPerGroup); holding several heads at once cost occupancy
-// (NOTES v7).
+// turn (kQueryRowsPerGroup); holding several heads at once costs occupancy.
 template <typename T, int D>
 struct LaneCosSin {
   using L = RowLayout<T, D>;
@@ -449,16 +447,16 @@ __device__ __forceinline__ float quantize_stage(const Pair<T> (&xp)[RowLayout<T,
 // at a time. Small steps keep one row per group: in turn, 4 rows made every
 // row's load a dependent step (a 1-token attention_inputs took 3.2 us instead
 // of 2.3 on the H200). Large: the grid still has a block per SM. (Rows loaded
-// all at once before any math, 2 or 4 per group, were slower: NOTES v1, v5,
-// v7; loading the next row before this one's math made no difference, 2 rows
-// per group were slower and 8 no faster than 4: NOTES v8.)
+// all at once before any math, 2 or 4 per group, are slower; loading the next
+// row before this one's math makes no difference; 2 rows per group are slower
+// and 8 no faster than 4.)
 constexpr int kQueryRowsPerGroup = 4;
 inline int rows_per_group_for(int64_t rows, int groups_per_block, int num_sms) {
   return rows >= static_cast<int64_t>(groups_per_block) * kQueryRowsPerGroup * num_sms ? kQueryRowsPerGroup : 1;
 }
 
-// Registers of rows_kernel: at most 64 (four blocks per SM, as measured in
-// NOTES v8; 72 uncapped, three) for 16-bit rows of up to 128 elements; no cap
+// Registers of rows_kernel: at most 64 (four blocks per SM, the fastest; it
+// takes 72 uncapped, three blocks) for 16-bit rows of up to 128 elements; no cap
 // otherwise (fp32 and d 256 rows would spill).
 template <typename T, int D>
 constexpr int kRowsMinBlocks = sizeof(T) == 2 && D <= 128 ? 4 : 1;

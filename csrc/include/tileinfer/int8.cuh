@@ -1,4 +1,4 @@
-// Exact int8 -> fp16 conversion for the int8 KV cache (SPEC section 6). Every
+// Exact int8 -> fp16 conversion for the int8 KV cache. Every
 // int8 value is exact in fp16, so the tensor cores see the stored integers
 // unchanged; the per-vector scales are applied to scores and probabilities
 // instead (attention_kernel.cuh).

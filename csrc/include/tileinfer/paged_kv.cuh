@@ -1,5 +1,5 @@
 // Device-side view of the paged cache and the step's metadata, bounds-safe for
-// ANY contents of block_tables / seq_lens / cu_seqlens_q (SPEC section 5):
+// ANY contents of block_tables / seq_lens / cu_seqlens_q (the bad-input contract):
 // lengths are clamped to what the block table can hold, page ids outside the
 // pool read as "no page" (the kernels skip those positions), query ranges are
 // clamped to the token count. The validation helper in Python reports such

@@ -6,7 +6,7 @@
 
 namespace tileinfer {
 
-// The paged KV cache and the step's sequence metadata (SPEC section 1).
+// The paged KV cache and the step's sequence metadata (layouts: csrc/torch_bindings.cpp).
 // Everything that depends on context length lives on the device and is read by
 // the kernels; only shape-like values are host integers.
 struct PagedKVParams {

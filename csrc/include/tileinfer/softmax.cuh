@@ -16,7 +16,7 @@
 // Masked scores are -inf. A row that has seen no visible score keeps m = -inf;
 // exponents are then taken against 0 instead of m, so -inf - (-inf) never
 // happens: the row's probabilities are 0, its sum 0, and `finish` turns that
-// into out = 0, lse = -inf (SPEC: rows that see nothing give 0, no NaN).
+// into out = 0, lse = -inf (the contract: a row that sees nothing gives 0, never NaN).
 #pragma once
 
 #include <cmath>
