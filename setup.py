@@ -1,7 +1,8 @@
 """Build of tileinfer_attn's extension (tileinfer_attn._C).
 
 A CUDA extension where nvcc and a CUDA build of torch are present, a CPU-only
-one otherwise. Environment:
+one otherwise; the version's local label says which (0.1.0+cu130, 0.1.0+cpu),
+and `pip install -v` prints it. Environment (read at build time only):
   TILEINFER_BUILD=cuda|cpu   force one (default: auto)
   TORCH_CUDA_ARCH_LIST       e.g. "9.0a"; default -gencode=arch=compute_90a,code=sm_90a
   MAX_JOBS                   parallel compile jobs (torch's ninja build honours it)
@@ -12,6 +13,7 @@ one otherwise. Environment:
 """
 import glob
 import os
+import sys
 
 from setuptools import find_packages, setup
 
@@ -44,6 +46,7 @@ def rel(paths):
 
 
 def extension():
+    """The extension to build, and whether it is the CUDA one."""
     cuda = want_cuda()
     sources = rel(
         [f"{ROOT}/csrc/torch_bindings.cpp", f"{ROOT}/csrc/checks.cpp", f"{ROOT}/csrc/attention.cpp"]
@@ -87,20 +90,27 @@ def extension():
         ext = cpp_extension.CUDAExtension
     else:
         ext = cpp_extension.CppExtension
+    what = "CUDA" if cuda else "CPU-only"
+    # Shown by `pip install -v` and by a failed build; a quiet install shows the
+    # version's label instead (below).
+    print(f"tileinfer_attn: building the {what} extension ({len(sources)} sources)", file=sys.stderr)
     return ext(
         name="tileinfer_attn._C",
         sources=sources,
         include_dirs=[f"{ROOT}/csrc", f"{ROOT}/csrc/include"],
         extra_compile_args={"cxx": cxx, "nvcc": nvcc} if cuda else {"cxx": cxx},
-    )
+    ), cuda
 
 
+ext, cuda = extension()
+# The local version label names the build (as torch's own: 2.x+cu130), so that
+# `pip install .` reports it: "Successfully installed tileinfer_attn-0.1.0+cpu".
+label = f"cu{torch.version.cuda.replace('.', '')}" if cuda else "cpu"
+
+# Name, description, Python and torch requirements: pyproject.toml.
 setup(
-    name="tileinfer_attn",
-    version="0.1.0",
-    description="Paged-KV-cache attention kernels for LLM serving, as PyTorch custom ops",
+    version=f"0.1.0+{label}",
     packages=find_packages(include=["tileinfer_attn", "tileinfer_attn.*"]),
-    ext_modules=[extension()],
+    ext_modules=[ext],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
-    python_requires=">=3.10",
 )
