@@ -37,7 +37,17 @@ from .metadata import AttentionMetadata
 
 __all__ = ["PagedKVCache", "CacheFullError", "StepMetadata"]
 
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.int8)
+# What the kernels support: the extension's table (csrc/include/tileinfer/tile_table.h),
+# read once at import (plain tuples, so nothing here reaches torch.compile).
+_HEAD_DIMS = tuple(torch.ops.tileinfer_attn.supported("head_dims"))
+_PAGE_SIZES = tuple(torch.ops.tileinfer_attn.supported("page_sizes"))
+_DTYPES = tuple(getattr(torch, name) for name in torch.ops.tileinfer_attn.supported_dtypes("cache"))
+
+
+def _one_of(values) -> str:
+    """'64, 128 or 256'."""
+    names = [str(v).replace("torch.", "") for v in values]
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
 
 class CacheFullError(RuntimeError):
@@ -63,7 +73,8 @@ class PagedKVCache:
 
     Args:
         num_layers, num_pages, num_kv_heads, head_dim, page_size: pool geometry
-            (head_dim 64/128/256, page_size 16/32/64/128).
+            (head_dim and page_size: values the kernels support,
+            ``torch.ops.tileinfer_attn.supported("head_dims")`` / ``("page_sizes")``).
         dtype: bfloat16, float16, float32, or int8 (with per-vector fp32 scales
             ``k_scales``/``v_scales`` and per-channel key smoothing ``k_smooth``
             per layer, ones by default: set ``cache.k_smooth[layer]`` before writing).
@@ -91,11 +102,11 @@ class PagedKVCache:
         max_pages_per_seq: Optional[int] = None,
     ):
         if dtype not in _DTYPES:
-            raise ValueError(f"PagedKVCache: dtype must be bfloat16, float16, float32 or int8, got {dtype}")
-        if head_dim not in (64, 128, 256):
-            raise ValueError(f"PagedKVCache: head_dim must be 64, 128 or 256, got {head_dim}")
-        if page_size not in (16, 32, 64, 128):
-            raise ValueError(f"PagedKVCache: page_size must be 16, 32, 64 or 128, got {page_size}")
+            raise ValueError(f"PagedKVCache: dtype must be {_one_of(_DTYPES)}, got {dtype}")
+        if head_dim not in _HEAD_DIMS:
+            raise ValueError(f"PagedKVCache: head_dim must be {_one_of(_HEAD_DIMS)}, got {head_dim}")
+        if page_size not in _PAGE_SIZES:
+            raise ValueError(f"PagedKVCache: page_size must be {_one_of(_PAGE_SIZES)}, got {page_size}")
         for name, v in (("num_layers", num_layers), ("num_pages", num_pages), ("num_kv_heads", num_kv_heads),
                         ("max_seqs", max_seqs)):
             if v < 1:
