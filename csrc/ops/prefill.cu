@@ -1,9 +1,11 @@
-// CUDA implementation of `prefill` (SPEC section 2): the tensor-core tile
-// kernel (attention_kernel.cuh) with the prefill work mapping for bf16 / fp16,
-// the CUDA-core kernel (attention_fp32.cuh) for fp32.
-#include <cstdlib>
+// CUDA implementation of `prefill`. Which kernel runs, from shapes and the
+// device only:
+//   Hopper, bf16 / fp16 cache   the warp-specialized kernel (sm90/prefill_kernel.cuh),
+//                               or the synchronous wgmma kernel for groups it
+//                               cannot copy as one box (attention_wgmma.cuh)
+//   int8 cache, other GPUs      the mma.sync tile kernel (attention_kernel.cuh)
+//   fp32                        the CUDA-core kernel (attention_fp32.cuh)
 #include <optional>
-#include <string>
 #include <type_traits>
 
 #include <ATen/ATen.h>
@@ -14,27 +16,25 @@
 #include "checks.h"
 #include "device_attribute.h"
 #include "ops.h"
+#include "tensor_map.h"
 #include "tileinfer/attention_wgmma.cuh"
+#include "tileinfer/sm90/prefill_kernel.cuh"
 #include "tileinfer/dispatch.h"
 
 namespace tileinfer::cuda {
 namespace {
 
-// Two tile shapes, 4 warps each. Measured on an H200 (bf16, 32 query / 8 KV
-// heads, d = 128, page 64, one causal prompt; TFLOP/s of causal FLOPs):
-//              512    1k     2k     8k     16k
-//   64-row     110    197    237    275    281
-//   128-row    75*    143*   252    293    300     (* with 64-key tiles: 242, 289, 295 at 2k-16k)
-//   (torch flash SDPA 71 / - / 208 / 316 / 326; cuDNN SDPA 98 / - / 414 / 600 / 630)
+// The mma.sync tile kernel (fp32 excepted: attention_fp32.cuh) serves
+// prefill where the Hopper kernels do not: int8 caches, other GPUs. Two tile
+// shapes, 4 warps each:
 // - 64-row tiles: 16 rows per warp, Q fragments in registers, keys 64 at a time,
 //   two stages (the other resident block's math hides each block's copies).
-//   Twice the blocks of the 128-row tile: short prompts fill the 132 SMs. Also
+//   Twice the blocks of the 128-row tile, so short prompts fill the SMs. Also
 //   d = 256, whose 128-register accumulator leaves room for a 32-key S slice only.
 // - 128-row tiles: 32 rows per warp, so each K / V fragment read from shared
 //   memory feeds two mma row tiles (half the ldmatrix traffic per mma); Q is
 //   re-read from shared memory per tile. 32-key tiles keep it within 255
-//   registers without spills (64-key tiles spilled and ran 1-4% slower), three
-//   stages; ~102 KB of shared memory, two blocks per SM. d <= 128.
+//   registers without spills, three stages, two blocks per SM. d <= 128.
 // - int8 cache: the same two shapes (integer scores, fp16 P V; the 128-row tile
 //   converts each V tile once for twice the rows); the int8 stages are half the
 //   bytes, so the 64-row tile keeps three of them at d <= 128.
@@ -44,46 +44,76 @@ using PrefillTileSmall = TileConfig<TileElement<T, CacheT>, D, 4, 1, 1, (D == 25
 template <typename T, int D, typename CacheT = T>
 using PrefillTileLarge = TileConfig<TileElement<T, CacheT>, D, 4, 1, 2, 32, 3, CacheT, T>;
 
-// Shapes only (the same choice on every call of a captured graph): 128-row
-// tiles from 2048 queries on (measured crossover between 1k and 2k, above).
-// TILEINFER_PREFILL_ROWS=64|128 forces one (tests cover both on small problems).
-bool use_large_prefill_tile(int64_t max_q_len, int64_t head_dim) {
-  if (head_dim > 128) return false;
-  if (const char* force = std::getenv("TILEINFER_PREFILL_ROWS")) return std::string(force) == "128";
-  return max_q_len >= 2048;
-}
+// Shapes only (the same choice on every call of a captured graph): the
+// 128-row tile pays from about 2048 queries on, where the 64-row tile's extra
+// blocks no longer help to fill the GPU.
+bool use_large_prefill_tile(int64_t max_q_len, int64_t head_dim) { return head_dim <= 128 && max_q_len >= 2048; }
 
-// Hopper: the wgmma kernel (attention_wgmma.cuh) for bf16 / fp16 queries over
-// a cache of the same type, head dim 64, 128 or 256, on a 9.0 device of a
-// build with sm_90a code (setup.py defines TILEINFER_SM90A then; without that
-// code the kernel would trap). 128 query rows (two warpgroups) x 128-key tiles
-// (d 256: 64-key tiles, whose m64n256 P V accumulator is 128 registers), two
-// stages. H200, bf16, 32 q / 8 KV heads, causal, TFLOP/s, 2026-11-29
-// (bench_wgmma_prefill.py):
-//                        1x2k   1x8k   1x16k  4x2k   8x512
-//   d 128 tile kernel    251    304    318    272    164
-//   d 128 wgmma 128x128  327    431    445    342    184
-//   d 128 wgmma 64-key   291    351    366    300    186   (64-key tiles, 3 stages)
-//   d 256 tile kernel    232    260    266    237    175
-//   d 256 wgmma 128x64   395    458    465    383    244
-// TILEINFER_PREFILL_WGMMA=0 (read at every call) turns it off, for A/B runs.
-bool use_wgmma_prefill(const PagedShape& s, at::ScalarType dtype, int device) {
-#ifdef TILEINFER_SM90A
-  const char* env = std::getenv("TILEINFER_PREFILL_WGMMA");
-  if (env != nullptr && std::string(env) == "0") return false;
-  if (s.int8 || (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)) return false;
-  if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
+bool is_hopper(int device) {
   return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9 &&
          cached_device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
+}
+
+// The Hopper kernels need bf16 / fp16 queries over a cache of the same type
+// (int8 caches take the tile kernel), a head dim of the tile table, and a 9.0
+// device of a build with sm_90a code (setup.py defines TILEINFER_SM90A then;
+// without that code the kernels would trap).
+bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device) {
+#ifdef TILEINFER_SM90A
+  if (s.int8 || (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)) return false;
+  if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
+  return is_hopper(device);
 #else
   return false;
 #endif
 }
+
+// The warp-specialized kernel (sm90/prefill_kernel.cuh) copies a query tile as
+// one box of {group heads x kBlockM / group tokens}: groups that are powers of
+// two up to kBlockM. Other groups take the synchronous wgmma kernel
+// (attention_wgmma.cuh), which gathers its rows one by one.
+bool use_warp_specialized(int group) { return group > 0 && (group & (group - 1)) == 0 && group <= 128; }
+
 template <typename T, int D>
 using WgmmaPrefill = WgmmaPrefillConfig<T, D, 2, (D == 256 ? 64 : 128), 2>;
 template <class Cfg>
 void launch_wgmma(const AttentionParams& p, cudaStream_t stream) {
   launch_attention<attention_wgmma_kernel<Cfg, PrefillWork>, Cfg, PrefillWork>("prefill", p, stream);
+}
+
+// Tensor maps and a persistent grid (at most one block per SM) for the
+// warp-specialized kernel. The maps depend on pointers and shapes only.
+template <class Cfg>
+void launch_warp_specialized(const AttentionParams& a, const at::Tensor& q, cudaStream_t stream) {
+  using T = typename Cfg::T;
+  constexpr int D = Cfg::D;
+  const CUtensorMapDataType type =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  sm90::PrefillParams p{};
+  p.a = a;
+  const uint32_t group = a.group_size;
+  p.q_map = make_tensor_map<3>(a.q, type, {uint64_t(D), uint64_t(a.num_q_heads), uint64_t(a.num_tokens)},
+                               {uint64_t(q.stride(1)) * 2, uint64_t(q.stride(0)) * 2},
+                               {64u, group, uint32_t(Cfg::kBlockM) / group});
+  const int page = a.kv.page_size;
+  p.box_rows = page < Cfg::kBlockN ? page : Cfg::kBlockN;
+  const uint64_t sizes[4] = {uint64_t(D), uint64_t(page), uint64_t(a.kv.num_kv_heads), uint64_t(a.kv.num_pages)};
+  const uint64_t row = uint64_t(D) * 2;
+  const uint64_t strides[3] = {row, row * page, row * page * a.kv.num_kv_heads};
+  const uint32_t box[4] = {64u, uint32_t(p.box_rows), 1u, 1u};
+  p.k_map = make_tensor_map<4>(a.kv.k_cache, type, sizes, strides, box);
+  p.v_map = make_tensor_map<4>(a.kv.v_cache, type, sizes, strides, box);
+  p.num_row_tiles = static_cast<int>(ceil_div<int64_t>(int64_t(a.group_size) * a.max_q_len, Cfg::kBlockM));
+  const int64_t items = int64_t(p.num_row_tiles) * a.kv.num_seqs * a.kv.num_kv_heads;
+  TILEINFER_CHECK(items < (int64_t(1) << 31), "prefill: too many work items (row tiles x sequences x KV heads)");
+  const int sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>(c10::cuda::current_device());
+  const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));
+
+  constexpr auto kernel = sm90::prefill_kernel<Cfg>;
+  static SmemOptIn opt_in;
+  opt_in.ensure(kernel, Cfg::kSmemBytes);
+  p.a.programmatic = programmatic_launch(c10::cuda::current_device());
+  C10_CUDA_CHECK(launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.a.programmatic, p));
 }
 
 }  // namespace
@@ -120,10 +150,15 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
   // below was measured in blocks, and packing keeps the block count.
   const bool large = use_large_prefill_tile(max_q_len, s.head_dim);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (use_wgmma_prefill(s, q.scalar_type(), q.get_device())) {
+  if (use_hopper_prefill(s, q.scalar_type(), q.get_device())) {
     TILEINFER_DISPATCH_HALF(q.scalar_type(), "prefill", [&] {
-      TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "prefill",
-                                  [&] { launch_wgmma<WgmmaPrefill<scalar_t, HEAD_DIM>>(p, stream); });
+      TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "prefill", [&] {
+        if (use_warp_specialized(p.group_size)) {
+          launch_warp_specialized<sm90::PrefillTile<scalar_t, HEAD_DIM>>(p, q_c, stream);
+        } else {
+          launch_wgmma<WgmmaPrefill<scalar_t, HEAD_DIM>>(p, stream);
+        }
+      });
     });
     if (!target.is_same(out)) out.copy_(target);
     return;

@@ -160,9 +160,16 @@ struct PrefillWork {
   }
   template <int kBlockM>
   __device__ static WorkItem make(const AttentionParams& p, const StepMeta& m) {
+    return make_at<kBlockM>(p, m, block_seq(), blockIdx.x, (gridDim.z - 1 - blockIdx.z) * kBlockM);
+  }
+  // The item of rows [row_base, row_base + kBlockM) of sequence `seq`'s KV head
+  // `kv_head` (the persistent Hopper kernel's scheduler names them itself).
+  template <int kBlockM>
+  __device__ static WorkItem make_at(const AttentionParams& p, const StepMeta& m, int seq, int kv_head,
+                                     int row_base) {
     WorkItem w;
-    w.seq = block_seq();
-    w.kv_head = blockIdx.x;
+    w.seq = seq;
+    w.kv_head = kv_head;
     w.group = p.group_size;
     w.head0 = w.kv_head * p.group_size;
     w.split = 0;
@@ -170,7 +177,7 @@ struct PrefillWork {
     const QueryRange qr = clamp_query_range(m.q_begin, m.q_end, p.num_tokens);
     w.q_begin = qr.begin;
     w.q_count = qr.count;
-    w.row_base = (gridDim.z - 1 - blockIdx.z) * kBlockM;
+    w.row_base = row_base;
     w.active = w.row_base < w.q_count * w.group;
     w.key_begin = 0;
     w.key_end = w.seq_len;

@@ -1,0 +1,270 @@
+// Consumers of the Hopper prefill kernel: two warpgroups of 64 query rows
+// each, over the same ring of key tiles. Per tile:
+//   S = Q K^T   wgmma m64n{kBlockN}k16, Q and K from shared memory (K-major)
+//   mask, online softmax (softmax.cuh; P rounded to the element type)
+//   O += P V    wgmma m64n{D}k16, P from registers (the S accumulator of 16
+//               keys is, register for register, the A fragment), V from
+//               shared memory N-major
+// then one arrival per warp on the stage's empty barrier.
+//
+// Two overlaps keep the tensor cores busy:
+//   - ping-pong: warpgroup w issues its products only in its turn (named
+//     barrier kTurnBarrier + w) and hands the turn over right after, so the
+//     tensor cores run one warpgroup's products while the other does its
+//     softmax. Both warpgroups walk every tile of every item (one whose rows
+//     see none of a tile skips the math, not the turn): turns and ring stay
+//     in step.
+//   - intra-warpgroup (Cfg::kOverlap): S of tile i is issued together with
+//     P V of tile i - 1, and the softmax of tile i runs while that P V does.
+//     ptxas keeps the order only if the steady-state loop has no branch on
+//     which products are in flight, so the first tile, the steady state and
+//     the last P V are separate pieces of code.
+//
+// Thread layout (as the mma.m16n8k16 accumulator, repeated over N / 8): lane
+// 4 g + c of warp v holds rows 16 v + g and 16 v + g + 8 of its warpgroup; the
+// accumulator element d[4 j + 2 R + e] is row R, column 8 j + 2 c + e.
+#pragma once
+
+#include <climits>
+
+#include "../attention_work.cuh"
+#include "../softmax.cuh"
+#include "prefill_epilogue.cuh"
+#include "prefill_mask.cuh"
+#include "prefill_scheduler.cuh"
+#include "prefill_smem.cuh"
+#include "wgmma.cuh"
+
+namespace tileinfer {
+namespace sm90 {
+
+constexpr int kTurnBarrier = 2;  // named barriers 2, 3: "consumer w may issue"
+
+// O += P V of one tile as its own commit group: P (rounded to T, the A
+// fragments a[kk] of keys 16 kk..) from registers, V from shared memory
+// N-major. The caller waits for it.
+template <class Cfg>
+__device__ __forceinline__ void prefill_pv(float (&o)[Cfg::D / 2], uint32_t (&a)[Cfg::kBlockN / 16][4],
+                                           uint32_t v_tile) {
+  constexpr int BN = Cfg::kBlockN;
+  using MmaO = wgmma::Mma<typename Cfg::T, Cfg::D>;
+  // The A registers are read asynchronously too: defined before the fence,
+  // and kept alive until the caller's wait (prefill_pv_done).
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) wgmma::fence_regs(a[kk]);
+  wgmma::fence_regs(o);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    const uint64_t db = wgmma::desc_sw128(v_tile + kk * 16 * 128, BN * 128, 1024);
+    MmaO::rs_tnsp_b(o, a[kk], db);
+  }
+  wgmma::commit();
+}
+
+// Waits for every product issued so far, then keeps O and P where the
+// products left them.
+template <class Cfg>
+__device__ __forceinline__ void prefill_pv_done(float (&o)[Cfg::D / 2], uint32_t (&a)[Cfg::kBlockN / 16][4]) {
+  wgmma::wait<0>();
+  wgmma::fence_regs(o);
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) wgmma::fence_regs(a[kk]);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void prefill_consume(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
+                                                const PrefillScheduler& sched, int wg) {
+  using T = typename Cfg::T;
+  constexpr int D = Cfg::D;
+  constexpr int BM = Cfg::kBlockM;
+  constexpr int BN = Cfg::kBlockN;
+  using MmaS = wgmma::Mma<T, BN>;
+  const int tid = threadIdx.x - 128 * (wg + 1);
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int quad = lane & 3;
+  const int r0 = 64 * wg + 16 * warp + (lane >> 2);  // this thread's rows of the item: r0, r0 + 8
+  const int box_shift = __ffs(p.box_rows) - 1;
+  const float scale_log2 = p.a.scale * kLog2e;
+  // Scale folded into the exp2 argument (softmax.cuh) when positive; a zero
+  // or negative scale is applied to the scores first.
+  const bool fold_scale = scale_log2 > 0.f;
+  const uint32_t q_base = smem_u32(sm.q) + 64 * wg * 128;  // this warpgroup's rows of block 0
+
+  if (wg == 1) named_arrive(kTurnBarrier, 256);  // consumer 0 issues first
+
+  uint32_t tiles = 0;
+  uint32_t items = 0;
+  for (int item = sched.first(); sched.valid(item); item = sched.next(item)) {
+    const WorkItem w = sched.template make<BM>(p, item);
+    if (!w.active) continue;
+
+    int qpos[2];
+#pragma unroll
+    for (int R = 0; R < 2; ++R) qpos[R] = row_query(w, r0 + 8 * R).qpos;
+    // The warpgroup's query positions (rows are ordered by query; padding
+    // rows last): its skips are warpgroup-uniform, as wgmma needs.
+    const int wg_rows = min(w.q_count * w.group - w.row_base - 64 * wg, 64);
+    const bool wg_has_rows = wg_rows > 0;
+    const int wg_qmin = wg_has_rows ? row_query(w, 64 * wg).qpos : INT_MAX;
+    const int wg_qmax = wg_has_rows ? row_query(w, 64 * wg + wg_rows - 1).qpos : INT_MIN;
+
+    OnlineSoftmax<2, 4> smx;
+    smx.init();
+    float o[D / 2];
+#pragma unroll
+    for (int x = 0; x < D / 2; ++x) o[x] = 0.f;
+
+    // Tiles this warpgroup computes: a prefix of the item's tiles (causal:
+    // up to its last query's position). Later tiles are only waited for and
+    // released, so that the ring moves on.
+    const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
+    int my_tiles = 0;
+    if (wg_has_rows) {
+      my_tiles = num_tiles;
+      if (p.a.causal) my_tiles = min(num_tiles, max(0, ceil_div(wg_qmax + 1 - w.key_begin, BN)));
+    }
+
+    mbar_wait(sm.q_full, items & 1);
+    ++items;
+
+    float acc[BN / 2];       // S of the tile in flight
+    float s[2][BN / 4];      // s[R][2 j + e]: row R, key 8 j + 2 quad + e; then the probabilities
+    uint32_t a[BN / 16][4];  // P rounded to T: the A operand of its P V product
+    float factor[2];
+    // S = Q K^T over the head dim, 16 at a time (k-step kk: block kk / 4, 32 (kk % 4) bytes in).
+    auto issue_s = [&](int stage) {
+      const uint32_t k_tile = smem_u32(sm.k(stage));
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t koff = (kk & 3) * 32;
+        const uint64_t da = wgmma::desc_sw128(q_base + (kk >> 2) * BM * 128 + koff, 16, 1024);
+        const uint64_t db = wgmma::desc_sw128(k_tile + (kk >> 2) * BN * 128 + koff, 16, 1024);
+        MmaS::ss(acc, da, db, kk > 0 ? 1 : 0);
+      }
+      wgmma::commit();
+    };
+    // Masked online softmax of the S just completed: s holds its
+    // probabilities, factor what O must be multiplied by.
+    auto softmax = [&](int i, int stage) {
+      wgmma::fence_regs(acc);
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int R = 0; R < 2; ++R)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) s[R][2 * j + e] = acc[4 * j + 2 * R + e];
+      if (!fold_scale) {
+#pragma unroll
+        for (int R = 0; R < 2; ++R)
+#pragma unroll
+          for (int x = 0; x < BN / 4; ++x) s[R][x] *= scale_log2;
+      }
+      const TileMask mask{w.key_begin + i * BN, w.key_end, sm.stage_mask[stage], box_shift, p.a.causal};
+      if (mask.template needed<BN>(wg_qmin)) mask.template apply<BN>(s, qpos, quad);
+      smx.update(s, fold_scale ? scale_log2 : 1.f, factor);
+    };
+    // This tile's P (keys 16 kk.. are the accumulator's n-blocks 2 kk, 2 kk + 1).
+    auto pack_p = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        a[kk][0] = pack2<T>(s[0][4 * kk], s[0][4 * kk + 1]);
+        a[kk][1] = pack2<T>(s[1][4 * kk], s[1][4 * kk + 1]);
+        a[kk][2] = pack2<T>(s[0][4 * kk + 2], s[0][4 * kk + 3]);
+        a[kk][3] = pack2<T>(s[1][4 * kk + 2], s[1][4 * kk + 3]);
+      }
+    };
+    // O was accumulated against the previous maximum: rescale it before the next P joins.
+    auto rescale_o = [&]() {
+      if (__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+          for (int R = 0; R < 2; ++R) {
+            o[4 * j + 2 * R] *= factor[R];
+            o[4 * j + 2 * R + 1] *= factor[R];
+          }
+      }
+    };
+    auto release = [&](int stage) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&sm.empty[stage]);
+    };
+
+    int i = 0;
+    int prev_stage = 0;
+    if constexpr (Cfg::kOverlap) {
+      // Tile 0: S, softmax, P.
+      if (my_tiles > 0) {
+        const RingSlot<Cfg::kStages> slot(tiles++);
+        mbar_wait(&sm.full[slot.stage], slot.parity);
+        named_sync(kTurnBarrier + wg, 256);
+        issue_s(slot.stage);
+        named_arrive(kTurnBarrier + (wg ^ 1), 256);
+        wgmma::wait<0>();
+        softmax(0, slot.stage);
+        pack_p();
+        prev_stage = slot.stage;
+        i = 1;
+      }
+      // Tiles 1 .. my_tiles - 1: S of tile i and P V of tile i - 1 in flight
+      // together; the softmax of tile i runs while P V still does.
+      for (; i < my_tiles; ++i) {
+        const RingSlot<Cfg::kStages> slot(tiles++);
+        mbar_wait(&sm.full[slot.stage], slot.parity);
+        named_sync(kTurnBarrier + wg, 256);
+        issue_s(slot.stage);
+        prefill_pv<Cfg>(o, a, smem_u32(sm.v(prev_stage)));
+        named_arrive(kTurnBarrier + (wg ^ 1), 256);
+        wgmma::wait<1>();  // S of tile i
+        softmax(i, slot.stage);
+        // Pinned before the wait, so that the softmax stays ahead of it.
+#pragma unroll
+        for (int R = 0; R < 2; ++R) wgmma::fence_regs(s[R]);
+        wgmma::fence_regs(factor);
+        prefill_pv_done<Cfg>(o, a);  // P V of tile i - 1: its A registers are free again
+        release(prev_stage);
+        rescale_o();
+        pack_p();
+        prev_stage = slot.stage;
+      }
+    } else {
+      // One tile at a time: S, softmax, P V.
+      for (; i < my_tiles; ++i) {
+        const RingSlot<Cfg::kStages> slot(tiles++);
+        mbar_wait(&sm.full[slot.stage], slot.parity);
+        named_sync(kTurnBarrier + wg, 256);
+        issue_s(slot.stage);
+        named_arrive(kTurnBarrier + (wg ^ 1), 256);
+        wgmma::wait<0>();
+        softmax(i, slot.stage);
+        rescale_o();
+        pack_p();
+        prefill_pv<Cfg>(o, a, smem_u32(sm.v(slot.stage)));
+        prefill_pv_done<Cfg>(o, a);
+        release(slot.stage);
+      }
+    }
+    if (lane == 0) mbar_arrive(sm.q_empty);  // every S product has completed
+    if (Cfg::kOverlap && my_tiles > 0) {
+      prefill_pv<Cfg>(o, a, smem_u32(sm.v(prev_stage)));
+      prefill_pv_done<Cfg>(o, a);
+      release(prev_stage);
+    }
+    // Tiles past this warpgroup's rows: waited for and released, turns kept.
+    for (; i < num_tiles; ++i) {
+      const RingSlot<Cfg::kStages> slot(tiles++);
+      mbar_wait(&sm.full[slot.stage], slot.parity);
+      named_sync(kTurnBarrier + wg, 256);
+      named_arrive(kTurnBarrier + (wg ^ 1), 256);
+      release(slot.stage);
+    }
+
+    prefill_store<Cfg>(p, w, smx, o, r0, quad);
+  }
+}
+
+}  // namespace sm90
+}  // namespace tileinfer

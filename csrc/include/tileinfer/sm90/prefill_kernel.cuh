@@ -1,0 +1,53 @@
+// The warp-specialized Hopper (sm_90a) prefill kernel: bf16 / fp16 queries
+// over a cache of the same type, head dims of the tile table (prefill_tile.h),
+// group sizes that are powers of two up to kBlockM. The body only wires the
+// roles together:
+//   prefill_scheduler.cuh  which items (row tile, sequence, KV head) a block takes
+//   prefill_producer.cuh   one warp: bulk copies of Q and of K / V pages into a ring
+//   prefill_consumer.cuh   two warpgroups: products, mask, online softmax
+//   prefill_mask.cuh       which scores are hidden
+//   prefill_epilogue.cuh   normalized rows and lse out
+// The producer warpgroup gives registers up (setmaxnreg) to the consumers,
+// whose S and O accumulators need most of the register file.
+#pragma once
+
+#include "../common.cuh"
+#include "prefill_consumer.cuh"
+#include "prefill_producer.cuh"
+
+namespace tileinfer {
+namespace sm90 {
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_kernel(const __grid_constant__ PrefillParams p) {
+#if TILEINFER_WGMMA_ENABLED
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const PrefillSmem<Cfg> sm(smem_raw);
+  if (threadIdx.x == 0) {
+    sm.init();
+    prefetch_tma_map(&p.q_map);
+    prefetch_tma_map(&p.k_map);
+    prefetch_tma_map(&p.v_map);
+  }
+  __syncthreads();
+  wait_for_prior_grids();  // programmatic launches (common.cuh): before any read of the step's data
+
+  const PrefillScheduler sched(p);
+  // Warp-uniform as far as the compiler can tell (a shuffle from lane 0):
+  // wgmma in a branch it cannot prove uniform is serialized (ptxas C7518).
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  if (wg == 0) {
+    regs_dealloc<Cfg::kProducerRegs>();
+    if (threadIdx.x < 32) prefill_produce<Cfg>(p, sm, sched);
+  } else {
+    regs_alloc<Cfg::kConsumerRegs>();
+    prefill_consume<Cfg>(p, sm, sched, wg - 1);
+    allow_dependent_launch();
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built without sm_90a: the launcher only picks this kernel on a 9.0 device of an sm_90a build
+#endif
+}
+
+}  // namespace sm90
+}  // namespace tileinfer

@@ -1,0 +1,44 @@
+// Masks of the Hopper prefill kernel. A key of a tile is hidden from a row
+// when it is at or past the item's key end, on a page outside the pool, or
+// (causal) after the row's query. Only tiles that hold such a key for some row
+// of the warpgroup pay for the per-score test: the tail tile, tiles with a bad
+// page, and tiles on the causal diagonal.
+#pragma once
+
+#include "../softmax.cuh"
+
+namespace tileinfer {
+namespace sm90 {
+
+struct TileMask {
+  int tile_pos;      // position of the tile's key 0
+  int key_end;       // the item's key end
+  uint32_t outside;  // bit b: box b is on a page outside the pool
+  int box_shift;     // log2(keys per box)
+  bool causal;
+
+  // Whether any row in [qmin, qmax] needs the per-score test on this tile.
+  template <int kBlockN>
+  __device__ __forceinline__ bool needed(int qmin) const {
+    return outside != 0 || tile_pos + kBlockN > key_end || (causal && tile_pos + kBlockN - 1 > qmin);
+  }
+
+  // s[R][2 j + e]: row R (query position qpos[R]), key 8 j + 2 quad + e.
+  template <int kBlockN>
+  __device__ __forceinline__ void apply(float (&s)[2][kBlockN / 4], const int (&qpos)[2], int quad) const {
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = 8 * j + 2 * quad + e;
+        const int kpos = tile_pos + key;
+        const bool hidden = kpos >= key_end || ((outside >> (key >> box_shift)) & 1u);
+#pragma unroll
+        for (int R = 0; R < 2; ++R)
+          if (hidden || (causal && kpos > qpos[R])) s[R][2 * j + e] = kNegInf;
+      }
+  }
+};
+
+}  // namespace sm90
+}  // namespace tileinfer

@@ -1,0 +1,119 @@
+// Producer of the Hopper prefill kernel: one warp that moves each item's query
+// tile and its key / value tiles into shared memory with the bulk tensor copy
+// engine, kStages tiles ahead of the consumers.
+//
+// A key tile of kBlockN positions is kBlockN / box_rows boxes; box b covers
+// positions [tile_pos + b * rows, + rows) of one page of one KV head, a dense
+// rows x head_dim block of the pool (rows = min(page_size, kBlockN)). Lane b
+// looks up box b's page in the block table and issues its copies (one per 64
+// columns, for K and for V). Page ids are never trusted: an id outside the
+// pool is still a valid copy (the engine fills boxes outside the tensor with
+// zeros), and its keys are masked by the consumers (stage_mask).
+//
+// Positions at or past the item's key end (the sequence's end, or the causal
+// bound of the item's last query) must not reach the products: slots past a
+// sequence's end hold anything, NaN included, and 0 * NaN is NaN in P V. A
+// tile that crosses the key end (at most one per item) is therefore finished
+// by the producer: its copies complete on the `tail` barrier, the warp zeroes
+// the rows from the key end on, and only then arrives on the stage's full
+// barrier. Block-table entries past the key end are never read.
+#pragma once
+
+#include "../attention_work.cuh"
+#include "prefill_scheduler.cuh"
+#include "prefill_smem.cuh"
+
+namespace tileinfer {
+namespace sm90 {
+
+template <class Cfg>
+__device__ __forceinline__ void prefill_produce(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
+                                                const PrefillScheduler& sched) {
+  constexpr int D = Cfg::D;
+  constexpr int BM = Cfg::kBlockM;
+  constexpr int BN = Cfg::kBlockN;
+  constexpr int kBlocks = D / 64;  // 64-column blocks of a row
+  const int lane = threadIdx.x & 31;
+  const PagedKVParams& kv = p.a.kv;
+  const int rows = p.box_rows;
+  const int boxes = BN / rows;
+  const int page_shift = __ffs(kv.page_size) - 1;  // page sizes are powers of two (checked on the host)
+  const uint32_t box_bytes = rows * 128;
+
+  uint32_t tiles = 0;  // tiles produced so far: the ring position
+  uint32_t items = 0;  // active items so far: the query tile's phase
+  uint32_t tails = 0;  // tail tiles so far: the tail barrier's phase
+  for (int item = sched.first(); sched.valid(item); item = sched.next(item)) {
+    const WorkItem w = sched.template make<BM>(p, item);
+    if (!w.active) continue;
+
+    // The query tile: rows (query, head) of the KV head's group, token-major,
+    // exactly the box {64, group, BM / group} of q at (head0, first token).
+    mbar_wait(sm.q_empty, (items & 1) ^ 1);
+    if (lane == 0) {
+      mbar_arrive_expect_tx(sm.q_full, Cfg::kQBytes);
+      const int token0 = w.q_begin + w.row_base / w.group;
+#pragma unroll
+      for (int c = 0; c < kBlocks; ++c) tma_load_3d(sm.q + c * BM * 128, &p.q_map, sm.q_full, 64 * c, w.head0, token0);
+    }
+    ++items;
+
+    const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
+    // Box `lane`'s page in tile i, -1 for no box. Looked up one tile ahead,
+    // so that the block-table read overlaps the wait for a free stage.
+    auto lookup = [&](int i) {
+      const int pos = w.key_begin + i * BN + lane * rows;
+      if (i >= num_tiles || lane >= boxes || pos >= w.key_end) return -1;
+      return kv.block_tables[static_cast<int64_t>(w.seq) * kv.max_pages + (pos >> page_shift)];
+    };
+    int next_page = lookup(0);
+    for (int i = 0; i < num_tiles; ++i, ++tiles) {
+      const int tile_pos = w.key_begin + i * BN;
+      const int pos = tile_pos + lane * rows;  // box `lane`'s first position
+      const bool needed = lane < boxes && pos < w.key_end;
+      const int page = next_page;
+      next_page = lookup(i + 1);
+      const RingSlot<Cfg::kStages> slot(tiles);
+      mbar_wait(&sm.empty[slot.stage], slot.parity ^ 1);
+      const uint32_t outside = __ballot_sync(0xffffffffu, needed && !page_in_pool(kv, page));
+      const uint32_t issued = __popc(__ballot_sync(0xffffffffu, needed));
+      const bool tail = tile_pos + BN > w.key_end;
+      uint64_t* bar = tail ? sm.tail : &sm.full[slot.stage];
+      if (lane == 0) {
+        sm.stage_mask[slot.stage] = outside;  // released by the arrival below
+        mbar_arrive_expect_tx(bar, issued * 2 * kBlocks * box_bytes);
+      }
+      __syncwarp();
+      if (needed) {
+        const int in_page = pos & (kv.page_size - 1);
+#pragma unroll
+        for (int c = 0; c < kBlocks; ++c) {
+          const int off = c * BN * 128 + lane * rows * 128;
+          tma_load_4d(sm.k(slot.stage) + off, &p.k_map, bar, 64 * c, in_page, w.kv_head, page);
+          tma_load_4d(sm.v(slot.stage) + off, &p.v_map, bar, 64 * c, in_page, w.kv_head, page);
+        }
+      }
+      if (tail) {
+        mbar_wait(sm.tail, tails & 1);
+        ++tails;
+        // Zero rows [key_end - tile_pos, BN) of K and V: 128 contiguous bytes
+        // per row and 64-column block (the swizzle only permutes inside them).
+        const int first = w.key_end - tile_pos;
+        const int chunks = (BN - first) * 8;  // 16-byte chunks of one block's rows
+        for (int x = lane; x < 2 * kBlocks * chunks; x += 32) {
+          const int part = x / chunks;  // K blocks, then V blocks
+          const int rest = x % chunks;
+          uint8_t* tile = part < kBlocks ? sm.k(slot.stage) : sm.v(slot.stage);
+          const int c = part % kBlocks;
+          *reinterpret_cast<uint4*>(tile + c * BN * 128 + first * 128 + rest * 16) = make_uint4(0, 0, 0, 0);
+        }
+        wgmma::fence_proxy_async_smem();  // the zeros, visible to the tensor cores
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sm.full[slot.stage]);
+      }
+    }
+  }
+}
+
+}  // namespace sm90
+}  // namespace tileinfer

@@ -1,0 +1,77 @@
+// Shared memory of the Hopper prefill kernel and the barriers between its
+// producer and consumers.
+//
+//   q       [D / 64][kBlockM rows][128 B]              the item's queries
+//   stages  [kStages][K, V][D / 64][kBlockN rows][128 B] the ring of key tiles
+//   full[s]    the stage's tiles landed (1 arrival: the producer's, + bytes)
+//   empty[s]   the consumers are done with it (one arrival per consumer warp)
+//   q_full / q_empty   the same for the query tile, once per item
+//   tail       copies of a stage that the producer finishes itself (below)
+//   stage_mask[s]  bit b: box b of the stage is on a page outside the pool
+//
+// Operand tiles are in the 128-byte-swizzle layout of wgmma.cuh, each 1024-byte
+// aligned.
+#pragma once
+
+#include <cstdint>
+
+#include "async.cuh"
+#include "prefill_tile.h"
+
+namespace tileinfer {
+namespace sm90 {
+
+template <class Cfg>
+struct PrefillSmem {
+  static constexpr int kConsumerWarps = 4 * Cfg::kConsumers;
+
+  uint8_t* q;
+  uint8_t* stages;
+  uint64_t* full;
+  uint64_t* empty;
+  uint64_t* q_full;
+  uint64_t* q_empty;
+  uint64_t* tail;
+  uint32_t* stage_mask;
+
+  __device__ explicit PrefillSmem(uint8_t* raw) {
+    // The swizzle is a function of address bits: align to 1024 bytes whatever
+    // the dynamic buffer's base (kAlign bytes of slack).
+    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+    q = raw + ((Cfg::kAlign - (base & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
+    stages = q + Cfg::kQBytes;
+    full = reinterpret_cast<uint64_t*>(stages + Cfg::kStages * Cfg::kStageBytes);
+    empty = full + Cfg::kStages;
+    q_full = empty + Cfg::kStages;
+    q_empty = q_full + 1;
+    tail = q_empty + 1;
+    stage_mask = reinterpret_cast<uint32_t*>(tail + 1);
+  }
+
+  __device__ uint8_t* k(int s) const { return stages + s * Cfg::kStageBytes; }
+  __device__ uint8_t* v(int s) const { return k(s) + Cfg::kTileBytes; }
+
+  // One thread, before the block barrier that precedes every other use.
+  __device__ void init() const {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps);
+    }
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, kConsumerWarps);
+    mbar_init(tail, 1);
+    mbar_init_fence();
+  }
+};
+
+// Position in the ring of a running tile count: stage and the parity of the
+// stage's current phase.
+template <int kStages>
+struct RingSlot {
+  int stage;
+  uint32_t parity;
+  __device__ explicit RingSlot(uint32_t count) : stage(count % kStages), parity((count / kStages) & 1) {}
+};
+
+}  // namespace sm90
+}  // namespace tileinfer
