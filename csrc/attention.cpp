@@ -70,25 +70,6 @@ std::vector<std::string> supported_dtypes_op(c10::string_view what) {
   return names;
 }
 
-namespace {
-
-// Runs a CUDA op that has no form taking the caller's name through the
-// dispatcher, and rewrites the op name that leads its error messages ("prefill:
-// ...") into `op`, so that the error names the op the user called.
-template <typename Fn>
-void call_as(const char* op, const char* callee, Fn&& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    const std::string prefix = std::string(callee) + ": ";
-    std::string msg = e.what_without_backtrace();
-    if (msg.rfind(prefix, 0) != 0) throw;
-    TILEINFER_CHECK(false, op, ": ", msg.substr(prefix.size()));
-  }
-}
-
-}  // namespace
-
 void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q,
                int64_t max_q_len, double scale, bool causal, const std::optional<at::Tensor>& k_scale,
@@ -123,14 +104,11 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
     cpu::decode_as(op, partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                    max_q_len, scale, causal, k_scale, v_scale, k_smooth);
     cpu::combine_as(op, out, std::nullopt, partial_out, partial_lse);
+#ifdef TILEINFER_WITH_CUDA
   } else if (on_cuda) {
-    static auto prefill_op = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("tileinfer_attn::prefill", "")
-                                 .typed<decltype(cpu::prefill)>();
-    call_as(op, "prefill", [&] {
-      prefill_op.call(out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
-                      scale, causal, k_scale, v_scale, k_smooth);
-    });
+    cuda::prefill_as(op, out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
+                     scale, causal, k_scale, v_scale, k_smooth);
+#endif
   } else {
     cpu::prefill_as(op, out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
                     scale, causal, k_scale, v_scale, k_smooth);

@@ -46,10 +46,17 @@
                         const std::optional<at::Tensor>& v_scale,                           \
                         const std::optional<at::Tensor>& k_smooth);
 
-// decode and combine under the caller's op name (`op`, first in every error
-// message): the attention op runs them as "attention", so that an error raised
-// inside names the op the user called.
+// prefill, decode and combine under the caller's op name (`op`, first in every
+// error message): the attention op runs them as "attention", so that an error
+// raised inside names the op the user called.
 #define TILEINFER_DECLARE_NAMED_OPS                                                        \
+  void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse,    \
+                  const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, \
+                  const at::Tensor& block_tables, const at::Tensor& seq_lens,               \
+                  const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,          \
+                  bool causal, const std::optional<at::Tensor>& k_scale,                    \
+                  const std::optional<at::Tensor>& v_scale,                                 \
+                  const std::optional<at::Tensor>& k_smooth);                               \
   void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,          \
                  const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, \
                  const at::Tensor& block_tables, const at::Tensor& seq_lens,                \
@@ -67,12 +74,6 @@ struct PagedShape;  // checks.h
 namespace cpu {
 TILEINFER_DECLARE_OPS
 TILEINFER_DECLARE_NAMED_OPS
-// prefill under the caller's op name, as above.
-void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
-                const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
-                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
-                bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                const std::optional<at::Tensor>& k_smooth);
 }  // namespace cpu
 namespace cuda {
 TILEINFER_DECLARE_OPS

@@ -55,12 +55,12 @@ bool is_hopper(int device) {
 }
 
 // The Hopper kernels need bf16 / fp16 queries over a cache of the same type
-// (int8 caches take the tile kernel), a head dim of the tile table, and a 9.0
+// (int8 caches take the tile kernel) and a 9.0
 // device of a build with sm_90a code (setup.py defines TILEINFER_SM90A then;
 // without that code the kernels would trap).
 bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device) {
 #ifdef TILEINFER_SM90A
-  if (s.int8 || (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)) return false;
+  if (s.int8) return false;
   if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
   return is_hopper(device);
 #else
@@ -77,14 +77,14 @@ bool use_warp_specialized(int group) { return group > 0 && (group & (group - 1))
 template <typename T, int D>
 using WgmmaPrefill = WgmmaPrefillConfig<T, D, 2, (D == 256 ? 64 : 128), 2>;
 template <class Cfg>
-void launch_wgmma(const AttentionParams& p, cudaStream_t stream) {
-  launch_attention<attention_wgmma_kernel<Cfg, PrefillWork>, Cfg, PrefillWork>("prefill", p, stream);
+void launch_wgmma(const char* op, const AttentionParams& p, cudaStream_t stream) {
+  launch_attention<attention_wgmma_kernel<Cfg, PrefillWork>, Cfg, PrefillWork>(op, p, stream);
 }
 
 // Tensor maps and a persistent grid (at most one block per SM) for the
 // warp-specialized kernel. The maps depend on pointers and shapes only.
 template <class Cfg>
-void launch_warp_specialized(const AttentionParams& a, const at::Tensor& q, cudaStream_t stream) {
+void launch_warp_specialized(const char* op, const AttentionParams& a, const at::Tensor& q, cudaStream_t stream) {
   using T = typename Cfg::T;
   constexpr int D = Cfg::D;
   const CUtensorMapDataType type =
@@ -105,7 +105,7 @@ void launch_warp_specialized(const AttentionParams& a, const at::Tensor& q, cuda
   p.v_map = make_tensor_map<4>(a.kv.v_cache, type, sizes, strides, box);
   p.num_row_tiles = static_cast<int>(ceil_div<int64_t>(int64_t(a.group_size) * a.max_q_len, Cfg::kBlockM));
   const int64_t items = int64_t(p.num_row_tiles) * a.kv.num_seqs * a.kv.num_kv_heads;
-  TILEINFER_CHECK(items < (int64_t(1) << 31), "prefill: too many work items (row tiles x sequences x KV heads)");
+  TILEINFER_CHECK(items < (int64_t(1) << 31), op, ": too many work items (row tiles x sequences x KV heads)");
   const int sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>(c10::cuda::current_device());
   const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));
 
@@ -118,17 +118,17 @@ void launch_warp_specialized(const AttentionParams& a, const at::Tensor& q, cuda
 
 }  // namespace
 
-void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
+void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
              const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
              const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
              bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
              const std::optional<at::Tensor>& k_smooth) {
-  const PagedShape s = check_paged_attention("prefill", q, k_cache, v_cache, block_tables, seq_lens,
+  const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens,
                                              cu_seqlens_q, max_q_len, k_scale, v_scale, k_smooth);
-  check_token_tensor("prefill", "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
-  if (lse.has_value()) check_lse("prefill", "lse", *lse, q.size(0), q.size(1), q.device());
+  check_token_tensor(op, "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
+  if (lse.has_value()) check_lse(op, "lse", *lse, q.size(0), q.size(1), q.device());
   const c10::cuda::CUDAGuard guard(q.device());
-  AttentionParams p = make_attention_params("prefill", s, q, k_cache, v_cache, block_tables, seq_lens,
+  AttentionParams p = make_attention_params(op, s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
                                             k_smooth);
   if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0 || max_q_len == 0) return;
@@ -145,45 +145,54 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
   p.o_stride_head = target.stride(1);
   p.lse = lse.has_value() ? lse->data_ptr<float>() : nullptr;
 
-  TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), "prefill: group size * max_q_len must fit in int32");
+  TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), op, ": group size * max_q_len must fit in int32");
   // On max_q_len, not on the packed rows (group x max_q_len): the crossover
   // below was measured in blocks, and packing keeps the block count.
   const bool large = use_large_prefill_tile(max_q_len, s.head_dim);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (use_hopper_prefill(s, q.scalar_type(), q.get_device())) {
-    TILEINFER_DISPATCH_HALF(q.scalar_type(), "prefill", [&] {
-      TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "prefill", [&] {
+    TILEINFER_DISPATCH_HALF(q.scalar_type(), op, [&] {
+      TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, op, [&] {
         if (use_warp_specialized(p.group_size)) {
-          launch_warp_specialized<sm90::PrefillTile<scalar_t, HEAD_DIM>>(p, q_c, stream);
+          launch_warp_specialized<sm90::PrefillTile<scalar_t, HEAD_DIM>>(op, p, q_c, stream);
         } else {
-          launch_wgmma<WgmmaPrefill<scalar_t, HEAD_DIM>>(p, stream);
+          launch_wgmma<WgmmaPrefill<scalar_t, HEAD_DIM>>(op, p, stream);
         }
       });
     });
     if (!target.is_same(out)) out.copy_(target);
     return;
   }
-  TILEINFER_DISPATCH_FLOAT(q.scalar_type(), "prefill", [&] {
-    TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, "prefill", [&] {
+  TILEINFER_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
+    TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, op, [&] {
       if constexpr (std::is_same_v<scalar_t, float>) {
-        launch_fp32<HEAD_DIM, PrefillWork>("prefill", p, stream);
+        launch_fp32<HEAD_DIM, PrefillWork>(op, p, stream);
       } else if (s.int8) {
         if constexpr (HEAD_DIM <= 128) {
           if (large) {
-            return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM, int8_t>, PrefillWork>("prefill", p,
+            return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM, int8_t>, PrefillWork>(op, p,
                                                                                                      stream);
           }
         }
-        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM, int8_t>, PrefillWork>("prefill", p, stream);
+        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM, int8_t>, PrefillWork>(op, p, stream);
       } else {
         if constexpr (HEAD_DIM <= 128) {
-          if (large) return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM>, PrefillWork>("prefill", p, stream);
+          if (large) return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM>, PrefillWork>(op, p, stream);
         }
-        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM>, PrefillWork>("prefill", p, stream);
+        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM>, PrefillWork>(op, p, stream);
       }
     });
   });
   if (!target.is_same(out)) out.copy_(target);
+}
+
+void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
+             const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+             const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
+             bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+             const std::optional<at::Tensor>& k_smooth) {
+  prefill_as("prefill", out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
+             causal, k_scale, v_scale, k_smooth);
 }
 
 }  // namespace tileinfer::cuda

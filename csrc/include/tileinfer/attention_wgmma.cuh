@@ -1,9 +1,10 @@
-// Hopper (sm_90a) prefill kernel on warpgroup MMA (wgmma): bf16 / fp16, head
-// dim 64, 128 or 256, a cache of the queries' type; csrc/ops/prefill.cu picks it on
-// a 9.0 device of an sm_90a build (TILEINFER_PREFILL_WGMMA=0: the mma.sync
-// tile kernel instead). Same work mapping (PrefillWork), key walk, masking and
-// numerics as attention_tile_kernel (attention_kernel.cuh); only the matrix
-// products and the shared-memory layouts differ.
+// Synchronous Hopper (sm_90a) prefill kernel on warpgroup MMA (wgmma): bf16 /
+// fp16, a cache of the queries' type. csrc/ops/prefill.cu picks it on a 9.0
+// device of an sm_90a build for the groups that the warp-specialized kernel
+// (sm90/prefill_kernel.cuh) cannot copy as one box (groups that are not powers
+// of two). Same work mapping (PrefillWork), key walk, masking and numerics as
+// attention_tile_kernel (attention_kernel.cuh); only the matrix products and
+// the shared-memory layouts differ.
 //
 // Structure (FlashAttention-2's loop, FlashAttention-3's operand placement):
 //   - a block of kWarpGroups warpgroups (128 threads each) holds 64 query rows
@@ -49,13 +50,9 @@
 // the accumulator registers go through an empty asm after the wait so the
 // compiler does not move their uses above it.
 //
-// Tried and dropped (benchmarks/NOTES.md v4): FlashAttention-3's in-warpgroup
-// order (S of tile i issued with P V of tile i - 1, wait_group 1, softmax,
-// wait_group 0) ran 5-6% slower on the H200: ptxas 13.0 hoists the second
-// wait above the softmax, so only the two products overlap. Not done yet:
-// ping-pong between the warpgroups and warp specialization (a producer
-// warpgroup with setmaxnreg, mbarriers instead of the per-tile block barrier),
-// TMA for pages of 64+ keys.
+// The warp-specialized kernel does what this loop does not: a producer warp
+// with bulk copies, ping-pong between the warpgroups and the softmax of one
+// tile under the products of the previous one.
 #pragma once
 
 #include <climits>
@@ -130,7 +127,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   constexpr int S = Cfg::kStages;
   constexpr int kSlots = Cfg::kRowSlots;
   constexpr int kFlags = Cfg::kFlags;
-  using Mma = wgmma::Mma<T, BN>;
   using MmaPV = wgmma::Mma<T, D>;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -225,32 +221,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
 
     // S = Q K^T over the head dim, 16 at a time (k-step kk: block kk / 4, 32 (kk % 4) bytes in).
     float acc[BN / 2];
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t koff = (kk & 3) * 32;
-      const uint64_t da = wgmma::desc_sw128(q_base + (kk >> 2) * BM * 128 + koff, 16, 1024);
-      const uint64_t db = wgmma::desc_sw128(k_tile + (kk >> 2) * BN * 128 + koff, 16, 1024);
-      Mma::ss(acc, da, db, kk > 0 ? 1 : 0);
-    }
-    wgmma::commit();
+    wgmma::issue_qk<T, BM, BN, D>(acc, q_base, k_tile);
     wgmma::wait<0>();
     wgmma::fence_regs(acc);
-
-    // s[R][2 j + e]: row R, key 8 j + 2 (lane % 4) + e (the tile kernel's layout).
     float s[2][BN / 4];
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int R = 0; R < 2; ++R)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) s[R][2 * j + e] = acc[4 * j + 2 * R + e];
-    if (!fold_scale) {
-#pragma unroll
-      for (int R = 0; R < 2; ++R)
-#pragma unroll
-        for (int x = 0; x < BN / 4; ++x) s[R][x] *= scale_log2;
-    }
+    wgmma::acc_to_rows<BN>(acc, s, fold_scale, scale_log2);
 
     // Masks: only on tiles with skipped keys or overlapping the causal diagonal.
     const int slot = i % kSlots;
@@ -273,27 +248,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
 
     float factor[2];
     sm.update(s, fold_scale ? scale_log2 : 1.f, factor);  // s now holds the probabilities
-    bool rescale = factor[0] != 1.f || factor[1] != 1.f;
-    if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-        for (int R = 0; R < 2; ++R) {
-          o[4 * j + 2 * R] *= factor[R];
-          o[4 * j + 2 * R + 1] *= factor[R];
-        }
-    }
+    wgmma::rescale_rows<D>(o, factor);
 
-    // O += P V: P rounded to T is the A operand from registers (keys 16 kk..:
-    // the accumulator's n-blocks 2 kk, 2 kk + 1), V the N-major B operand.
+    // O += P V: P rounded to T is the A operand from registers, V the N-major B operand.
     uint32_t a[BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      a[kk][0] = pack2<T>(s[0][4 * kk], s[0][4 * kk + 1]);
-      a[kk][1] = pack2<T>(s[1][4 * kk], s[1][4 * kk + 1]);
-      a[kk][2] = pack2<T>(s[0][4 * kk + 2], s[0][4 * kk + 3]);
-      a[kk][3] = pack2<T>(s[1][4 * kk + 2], s[1][4 * kk + 3]);
-    }
+    wgmma::rows_to_a<T, BN>(s, a);
     // The A registers are read asynchronously too: pin their definitions
     // before wgmma.fence (PTX: register writes of A must precede it) and keep
     // them alive until the wait (as FlashAttention-3 does for its RS products).

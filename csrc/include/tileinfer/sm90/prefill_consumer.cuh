@@ -79,7 +79,6 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
   constexpr int D = Cfg::D;
   constexpr int BM = Cfg::kBlockM;
   constexpr int BN = Cfg::kBlockN;
-  using MmaS = wgmma::Mma<T, BN>;
   const int tid = threadIdx.x - 128 * (wg + 1);
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -133,60 +132,23 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     float s[2][BN / 4];      // s[R][2 j + e]: row R, key 8 j + 2 quad + e; then the probabilities
     uint32_t a[BN / 16][4];  // P rounded to T: the A operand of its P V product
     float factor[2];
-    // S = Q K^T over the head dim, 16 at a time (k-step kk: block kk / 4, 32 (kk % 4) bytes in).
-    auto issue_s = [&](int stage) {
-      const uint32_t k_tile = smem_u32(sm.k(stage));
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t koff = (kk & 3) * 32;
-        const uint64_t da = wgmma::desc_sw128(q_base + (kk >> 2) * BM * 128 + koff, 16, 1024);
-        const uint64_t db = wgmma::desc_sw128(k_tile + (kk >> 2) * BN * 128 + koff, 16, 1024);
-        MmaS::ss(acc, da, db, kk > 0 ? 1 : 0);
-      }
-      wgmma::commit();
-    };
     // Masked online softmax of the S just completed: s holds its
     // probabilities, factor what O must be multiplied by.
     auto softmax = [&](int i, int stage) {
       wgmma::fence_regs(acc);
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int R = 0; R < 2; ++R)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) s[R][2 * j + e] = acc[4 * j + 2 * R + e];
-      if (!fold_scale) {
-#pragma unroll
-        for (int R = 0; R < 2; ++R)
-#pragma unroll
-          for (int x = 0; x < BN / 4; ++x) s[R][x] *= scale_log2;
-      }
+      wgmma::acc_to_rows<BN>(acc, s, fold_scale, scale_log2);
       const TileMask mask{w.key_begin + i * BN, w.key_end, sm.stage_mask[stage], box_shift, p.a.causal};
       if (mask.template needed<BN>(wg_qmin)) mask.template apply<BN>(s, qpos, quad);
       smx.update(s, fold_scale ? scale_log2 : 1.f, factor);
     };
-    // This tile's P (keys 16 kk.. are the accumulator's n-blocks 2 kk, 2 kk + 1).
-    auto pack_p = [&]() {
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        a[kk][0] = pack2<T>(s[0][4 * kk], s[0][4 * kk + 1]);
-        a[kk][1] = pack2<T>(s[1][4 * kk], s[1][4 * kk + 1]);
-        a[kk][2] = pack2<T>(s[0][4 * kk + 2], s[0][4 * kk + 3]);
-        a[kk][3] = pack2<T>(s[1][4 * kk + 2], s[1][4 * kk + 3]);
-      }
-    };
+    auto pack_p = [&]() { wgmma::rows_to_a<T, BN>(s, a); };
     // O was accumulated against the previous maximum: rescale it before the next P joins.
-    auto rescale_o = [&]() {
-      if (__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-          for (int R = 0; R < 2; ++R) {
-            o[4 * j + 2 * R] *= factor[R];
-            o[4 * j + 2 * R + 1] *= factor[R];
-          }
-      }
+    auto rescale_o = [&]() { wgmma::rescale_rows<D>(o, factor); };
+    // Waits for stage `slot`, then issues its S = Q K^T in this warpgroup's turn.
+    auto take_s = [&](const RingSlot<Cfg::kStages>& slot) {
+      mbar_wait(&sm.full[slot.stage], slot.parity);
+      named_sync(kTurnBarrier + wg, 256);
+      wgmma::issue_qk<T, BM, BN, D>(acc, q_base, smem_u32(sm.k(slot.stage)));
     };
     auto release = [&](int stage) {
       __syncwarp();
@@ -199,9 +161,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       // Tile 0: S, softmax, P.
       if (my_tiles > 0) {
         const RingSlot<Cfg::kStages> slot(tiles++);
-        mbar_wait(&sm.full[slot.stage], slot.parity);
-        named_sync(kTurnBarrier + wg, 256);
-        issue_s(slot.stage);
+        take_s(slot);
         named_arrive(kTurnBarrier + (wg ^ 1), 256);
         wgmma::wait<0>();
         softmax(0, slot.stage);
@@ -213,9 +173,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       // together; the softmax of tile i runs while P V still does.
       for (; i < my_tiles; ++i) {
         const RingSlot<Cfg::kStages> slot(tiles++);
-        mbar_wait(&sm.full[slot.stage], slot.parity);
-        named_sync(kTurnBarrier + wg, 256);
-        issue_s(slot.stage);
+        take_s(slot);
         prefill_pv<Cfg>(o, a, smem_u32(sm.v(prev_stage)));
         named_arrive(kTurnBarrier + (wg ^ 1), 256);
         wgmma::wait<1>();  // S of tile i
@@ -234,9 +192,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       // One tile at a time: S, softmax, P V.
       for (; i < my_tiles; ++i) {
         const RingSlot<Cfg::kStages> slot(tiles++);
-        mbar_wait(&sm.full[slot.stage], slot.parity);
-        named_sync(kTurnBarrier + wg, 256);
-        issue_s(slot.stage);
+        take_s(slot);
         named_arrive(kTurnBarrier + (wg ^ 1), 256);
         wgmma::wait<0>();
         softmax(i, slot.stage);

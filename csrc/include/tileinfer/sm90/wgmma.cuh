@@ -16,6 +16,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "../common.cuh"
+
 // The wgmma instructions exist only on the sm_90a target.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define TILEINFER_WGMMA_ENABLED 1
@@ -146,6 +148,72 @@ struct Mma {
   __device__ __forceinline__ static void rs_tnsp_b(float (&)[N / 2], const uint32_t (&)[4], uint64_t) {}
 };
 #endif
+
+
+// ---- Fragments of the attention products (both Hopper prefill kernels) ----
+
+// S = Q K^T of one key tile, issued as one commit group: A = Q (kBlockM-row
+// tile, this warpgroup's rows from q_base), B = K (kBlockN rows), both K-major
+// in shared memory; k-step kk is block kk / 4, 32 (kk % 4) bytes into the atom.
+template <typename T, int kBlockM, int kBlockN, int D>
+__device__ __forceinline__ void issue_qk(float (&acc)[kBlockN / 2], uint32_t q_base, uint32_t k_tile) {
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t koff = (kk & 3) * 32;
+    const uint64_t da = desc_sw128(q_base + (kk >> 2) * kBlockM * 128 + koff, 16, 1024);
+    const uint64_t db = desc_sw128(k_tile + (kk >> 2) * kBlockN * 128 + koff, 16, 1024);
+    Mma<T, kBlockN>::ss(acc, da, db, kk > 0 ? 1 : 0);
+  }
+  commit();
+}
+
+// The S accumulator as this thread's two rows of scores, s[R][2 j + e] = row
+// R, key 8 j + 2 (lane % 4) + e (the tile kernel's layout, which the softmax
+// and the masks take); scaled first when the scale is not folded into exp2.
+template <int N>
+__device__ __forceinline__ void acc_to_rows(const float (&acc)[N / 2], float (&s)[2][N / 4], bool fold_scale,
+                                            float scale_log2) {
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int R = 0; R < 2; ++R)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) s[R][2 * j + e] = acc[4 * j + 2 * R + e];
+  if (!fold_scale) {
+#pragma unroll
+    for (int R = 0; R < 2; ++R)
+#pragma unroll
+      for (int x = 0; x < N / 4; ++x) s[R][x] *= scale_log2;
+  }
+}
+
+// P rounded to T as the A fragments of O += P V: keys 16 kk.. are the
+// accumulator's n-blocks 2 kk, 2 kk + 1, register for register.
+template <typename T, int N>
+__device__ __forceinline__ void rows_to_a(const float (&s)[2][N / 4], uint32_t (&a)[N / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    a[kk][0] = pack2<T>(s[0][4 * kk], s[0][4 * kk + 1]);
+    a[kk][1] = pack2<T>(s[1][4 * kk], s[1][4 * kk + 1]);
+    a[kk][2] = pack2<T>(s[0][4 * kk + 2], s[0][4 * kk + 3]);
+    a[kk][3] = pack2<T>(s[1][4 * kk + 2], s[1][4 * kk + 3]);
+  }
+}
+
+// O rows times the softmax's factors (skipped when the warp has none to apply).
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (&o)[D / 2], const float (&factor)[2]) {
+  if (__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int R = 0; R < 2; ++R) {
+        o[4 * j + 2 * R] *= factor[R];
+        o[4 * j + 2 * R + 1] *= factor[R];
+      }
+  }
+}
 
 }  // namespace wgmma
 }  // namespace tileinfer
