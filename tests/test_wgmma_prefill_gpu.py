@@ -1,6 +1,9 @@
-"""GPU tests of the Hopper wgmma prefill kernel (csrc/include/tileinfer/attention_wgmma.cuh),
-which `prefill` picks for bf16 / fp16 queries, head dim 64, 128 or 256, a
-cache of q's dtype, on a compute-capability 9.0 device.
+"""GPU tests of the Hopper prefill kernels, which `prefill` picks for bf16 /
+fp16 queries, head dim 64, 128 or 256, a cache of q's dtype, on a
+compute-capability 9.0 device: the warp-specialized kernel
+(csrc/include/tileinfer/sm90/) for groups that are powers of two, the
+synchronous wgmma kernel (attention_wgmma.cuh) for the other groups. The
+group sizes below (1, 3, 4, 8) cover both.
 
 Same oracle and bounds as tests/test_attention_gpu.py (op_helpers): float64
 attention on the same inputs, within 4 ulps of each row's magnitude, lse
@@ -8,9 +11,8 @@ within 1e-4 relative; outputs poisoned with NaN first, so unwritten rows fail,
 and rows of no sequence must stay untouched. Every head dim (the D fixture:
 128, 64, 256) runs every test.
 
-The first test checks (with the torch profiler) that the wgmma kernel is the
-one that runs, so that a build or a device without it cannot pass the rest on
-the tile kernel.
+The first test checks (with the torch profiler) which kernel runs, so that a
+build or a device without them cannot pass the rest on the tile kernel.
 """
 import pytest
 import torch
@@ -22,7 +24,9 @@ pytestmark = pytest.mark.gpu
 
 DEV = "cuda"
 DTYPES = [torch.bfloat16, torch.float16]
-KERNEL_NAME = "attention_wgmma_kernel"
+WARP_SPECIALIZED = "sm90::prefill_kernel"
+WGMMA = "attention_wgmma_kernel"
+HOPPER_KERNELS = (WARP_SPECIALIZED, WGMMA)
 
 
 def hopper():
@@ -56,16 +60,39 @@ def check_all(p, causal, dtype, what, with_lse=True):
     return out, lse
 
 
-def test_wgmma_kernel_is_used(D, seed):
-    """prefill of a bf16 prompt and a second sequence runs the wgmma kernel,
-    and its result is within the bounds."""
-    p = make_problem([300, 41], [300, 41], 8, 2, D, 64, device=DEV, seed=seed)
+@pytest.mark.parametrize("group, kernel", [(4, WARP_SPECIALIZED), (3, WGMMA)], ids=["group4", "group3"])
+def test_wgmma_kernel_is_used(D, group, kernel, seed):
+    """prefill of a bf16 prompt and a second sequence runs the Hopper kernel
+    for its group (a power of two: warp-specialized; else the synchronous
+    wgmma kernel), and its result is within the bounds."""
+    p = make_problem([300, 41], [300, 41], 2 * group, 2, D, 64, device=DEV, seed=seed)
     run_prefill(p, True)  # warm-up (and the shared-memory opt-in) outside the profile
     torch.cuda.synchronize()
-    names, _ = kernels_run(lambda: check_all(p, True, torch.bfloat16, "wgmma prefill"))
-    assert any(KERNEL_NAME in n for n in names), (
-        f"{KERNEL_NAME} did not run (a build without sm_90a code? setup.py's default "
+    names, _ = kernels_run(lambda: check_all(p, True, torch.bfloat16, "Hopper prefill"))
+    assert any(kernel in n for n in names), (
+        f"{kernel} did not run (a build without sm_90a code? setup.py's default "
         f"TORCH_CUDA_ARCH_LIST is 9.0a); kernels seen: {sorted(set(names))}")
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("page", [16, 128])
+def test_persistent_scheduler_covers_every_row(D, page, causal, seed):
+    """The warp-specialized kernel's persistent grid (at most one block per SM)
+    walks every (row tile, sequence, KV head) item: a random varlen batch of
+    many sequences (empty ones, single positions, chunks, prompts past a few
+    tiles) has more items than blocks; every row right, padding untouched."""
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = torch.randint(0, 700, (61,), generator=g).tolist() + [0, 1, 2000]
+    q_lens = [int(torch.randint(0, L + 1, (1,), generator=g)) if i % 3 else L for i, L in enumerate(seq_lens)]
+    p = make_problem(seq_lens, q_lens, 8, 2, D, page, device=DEV, seed=seed)
+    pad = torch.randn(3, *p.q.shape[1:], device=DEV).to(p.q.dtype)
+    p.q = torch.cat([p.q, pad])
+    out, lse = run_prefill(p, causal)
+    n = int(p.cu_seqlens_q[-1])
+    exact, exact_lse = exact_attention(p, causal)
+    check_out(out[:n], exact[:n], torch.bfloat16, f"scheduler coverage page {page}")
+    check_lse(lse[:n], exact_lse[:n], torch.bfloat16, f"scheduler coverage page {page} lse")
+    assert torch.isnan(out[n:]).all() and torch.isnan(lse[n:]).all(), "rows of no sequence were written"
 
 
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
@@ -190,8 +217,8 @@ def test_wgmma_prefill_deterministic(D, dtype, seed):
 
 
 def test_wgmma_prefill_other_shapes_unchanged(D, seed):
-    """The kernel prefill picks next to the wgmma kernel's shapes, and the
-    results: head dim 256 in fp16 takes the wgmma kernel; fp32 queries and an
+    """The kernel prefill picks next to the Hopper kernels' shapes, and the
+    results: head dim 256 in fp16 takes a Hopper kernel; fp32 queries and an
     int8 cache take the tile kernel. All stay right."""
     for d, dtype, int8, wgmma in ((256, torch.float16, False, True), (D, torch.float32, False, False),
                                   (D, torch.bfloat16, True, False)):
@@ -199,7 +226,8 @@ def test_wgmma_prefill_other_shapes_unchanged(D, seed):
         run_prefill(p, True)  # warm-up outside the profile
         names, (out, _) = kernels_run(lambda: run_prefill(p, True))
         what = f"d {d} {dtype} (int8 cache: {int8})"
-        assert any(KERNEL_NAME in n for n in names) == wgmma, f"{what}: {KERNEL_NAME} ran: {not wgmma}"
+        hopper_ran = any(k in n for n in names for k in HOPPER_KERNELS)
+        assert hopper_ran == wgmma, f"{what}: a Hopper kernel ran: {hopper_ran}"
         exact, _ = exact_attention(p, True)
         # int8: 6 ulps, the bound of tests/test_int8_gpu.py (which says why)
         check_out(out, exact, dtype, what, ulps=6.0 if int8 else 4.0)
