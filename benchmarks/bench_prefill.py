@@ -3,7 +3,8 @@ our prefill op against its peers in the same run.
 
 Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, bf16,
 page 64) at prompt lengths 512 / 2k / 8k / 16k for one sequence, batches of
-4 x 2k and 8 x 512, and head dims 64 and 256. FLOPs: 2 * 2 * L * L / 2 * d * Hq
+4 x 2k, 8 x 512 and 16 x 1k, a mixed batch of 1 x 8k + 31 x 256 (no SDPA
+peer: it needs equal lengths), and head dims 64 and 256. FLOPs: 2 * 2 * L * L / 2 * d * Hq
 per prompt (half the query-key pairs); TFLOP/s against the bf16 GEMM rate
 measured in this run.
 
@@ -38,10 +39,13 @@ CASES = [
     ("1x16k", [16384], QWEN3),
     ("4x2k", [2048] * 4, QWEN3),
     ("8x512", [512] * 8, QWEN3),
+    ("16x1k", [1024] * 16, QWEN3),
+    # Mixed lengths: SDPA on a contiguous cache needs equal lengths (skipped).
+    ("1x8k+31x256", [8192] + [256] * 31, QWEN3),
     ("1x8k d64", [8192], dict(hq=32, hkv=8, d=64)),
     ("1x8k d256", [8192], dict(hq=32, hkv=8, d=256)),
 ]
-QUICK = {"1x512", "1x2k", "1x8k", "1x16k", "4x2k", "1x8k d64", "1x8k d256"}
+QUICK = {"1x512", "1x2k", "1x8k", "1x16k", "4x2k", "16x1k", "1x8k+31x256", "1x8k d64", "1x8k d256"}
 EAGER_MAX_TOKENS = 2048
 OURS = "tileinfer prefill"
 # Our kernels timed in every case: (name, make, role). The op as shipped is
