@@ -1,0 +1,463 @@
+"""tileinfer_attn.vllm against the real vLLM package (pinned: 0.33.0).
+
+Skipped where vLLM is not importable (the main test environment); CI runs
+this module a second time in a virtual environment that has vLLM (.ci/run).
+
+The batches are built as vLLM's ``CommonAttentionMetadata`` (decode, prefill,
+chunked prefill mixed with decodes, speculative-decoding verify steps, a
+batch padded for a CUDA graph), the layer's KV cache is allocated through
+vLLM's own spec / layout / view code, and our builder and impl run on it. The
+results are compared with
+
+(a) a plain paged-attention formula written here over vLLM's cache and block
+    table, with the step's keys and values written through vLLM's
+    ``slot_mapping`` (vLLM 0.33.0 ships no reference attention usable on the
+    CPU: its references live in its test suite, not in the wheel), and
+(b) our float64 reference (tileinfer_attn.reference.paged_attention,
+    exact=True) over the pools our backend sees.
+"""
+import importlib.metadata
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+vllm = pytest.importorskip(
+    "vllm", reason="vLLM is not installed here; CI runs this module in its vLLM virtual environment (.ci/run)")
+
+from op_helpers import DEVICES, check_out  # noqa: E402
+
+from tileinfer_attn import reference  # noqa: E402
+from tileinfer_attn.vllm import BACKEND_CLASS_PATH  # noqa: E402
+from tileinfer_attn.vllm.backend import (  # noqa: E402
+    TileinferAttentionBackend as Backend,
+    TileinferAttentionImpl as Impl,
+    TileinferAttentionMetadataBuilder as Builder,
+    kv_cache_pools,
+)
+from vllm.platforms.interface import DeviceCapability  # noqa: E402
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionType, CommonAttentionMetadata  # noqa: E402
+from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheLayout,
+    KVCacheTensor,
+    create_kv_cache_views,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_VERSION = "0.33.0"
+MAX_NUM_SEQS = 16
+
+
+def test_vllm_version():
+    assert vllm.__version__ == VLLM_VERSION, f"these tests are written against vLLM {VLLM_VERSION}"
+
+
+# ------------------------------------------------------------------ vLLM-side setup
+def layer_caches(num_blocks, num_kv_heads, block_size, head_size, dtype, device, num_layers=1,
+                 layout=KVCacheLayout.LBHNC):
+    """Layer caches allocated as vLLM's worker does (vllm/v1/worker/utils.py
+    allocate_kv_cache): the backend's customized spec, one int8 backing buffer,
+    a KVCacheTensor placing the layers (layer-outermost layouts: each layer a
+    contiguous region), create_kv_cache_views. Returns (spec, raw, views)."""
+    spec = Backend.customize_spec(FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads,
+                                                    head_size=head_size, dtype=dtype))
+    page = spec.page_size_bytes
+    if layout.is_layer_compact:
+        layer_stride, block_stride = page * num_blocks, page
+    else:
+        layer_stride, block_stride = page, page * num_layers
+    tensor = KVCacheTensor(size=page * num_blocks * num_layers, layers=[f"layer.{i}" for i in range(num_layers)],
+                           layer_stride=layer_stride, block_stride=block_stride)
+    raw = torch.zeros(tensor.size, dtype=torch.int8, device=device)
+    return spec, raw, create_kv_cache_views(raw, spec, num_blocks, layout, tensor)
+
+
+def vllm_config(max_num_seqs=MAX_NUM_SEQS):
+    # The builder reads scheduler_config.max_num_seqs only; a full VllmConfig
+    # needs a model and a device platform.
+    return SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs))
+
+
+class Batch:
+    """One step of a vLLM batch: requests with (context_len, query_len), their
+    blocks scattered over the pool (block 0, vLLM's null block, unused), the
+    step's q / k / v, the context already in the cache, and vLLM's
+    CommonAttentionMetadata (pad: padding tokens past the last request, slot -1)."""
+
+    def __init__(self, reqs, kv_cache, num_heads, num_kv_heads, head_size, block_size, dtype, device, gen,
+                 pad=0):
+        self.reqs = reqs
+        num_blocks = kv_cache.shape[0]
+        q_lens = [q for _, q in reqs]
+        seq_lens = [c + q for c, q in reqs]
+        blocks_per = [math.ceil(s / block_size) for s in seq_lens]
+        width = max(blocks_per) + 1  # a spare column, as vLLM's tables are wider than needed
+        perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+        assert sum(blocks_per) <= len(perm), "pool too small for the batch"
+        table = torch.zeros(len(reqs), width, dtype=torch.int32)
+        at = 0
+        for s, n in enumerate(blocks_per):
+            table[s, :n] = torch.tensor(perm[at:at + n], dtype=torch.int32)
+            at += n
+        qsl = [0]
+        for q in q_lens:
+            qsl.append(qsl[-1] + q)
+        num_tokens = qsl[-1] + pad
+        slots = []
+        for s, (c, q) in enumerate(reqs):
+            for t in range(q):
+                p = c + t
+                slots.append(int(table[s, p // block_size]) * block_size + p % block_size)
+        slots += [-1] * pad
+        self.num_tokens, self.num_real = num_tokens, qsl[-1]
+        g = dict(generator=gen, dtype=torch.float32)
+        self.q = torch.randn(num_tokens, num_heads, head_size, **g).to(dtype).to(device)
+        self.k = torch.randn(num_tokens, num_kv_heads, head_size, **g).to(dtype).to(device)
+        self.v = torch.randn(num_tokens, num_kv_heads, head_size, **g).to(dtype).to(device)
+        # The context (positions before this step) of every request, written as
+        # vLLM addresses the cache: key of KV head h at head slot h, value at
+        # num_kv_heads + h.
+        for s, (c, _) in enumerate(reqs):
+            for p in range(c):
+                b, off = int(table[s, p // block_size]), p % block_size
+                kv_cache[b, :num_kv_heads, off] = torch.randn(num_kv_heads, head_size, **g).to(dtype).to(device)
+                kv_cache[b, num_kv_heads:, off] = torch.randn(num_kv_heads, head_size, **g).to(dtype).to(device)
+        qsl_t = torch.tensor(qsl, dtype=torch.int32)
+        self.cm = CommonAttentionMetadata(
+            query_start_loc=qsl_t.to(device),
+            query_start_loc_cpu=qsl_t,
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            num_reqs=len(reqs),
+            num_actual_tokens=num_tokens,
+            max_query_len=max(q_lens),
+            max_seq_len=max(seq_lens),
+            block_table_tensor=table.to(device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            causal=True,
+        )
+
+
+def write_through_slot_mapping(kv_cache, k, v, slot_mapping, num_kv_heads):
+    """The step's keys and values written as vLLM's reshape_and_cache does:
+    token i to slot slot_mapping[i] (block slot // block_size, offset
+    slot % block_size); slot -1 is not written."""
+    block_size = kv_cache.shape[2]
+    for i, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        b, off = divmod(slot, block_size)
+        kv_cache[b, :num_kv_heads, off] = k[i]
+        kv_cache[b, num_kv_heads:, off] = v[i]
+
+
+def paged_attention_formula(q, kv_cache, cm, num_kv_heads, scale):
+    """Causal paged attention in float64, straight from vLLM's metadata: the keys
+    of request s are its seq_lens[s] positions, position p at block
+    block_table[s, p // block_size], offset p % block_size; its query t sits at
+    position seq_lens[s] - n_s + t and sees positions <= its own."""
+    block_size = kv_cache.shape[2]
+    num_heads = q.shape[1]
+    group = num_heads // num_kv_heads
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    qsl = cm.query_start_loc_cpu.tolist()
+    for s in range(cm.num_reqs):
+        length = int(cm.seq_lens[s])
+        pos = torch.arange(length)
+        blocks = cm.block_table_tensor[s].cpu().long()[pos // block_size]
+        keys = kv_cache[blocks, :num_kv_heads, pos % block_size].double().cpu()  # [L, kvh, d]
+        vals = kv_cache[blocks, num_kv_heads:, pos % block_size].double().cpu()
+        keys = keys.repeat_interleave(group, dim=1)
+        vals = vals.repeat_interleave(group, dim=1)
+        n = qsl[s + 1] - qsl[s]
+        qs = q[qsl[s]:qsl[s + 1]].double().cpu()  # [n, h, d]
+        scores = torch.einsum("thd,lhd->htl", qs, keys) * scale
+        qpos = length - n + torch.arange(n)
+        scores = scores.masked_fill(pos[None, None, :] > qpos[None, :, None], float("-inf"))
+        out[qsl[s]:qsl[s + 1]] = torch.einsum("htl,lhd->thd", scores.softmax(-1), vals)
+    return out
+
+
+# ------------------------------------------------------------------ forward: (a) and (b)
+BATCHES = {
+    # (context_len, query_len) per request
+    "decode": [(37, 1), (0, 1), (130, 1), (64, 1), (5, 1)],
+    "prefill": [(0, 17), (0, 40), (0, 5)],
+    "chunked_prefill_mixed": [(50, 1), (19, 1), (64, 33), (0, 21), (200, 1)],
+    "spec_verify": [(29, 4), (64, 4), (3, 4), (100, 4)],
+    "decode_padded": [(12, 1), (70, 1), (33, 1)],
+}
+PADS = {"decode_padded": 3}
+SHAPES = [  # (num_heads, num_kv_heads, head_size, block_size)
+    (8, 2, 64, 16),
+    (4, 4, 128, 64),
+]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def run_step(batch_name, shape, dtype, device, seed, num_layers=1):
+    num_heads, num_kv_heads, head_size, block_size = shape
+    gen = torch.Generator().manual_seed(seed)
+    spec, raw, views = layer_caches(64, num_kv_heads, block_size, head_size, dtype, device, num_layers=num_layers)
+    kv_cache = views[-1]
+    batch = Batch(BATCHES[batch_name], kv_cache, num_heads, num_kv_heads, head_size, block_size, dtype, device,
+                  gen, pad=PADS.get(batch_name, 0))
+    before = kv_cache.clone()
+    builder = Builder(spec, ["layer.0"], vllm_config(), torch.device(device), block_table_width=64)
+    md = builder.build(0, batch.cm)
+    scale = head_size ** -0.5
+    impl = Impl(num_heads, head_size, scale, num_kv_heads, None, None, "auto", None, AttentionType.DECODER, None)
+    out = torch.full((batch.num_tokens, num_heads, head_size), float("nan"), dtype=dtype, device=device)
+    ret = impl.forward(None, batch.q, batch.k, batch.v, kv_cache, md, output=out)
+    assert ret is out
+    return SimpleNamespace(batch=batch, kv_cache=kv_cache, before=before, md=md, out=out, scale=scale,
+                           num_kv_heads=num_kv_heads, views=views, raw=raw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "h{}kv{}d{}bs{}".format(*s))
+@pytest.mark.parametrize("batch_name", list(BATCHES))
+def test_forward(batch_name, shape, dtype, device, seed):
+    r = run_step(batch_name, shape, dtype, device, seed)
+    b = r.batch
+    # The cache update agrees with vLLM's slot_mapping, bit for bit, and
+    # padding tokens (slot -1) are not written.
+    expected_cache = r.before.clone()
+    write_through_slot_mapping(expected_cache, b.k, b.v, b.cm.slot_mapping, r.num_kv_heads)
+    assert torch.equal(r.kv_cache, expected_cache), "the cache write differs from a write through slot_mapping"
+    rows = slice(0, b.num_real)
+    # (a) the paged-attention formula over vLLM's cache and block table
+    exact_a = paged_attention_formula(b.q, expected_cache, b.cm, r.num_kv_heads, r.scale)
+    check_out(r.out[rows].cpu(), exact_a[rows], dtype, f"{batch_name} vs the vLLM-metadata formula")
+    # (b) our float64 reference over the pools the backend sees
+    k_cache, v_cache = kv_cache_pools(r.kv_cache, r.num_kv_heads)
+    exact_b = reference.paged_attention(b.q, k_cache, v_cache, r.md.page_table, r.md.seq_lens,
+                                        r.md.query_start_loc, r.md.max_query_len, r.scale, True, exact=True)
+    check_out(r.out[rows], exact_b[rows], dtype, f"{batch_name} vs reference.paged_attention(exact=True)")
+    assert torch.allclose(exact_a[rows], exact_b[rows].double().cpu(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_second_layer_of_a_shared_allocation(device, seed):
+    """Two layers in one backing allocation (vLLM's KVCacheTensor with a layer
+    stride): the second layer's step touches its own region only."""
+    r = run_step("chunked_prefill_mixed", SHAPES[0], torch.bfloat16, device, seed, num_layers=2)
+    assert torch.all(r.views[0] == 0), "layer 0's cache was written by layer 1's step"
+    exact = paged_attention_formula(r.batch.q, r.kv_cache, r.batch.cm, r.num_kv_heads, r.scale)
+    check_out(r.out[:r.batch.num_real].cpu(), exact[:r.batch.num_real], torch.bfloat16, "second layer")
+
+
+def test_kv_sharing_layer_does_not_write(seed):
+    """A layer that reads an earlier layer's cache (kv_sharing_target_layer_name)
+    writes nothing; it attends to what is there."""
+    num_heads, num_kv_heads, head_size, block_size = SHAPES[0]
+    gen = torch.Generator().manual_seed(seed)
+    spec, _, (kv_cache,) = layer_caches(64, num_kv_heads, block_size, head_size, torch.float32, "cpu")
+    batch = Batch(BATCHES["decode"], kv_cache, num_heads, num_kv_heads, head_size, block_size, torch.float32,
+                  "cpu", gen)
+    write_through_slot_mapping(kv_cache, batch.k, batch.v, batch.cm.slot_mapping, num_kv_heads)
+    before = kv_cache.clone()
+    md = Builder(spec, ["l"], vllm_config(), torch.device("cpu"), block_table_width=64).build(0, batch.cm)
+    impl = Impl(num_heads, head_size, head_size ** -0.5, num_kv_heads, None, None, "auto", None,
+                AttentionType.DECODER, "model.layers.0.self_attn.attn")
+    out = torch.empty(batch.num_tokens, num_heads, head_size)
+    impl.forward(None, batch.q, batch.k * 0 + 7, batch.v * 0 + 7, kv_cache, md, output=out)
+    assert torch.equal(kv_cache, before)
+    exact = paged_attention_formula(batch.q, kv_cache, batch.cm, num_kv_heads, head_size ** -0.5)
+    check_out(out, exact, torch.float32, "kv-sharing layer")
+
+
+def test_profiling_run_without_metadata():
+    impl = Impl(8, 64, 0.125, 2, None, None, "auto", None, AttentionType.DECODER, None)
+    out = torch.full((3, 8, 64), float("nan"))
+    impl.forward(None, torch.randn(3, 8, 64), None, None, torch.zeros(4, 4, 16, 64), None, output=out)
+    assert torch.all(out == 0)
+
+
+# ------------------------------------------------------------------ the KV-cache contract
+@pytest.mark.parametrize("num_kv_heads,block_size,head_size,dtype",
+                         [(2, 16, 64, torch.bfloat16), (1, 64, 128, torch.float16), (8, 128, 256, torch.float32)])
+def test_kv_cache_layout_is_our_pools(num_kv_heads, block_size, head_size, dtype):
+    """The spec we publish keeps vLLM's page size; vLLM resolves the layout we ask
+    for; the layer's cache is a dense [num_blocks, 2 * num_kv_heads, block_size,
+    head_size] tensor and our k_cache / v_cache are contiguous views of its
+    storage (no copy), page 2b = block b's keys / values."""
+    default = FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype)
+    spec = Backend.customize_spec(default)
+    assert spec.num_head_slots == 2 * num_kv_heads and spec.num_heads == 2 * num_kv_heads
+    assert spec.state_content_bytes == head_size * dtype.itemsize
+    assert spec.page_size_bytes == default.page_size_bytes
+    assert Backend.customize_spec(spec) == spec  # idempotent
+    assert get_supported_kv_cache_layouts([Backend]) == [KVCacheLayout.LBHNC]
+
+    num_blocks = 5
+    _, raw, (kv_cache,) = layer_caches(num_blocks, num_kv_heads, block_size, head_size, dtype, "cpu")
+    assert kv_cache.dtype == dtype
+    assert kv_cache.shape == (num_blocks, 2 * num_kv_heads, block_size, head_size)
+    assert kv_cache.is_contiguous()
+    k_cache, v_cache = kv_cache_pools(kv_cache, num_kv_heads)
+    pool_shape = (2 * num_blocks - 1, num_kv_heads, block_size, head_size)
+    assert k_cache.shape == pool_shape and v_cache.shape == pool_shape
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    storage = raw.untyped_storage().data_ptr()
+    assert k_cache.untyped_storage().data_ptr() == storage and v_cache.untyped_storage().data_ptr() == storage
+    assert k_cache.data_ptr() == kv_cache.data_ptr() == raw.data_ptr()
+    assert v_cache.data_ptr() == kv_cache.data_ptr() + num_kv_heads * block_size * head_size * dtype.itemsize
+    for b in range(num_blocks):
+        k_cache[2 * b].fill_(b + 1)
+        v_cache[2 * b].fill_(-(b + 1))
+    for b in range(num_blocks):
+        assert torch.all(kv_cache[b, :num_kv_heads] == b + 1) and torch.all(kv_cache[b, num_kv_heads:] == -(b + 1))
+
+
+def test_other_layouts_are_refused_by_name():
+    """Under a layout that interleaves layers per block the cache is no dense
+    tensor; forward refuses it, naming the layout it needs."""
+    _, _, views = layer_caches(4, 2, 16, 64, torch.bfloat16, "cpu", num_layers=2, layout=KVCacheLayout.BLHNC)
+    assert not views[0].is_contiguous()
+    with pytest.raises(RuntimeError, match="LBHNC"):
+        kv_cache_pools(views[0], 2)
+    with pytest.raises(RuntimeError, match="2 \\* num_kv_heads"):
+        kv_cache_pools(torch.zeros(4, 2, 16, 64), 2)
+
+
+def test_builder_page_table_is_persistent(seed):
+    """The doubled block table is written in place into one buffer (a captured
+    CUDA graph reads the current step's); the support level is UNIFORM_BATCH."""
+    assert Builder.get_cudagraph_support(None, None) == AttentionCGSupport.UNIFORM_BATCH
+    assert Builder.reorder_batch_threshold is None and Builder.requires_block_table_width
+    gen = torch.Generator().manual_seed(seed)
+    spec, _, (kv_cache,) = layer_caches(64, 2, 16, 64, torch.bfloat16, "cpu")
+    builder = Builder(spec, ["l"], vllm_config(), torch.device("cpu"), block_table_width=8)
+    ptrs = set()
+    for reqs in ([(3, 1), (20, 1)], [(40, 1), (1, 1)]):
+        batch = Batch(reqs, kv_cache, 8, 2, 64, 16, torch.bfloat16, "cpu", gen)
+        md = builder.build(0, batch.cm)
+        assert torch.equal(md.page_table, batch.cm.block_table_tensor * 2)
+        assert md.page_table.dtype == torch.int32 and md.page_table.is_contiguous()
+        assert md.query_start_loc is batch.cm.query_start_loc and md.seq_lens is batch.cm.seq_lens
+        ptrs.add(md.page_table.data_ptr())
+    assert len(ptrs) == 1
+
+
+# ------------------------------------------------------------------ capabilities and refusals
+def validate(**kw):
+    args = dict(head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16, use_mla=False,
+                has_sink=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
+                device_capability=DeviceCapability(9, 0), attn_type=AttentionType.DECODER)
+    args.update(kw)
+    return Backend.validate_configuration(**args)
+
+
+def test_capabilities_through_vllm_validation():
+    """vLLM's own selection check (validate_configuration) on our flags."""
+    for head_size in (64, 128, 256):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for block_size in (16, 32, 64, 128, 256):
+                assert validate(head_size=head_size, dtype=dtype, block_size=block_size) == []
+    assert validate(device_capability=DeviceCapability(8, 0)) == []
+    refused = {
+        "head_size not supported": dict(head_size=96),
+        "dtype not supported": dict(dtype=torch.float64),
+        "kv_cache_dtype not supported": dict(kv_cache_dtype="fp8"),
+        "block_size not supported": dict(block_size=8),
+        "MLA not supported": dict(use_mla=True),
+        "attention sinks not supported": dict(has_sink=True),
+        "compute capability not supported": dict(device_capability=DeviceCapability(7, 5)),
+        "sliding window not supported": dict(has_sliding_window=True),
+        "non-causal attention not supported": dict(use_non_causal=True),
+        "batch invariance not supported": dict(use_batch_invariant=True),
+        "KV connector not supported": dict(use_kv_connector=True),
+        "DCP not supported": dict(use_dcp=True),
+        "PCP not supported": dict(use_pcp=True),
+    }
+    for reason, kw in refused.items():
+        assert reason in validate(**kw), (reason, validate(**kw))
+    for attn_type in (AttentionType.ENCODER, AttentionType.ENCODER_ONLY, AttentionType.ENCODER_DECODER):
+        assert f"attention type {attn_type} not supported" in validate(attn_type=attn_type)
+    assert Backend.get_name() == "CUSTOM"
+    assert Backend.forward_includes_kv_cache_update
+    assert Backend.get_supported_head_sizes() == list(torch.ops.tileinfer_attn.supported("head_dims"))
+    assert Backend.get_supported_kernel_block_sizes() == list(torch.ops.tileinfer_attn.supported("page_sizes"))
+
+
+@pytest.mark.parametrize("kwargs,feature", [
+    (dict(alibi_slopes=[1.0] * 8), "ALiBi"),
+    (dict(use_alibi_sqrt=True), "ALiBi"),
+    (dict(sliding_window=128), "sliding-window"),
+    (dict(logits_soft_cap=30.0), "soft-capping"),
+    (dict(sinks=torch.zeros(8)), "attention sinks"),
+    (dict(attn_type=AttentionType.ENCODER), "encoder attention"),
+    (dict(attn_type=AttentionType.ENCODER_ONLY), "encoder-only attention"),
+    (dict(attn_type=AttentionType.ENCODER_DECODER), "encoder-decoder \\(cross\\) attention"),
+    (dict(kv_cache_dtype="fp8"), "kv_cache_dtype='fp8'"),
+    (dict(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype='fp8_e5m2'"),
+    (dict(kv_cache_dtype="int8_per_token_head"), "kv_cache_dtype='int8_per_token_head'"),
+    (dict(kv_lora_rank=512, qk_rope_head_dim=64), "MLA"),
+    (dict(head_size=96), "head size 96"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_impl_refuses_by_name(kwargs, feature):
+    args = dict(num_heads=8, head_size=64, scale=0.125, num_kv_heads=2)
+    args.update(kwargs)
+    with pytest.raises(NotImplementedError, match=f"tileinfer_attn vLLM backend: .*{feature}.* not supported"):
+        Impl(**args)
+
+
+def test_builder_refuses_non_causal_and_fused_output_quant(seed):
+    gen = torch.Generator().manual_seed(seed)
+    spec, _, (kv_cache,) = layer_caches(16, 2, 16, 64, torch.bfloat16, "cpu")
+    batch = Batch([(3, 2)], kv_cache, 8, 2, 64, 16, torch.bfloat16, "cpu", gen)
+    builder = Builder(spec, ["l"], vllm_config(), torch.device("cpu"), block_table_width=8)
+    for causal in (False, torch.tensor([True])):
+        with pytest.raises(NotImplementedError, match="non-causal"):
+            builder.build(0, batch.cm.replace(causal=causal))
+    md = builder.build(0, batch.cm)
+    impl = Impl(8, 64, 0.125, 2)
+    with pytest.raises(NotImplementedError, match="fused output quantization"):
+        impl.forward(None, batch.q, batch.k, batch.v, kv_cache, md, output=torch.empty_like(batch.q),
+                     output_scale=torch.ones(1))
+
+
+# ------------------------------------------------------------------ plugin registration
+def test_pyproject_declares_the_entry_point():
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["vllm.general_plugins"] == {"tileinfer_attn": "tileinfer_attn.vllm:register"}
+
+
+def test_entry_point_registers_the_custom_backend():
+    """vLLM's own plugin loader finds our entry point in the installed
+    package's metadata and the CUSTOM backend resolves to our class."""
+    eps = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
+           if ep.dist is not None and ep.dist.name == "tileinfer_attn"}
+    assert eps == {"tileinfer_attn": "tileinfer_attn.vllm:register"}, (
+        f"the installed tileinfer_attn declares no vllm.general_plugins entry point (found {eps}); "
+        f"reinstall it: pip install --no-build-isolation -e .")
+    import vllm.plugins
+    from vllm.v1.attention.backends import registry
+
+    AttentionBackendEnum.CUSTOM.clear_override()
+    vllm.plugins.plugins_loaded = False
+    try:
+        vllm.plugins.load_general_plugins()
+        assert AttentionBackendEnum.CUSTOM.is_overridden()
+        assert AttentionBackendEnum.CUSTOM.get_path() == BACKEND_CLASS_PATH
+        assert AttentionBackendEnum.CUSTOM.get_class() is Backend
+        assert AttentionBackendEnum[Backend.get_name()] is AttentionBackendEnum.CUSTOM
+        assert registry._ATTN_OVERRIDES[AttentionBackendEnum.CUSTOM] == BACKEND_CLASS_PATH
+    finally:
+        AttentionBackendEnum.CUSTOM.clear_override()
+
+
+def test_tileinfer_attn_does_not_import_vllm():
+    code = ("import sys, tileinfer_attn, tileinfer_attn.vllm; "
+            "assert 'vllm' not in sys.modules, 'importing tileinfer_attn(.vllm) imported vllm'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
