@@ -113,17 +113,20 @@ def _git(*args: str) -> Optional[str]:
 
 def git_state() -> dict:
     """The checkout's commit and whether tracked files differ from it. Result
-    files under benchmarks/results/ do not count, since a run rewrites them. A
-    copy of the tree without .git (a GPU machine that receives only the files)
-    takes both from GIT_COMMIT and GIT_DIRTY (0 or 1); otherwise they are None."""
+    files under benchmarks/results/ do not count, since a run rewrites them.
+    GIT_COMMIT and GIT_DIRTY (0 or 1), when set, name them instead: a copy of
+    the tree on a GPU machine may have no .git, or one that is not its commit."""
+    if os.environ.get("GIT_COMMIT"):
+        # Named by the caller: the tree here may be a copy whose .git (if any)
+        # is not the commit it holds.
+        dirty = os.environ.get("GIT_DIRTY")
+        return {"commit": os.environ["GIT_COMMIT"], "dirty": None if dirty is None else dirty not in ("", "0")}
     commit = _git("rev-parse", "HEAD")
     if commit:
         status = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
                       ":(exclude)benchmarks/results")
         return {"commit": commit, "dirty": None if status is None else bool(status)}
-    dirty = os.environ.get("GIT_DIRTY")
-    return {"commit": os.environ.get("GIT_COMMIT") or None,
-            "dirty": None if dirty is None else dirty not in ("", "0")}
+    return {"commit": None, "dirty": None}
 
 
 def _command() -> str:

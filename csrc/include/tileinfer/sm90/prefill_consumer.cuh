@@ -137,7 +137,12 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     auto softmax = [&](int i, int stage) {
       wgmma::fence_regs(acc);
       wgmma::acc_to_rows<BN>(acc, s, fold_scale, scale_log2);
-      const TileMask mask{w.key_begin + i * BN, w.key_end, sm.stage_mask[stage], box_shift, p.a.causal};
+      // Lane 0 reads the stage's mask and hands it to its warp: the read is
+      // then ordered before the warp's release of the stage by lane 0 itself.
+      uint32_t outside = 0;
+      if (lane == 0) outside = sm.stage_mask[stage];
+      outside = __shfl_sync(0xffffffffu, outside, 0);
+      const TileMask mask{w.key_begin + i * BN, w.key_end, outside, box_shift, p.a.causal};
       if (mask.template needed<BN>(wg_qmin)) mask.template apply<BN>(s, qpos, quad);
       smx.update(s, fold_scale ? scale_log2 : 1.f, factor);
     };
