@@ -6,9 +6,6 @@ and `pip install -v` prints it. Environment (read at build time only):
   TILEINFER_BUILD=cuda|cpu   force one (default: auto)
   TORCH_CUDA_ARCH_LIST       e.g. "9.0a"; default -gencode=arch=compute_90a,code=sm_90a
   MAX_JOBS                   parallel compile jobs (torch's ninja build honours it)
-  TILEINFER_OPS=a,b          development builds: compile only csrc/ops/{a,b}.cu
-                             (the CPU ops and every schema are always built)
-  TILEINFER_SKIP_CPU=1       development builds on the GPU machine: leave csrc/cpu out
   TILEINFER_PTXAS_VERBOSE=1  print registers / spills of every kernel
 """
 import glob
@@ -50,7 +47,7 @@ def extension():
     cuda = want_cuda()
     sources = rel(
         [f"{ROOT}/csrc/torch_bindings.cpp", f"{ROOT}/csrc/checks.cpp", f"{ROOT}/csrc/attention.cpp"]
-        + ([] if os.environ.get("TILEINFER_SKIP_CPU") else glob.glob(f"{ROOT}/csrc/cpu/*.cpp"))
+        + glob.glob(f"{ROOT}/csrc/cpu/*.cpp")
     )
     # The C++ standard is left to torch's build helper (torch >= 2.10 needs C++20).
     cxx = ["-O3"]
@@ -67,12 +64,7 @@ def extension():
         "-U__CUDA_NO_HALF2_OPERATORS__",
     ]
     if cuda:
-        cu = glob.glob(f"{ROOT}/csrc/ops/*.cu")
-        only = os.environ.get("TILEINFER_OPS")
-        if only:
-            names = {n.strip() for n in only.split(",") if n.strip()}
-            cu = [p for p in cu if os.path.splitext(os.path.basename(p))[0] in names]
-        sources += rel(cu)
+        sources += rel(glob.glob(f"{ROOT}/csrc/ops/*.cu"))
         cxx.append("-DTILEINFER_WITH_CUDA")
         nvcc.append("-DTILEINFER_WITH_CUDA")
         if not os.environ.get("TORCH_CUDA_ARCH_LIST"):

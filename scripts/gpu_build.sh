@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Builds the extension in place (tileinfer_attn/_C*.so) on the GPU machine, with
-# the log under $OUT when set. Passes TILEINFER_OPS / TILEINFER_SKIP_CPU /
-# TILEINFER_PTXAS_VERBOSE through (see setup.py).
+# the log under $OUT when set. Passes TILEINFER_PTXAS_VERBOSE through (see setup.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export MAX_JOBS=${MAX_JOBS:-16}
