@@ -131,3 +131,23 @@ def test_cache_module_example_runs(device):
     doc = cache_module.__doc__
     body = doc[doc.index("::\n") + 3:]
     run_example(textwrap.dedent(body) + "\nprint(out.shape)\n", device)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "attention"])
+def test_meta_tensor_among_real_ones_is_rejected_by_the_op(op):
+    """The same through torch.ops directly: torch sends a call with a meta
+    tensor to the fake kernel, which must refuse it (and accept all-meta calls)."""
+    if op == "rms_norm":
+        x = torch.randn(3, 4, 64).bfloat16()
+        args = [torch.empty_like(x), x, torch.randn(64).bfloat16(), 1e-6]
+        meta_at, meta_name, real_name = 0, "out", "x"
+    else:
+        p = make_problem([9, 5], [9, 1], 4, 2, 64, 16)
+        args = [torch.empty_like(p.q), *p.args(), p.scale, True]
+        meta_at, meta_name, real_name = 1, "q", "out"
+    mixed = list(args)
+    mixed[meta_at] = mixed[meta_at].to("meta")
+    fn = getattr(torch.ops.tileinfer_attn, op)
+    with pytest.raises(RuntimeError, match=rf"^{op}: {meta_name} is on the meta device but {real_name} is on cpu"):
+        fn(*mixed)
+    fn(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])  # all meta: shapes only

@@ -9,6 +9,9 @@ torch imports it whenever a fake is needed.
 """
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -16,6 +19,25 @@ _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
 
 def _check(cond, msg: str) -> None:
     torch._check(cond, lambda: msg)
+
+
+def _register_fake(op: str):
+    """torch.library.register_fake for tileinfer_attn::<op>, behind the check
+    that no tensor on the meta device sits among tensors with data: torch
+    sends such a call here (the Meta kernel), past the C++ checks, and a fake
+    would otherwise accept it. Under torch.compile every tensor is a fake
+    tensor on its real device, so the check never fires there."""
+    def register(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def fake(*args, **kwargs):
+            from .ops import _check_not_meta_mixed
+            _check_not_meta_mixed(op, **sig.bind(*args, **kwargs).arguments)
+            return fn(*args, **kwargs)
+        torch.library.register_fake(f"tileinfer_attn::{op}")(fake)
+        return fn
+    return register
 
 
 def _check_token(op: str, name: str, t: torch.Tensor, like: torch.Tensor = None, dtype=None) -> None:
@@ -52,7 +74,7 @@ def _check_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens
     _check(q.shape[2] == k_cache.shape[3], f"{op}: q must have the head_dim of the cache ({k_cache.shape[3]})")
 
 
-@torch.library.register_fake("tileinfer_attn::prefill")
+@_register_fake("prefill")
 def _prefill(out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, causal,
              k_scale=None, v_scale=None, k_smooth=None):
     _check_attention("prefill", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale)
@@ -62,7 +84,7 @@ def _prefill(out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q
     return None
 
 
-@torch.library.register_fake("tileinfer_attn::decode")
+@_register_fake("decode")
 def _decode(partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
             causal, k_scale=None, v_scale=None, k_smooth=None):
     _check_attention("decode", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale)
@@ -73,7 +95,7 @@ def _decode(partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_len
     return None
 
 
-@torch.library.register_fake("tileinfer_attn::combine")
+@_register_fake("combine")
 def _combine(out, lse, partial_out, partial_lse):
     _check(partial_out.dim() == 4 and partial_out.dtype == torch.float32,
            "combine: partial_out must be 4-D float32 [num_splits, num_tokens, num_q_heads, head_dim]")
@@ -86,7 +108,7 @@ def _combine(out, lse, partial_out, partial_lse):
     return None
 
 
-@torch.library.register_fake("tileinfer_attn::attention")
+@_register_fake("attention")
 def _attention(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, causal,
                k_scale=None, v_scale=None, k_smooth=None):
     _check_attention("attention", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale)
@@ -94,7 +116,7 @@ def _attention(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, m
     return None
 
 
-@torch.library.register_fake("tileinfer_attn::rms_norm")
+@_register_fake("rms_norm")
 def _rms_norm(out, x, weight, eps):
     _check_token("rms_norm", "x", x)
     _check_token("rms_norm", "out", out, like=x, dtype=x.dtype)
@@ -102,7 +124,7 @@ def _rms_norm(out, x, weight, eps):
     return None
 
 
-@torch.library.register_fake("tileinfer_attn::rope")
+@_register_fake("rope")
 def _rope(out, x, positions, cos_sin_cache, rotary_dim):
     _check_token("rope", "x", x)
     _check_token("rope", "out", out, like=x, dtype=x.dtype)
@@ -112,7 +134,7 @@ def _rope(out, x, positions, cos_sin_cache, rotary_dim):
     return None
 
 
-@torch.library.register_fake("tileinfer_attn::cache_write")
+@_register_fake("cache_write")
 def _cache_write(k_cache, v_cache, k, v, block_tables, seq_lens, cu_seqlens_q, k_scale=None, v_scale=None,
                  k_smooth=None):
     _check_cache("cache_write", k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale)
@@ -121,7 +143,7 @@ def _cache_write(k_cache, v_cache, k, v, block_tables, seq_lens, cu_seqlens_q, k
     return None
 
 
-@torch.library.register_fake("tileinfer_attn::attention_inputs")
+@_register_fake("attention_inputs")
 def _attention_inputs(q_out, k_cache, v_cache, q, k, v, block_tables, seq_lens, cu_seqlens_q, cos_sin_cache,
                       rotary_dim, q_norm_weight, k_norm_weight, eps, k_scale=None, v_scale=None, k_smooth=None):
     _check_cache("attention_inputs", k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale)
