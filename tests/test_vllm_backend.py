@@ -44,15 +44,22 @@ from tileinfer_attn.vllm.backend import (  # noqa: E402
     kv_cache_pools,
 )
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
-from vllm.v1.attention.backend import AttentionCGSupport, AttentionType, CommonAttentionMetadata  # noqa: E402
+from vllm.v1.attention.backend import (  # noqa: E402
+    AttentionCGSupport,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
 from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
 from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
     KVCacheLayout,
     KVCacheTensor,
-    create_kv_cache_views,
 )
+from vllm.v1.worker.utils import allocate_kv_cache, customize_attention_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_VERSION = "0.33.0"
@@ -65,22 +72,30 @@ def test_vllm_version():
 
 # ------------------------------------------------------------------ vLLM-side setup
 def layer_caches(num_blocks, num_kv_heads, block_size, head_size, dtype, device, num_layers=1,
-                 layout=KVCacheLayout.LBHNC):
-    """Layer caches allocated as vLLM's worker does (vllm/v1/worker/utils.py
-    allocate_kv_cache): the backend's customized spec, one int8 backing buffer,
-    a KVCacheTensor placing the layers (layer-outermost layouts: each layer a
-    contiguous region), create_kv_cache_views. Returns (spec, raw, views)."""
-    spec = Backend.customize_spec(FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads,
-                                                    head_size=head_size, dtype=dtype))
+                 layout=KVCacheLayout.LBHNC, kernel_block_size=None):
+    """Layer caches allocated by vLLM's worker code: the layer's
+    FullAttentionSpec through customize_attention_spec (what the model runners
+    apply to our backend), a KVCacheTensor placing the layers as the engine
+    does for the layout (layer-outermost: each layer a contiguous region;
+    block-outermost: a block holds every layer's page), then allocate_kv_cache
+    (one int8 backing buffer, create_kv_cache_views per layer; kernel blocks
+    when kernel_block_size is given). Returns (spec, raw buffer, views)."""
+    spec = customize_attention_spec(Backend, FullAttentionSpec(
+        block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype))
     page = spec.page_size_bytes
     if layout.is_layer_compact:
         layer_stride, block_stride = page * num_blocks, page
     else:
         layer_stride, block_stride = page, page * num_layers
-    tensor = KVCacheTensor(size=page * num_blocks * num_layers, layers=[f"layer.{i}" for i in range(num_layers)],
-                           layer_stride=layer_stride, block_stride=block_stride)
-    raw = torch.zeros(tensor.size, dtype=torch.int8, device=device)
-    return spec, raw, create_kv_cache_views(raw, spec, num_blocks, layout, tensor)
+    names = [f"layer.{i}" for i in range(num_layers)]
+    tensor = KVCacheTensor(size=page * num_blocks * num_layers, layers=names, layer_stride=layer_stride,
+                           block_stride=block_stride)
+    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
+                           kv_cache_groups=[KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec)])
+    caches = allocate_kv_cache(config, torch.device(device), layout,
+                               None if kernel_block_size is None else [kernel_block_size])
+    views = [caches[n] for n in names]
+    return spec, views[0].untyped_storage(), views
 
 
 def vllm_config(max_num_seqs=MAX_NUM_SEQS):
@@ -294,11 +309,12 @@ def test_kv_cache_layout_is_our_pools(num_kv_heads, block_size, head_size, dtype
     head_size] tensor and our k_cache / v_cache are contiguous views of its
     storage (no copy), page 2b = block b's keys / values."""
     default = FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype)
-    spec = Backend.customize_spec(default)
+    spec = customize_attention_spec(Backend, default)
     assert spec.num_head_slots == 2 * num_kv_heads and spec.num_heads == 2 * num_kv_heads
     assert spec.state_content_bytes == head_size * dtype.itemsize
     assert spec.page_size_bytes == default.page_size_bytes
     assert Backend.customize_spec(spec) == spec  # idempotent
+    assert spec.block_stride_alignment == MultipleOf(max(torch.ops.tileinfer_attn.supported("page_sizes")))
     assert get_supported_kv_cache_layouts([Backend]) == [KVCacheLayout.LBHNC]
 
     num_blocks = 5
@@ -310,15 +326,32 @@ def test_kv_cache_layout_is_our_pools(num_kv_heads, block_size, head_size, dtype
     pool_shape = (2 * num_blocks - 1, num_kv_heads, block_size, head_size)
     assert k_cache.shape == pool_shape and v_cache.shape == pool_shape
     assert k_cache.is_contiguous() and v_cache.is_contiguous()
-    storage = raw.untyped_storage().data_ptr()
+    storage = raw.data_ptr()
     assert k_cache.untyped_storage().data_ptr() == storage and v_cache.untyped_storage().data_ptr() == storage
-    assert k_cache.data_ptr() == kv_cache.data_ptr() == raw.data_ptr()
+    assert k_cache.data_ptr() == kv_cache.data_ptr() == storage
     assert v_cache.data_ptr() == kv_cache.data_ptr() + num_kv_heads * block_size * head_size * dtype.itemsize
     for b in range(num_blocks):
         k_cache[2 * b].fill_(b + 1)
         v_cache[2 * b].fill_(-(b + 1))
     for b in range(num_blocks):
         assert torch.all(kv_cache[b, :num_kv_heads] == b + 1) and torch.all(kv_cache[b, num_kv_heads:] == -(b + 1))
+
+
+def test_kernel_blocks_of_a_larger_vllm_block(seed):
+    """A vLLM block of 256 tokens (a multiple of our largest page, 128) is split
+    by vLLM into kernel blocks of 128: the layer cache is then in kernel blocks,
+    still one dense tensor, and a step over a kernel-block table is correct."""
+    assert Backend.supports_block_size(256) and not Backend.supports_block_size(8)
+    spec, _, (kv_cache,) = layer_caches(8, 2, 256, 64, torch.bfloat16, "cpu", kernel_block_size=128)
+    assert kv_cache.shape == (16, 4, 128, 64) and kv_cache.is_contiguous()
+    gen = torch.Generator().manual_seed(seed)
+    batch = Batch([(300, 1), (17, 20), (129, 4)], kv_cache, 8, 2, 64, 128, torch.bfloat16, "cpu", gen)
+    kernel_spec = spec.copy_with_new_block_size(128)  # what vLLM hands the builder then
+    md = Builder(kernel_spec, ["l"], vllm_config(), torch.device("cpu"), block_table_width=16).build(0, batch.cm)
+    out = torch.empty(batch.num_tokens, 8, 64, dtype=torch.bfloat16)
+    Impl(8, 64, 0.125, 2).forward(None, batch.q, batch.k, batch.v, kv_cache, md, output=out)
+    exact = paged_attention_formula(batch.q, kv_cache, batch.cm, 2, 0.125)
+    check_out(out, exact, torch.bfloat16, "kernel blocks of 128 in vLLM blocks of 256")
 
 
 def test_other_layouts_are_refused_by_name():
