@@ -414,6 +414,8 @@ def test_capabilities_through_vllm_validation():
         "KV connector not supported": dict(use_kv_connector=True),
         "DCP not supported": dict(use_dcp=True),
         "PCP not supported": dict(use_pcp=True),
+        "device-cpu query lens mismatch not supported, this is needed for adaptive verification":
+            dict(use_adaptive_verification=True),
     }
     for reason, kw in refused.items():
         assert reason in validate(**kw), (reason, validate(**kw))

@@ -137,7 +137,9 @@ class TileinferAttentionBackend(AttentionBackend):
       window, no logits soft-cap, no ALiBi, no encoder / encoder-only /
       encoder-decoder (cross) attention, no MLA, no non-causal (bidirectional)
       decoder attention, no KV connectors, no decode / prefill context
-      parallelism. The impl refuses each with an error naming it.
+      parallelism, no adaptive verification (device-side draft trimming).
+      vLLM's selection check reports each of these; the impl and builder
+      also refuse the ones they are given with an error naming the feature.
     - ``supports_batch_invariance`` False: ``attention``'s decode split count
       depends on the number of sequences in the batch, so a request's bits
       can change with its batch (always within the documented accuracy).
@@ -213,6 +215,13 @@ class TileinferAttentionBackend(AttentionBackend):
     @classmethod
     def supports_kv_connector(cls) -> bool:
         # Not tried with any connector: refuse rather than claim.
+        return False
+
+    @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        # Adaptive verification trims drafts on the device only; how seq_lens
+        # and the positions follow has not been checked against our cache
+        # write, so that mode is refused.
         return False
 
     # Stated although they are the base class's defaults: the backend's claims in one place.
