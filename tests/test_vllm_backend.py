@@ -210,12 +210,15 @@ BATCHES = {
     "prefill": [(0, 17), (0, 40), (0, 5)],
     "chunked_prefill_mixed": [(50, 1), (19, 1), (64, 33), (0, 21), (200, 1)],
     "spec_verify": [(29, 4), (64, 4), (3, 4), (100, 4)],
-    "decode_padded": [(12, 1), (70, 1), (33, 1)],
+    # a decode batch padded for a CUDA graph: padding requests with no query
+    # and no position, then padding tokens (slot -1) past the last request
+    "decode_padded": [(12, 1), (70, 1), (33, 1), (0, 0), (0, 0)],
 }
 PADS = {"decode_padded": 3}
 SHAPES = [  # (num_heads, num_kv_heads, head_size, block_size)
     (8, 2, 64, 16),
     (4, 4, 128, 64),
+    (6, 2, 256, 32),  # a group of 3: attention's prefill path for every batch
 ]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
