@@ -127,7 +127,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   constexpr int S = Cfg::kStages;
   constexpr int kSlots = Cfg::kRowSlots;
   constexpr int kFlags = Cfg::kFlags;
-  using MmaPV = wgmma::Mma<T, D>;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // The swizzle is a function of the address bits: align the operand tiles to
@@ -253,23 +252,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
     // O += P V: P rounded to T is the A operand from registers, V the N-major B operand.
     uint32_t a[BN / 16][4];
     wgmma::rows_to_a<T, BN>(s, a);
-    // The A registers are read asynchronously too: pin their definitions
-    // before wgmma.fence (PTX: register writes of A must precede it) and keep
-    // them alive until the wait (as FlashAttention-3 does for its RS products).
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) wgmma::fence_regs(a[kk]);
-    wgmma::fence_regs(o);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint64_t db = wgmma::desc_sw128(v_tile + kk * 16 * 128, BN * 128, 1024);
-      MmaPV::rs_tnsp_b(o, a[kk], db);
-    }
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::fence_regs(o);
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) wgmma::fence_regs(a[kk]);
+    wgmma::issue_pv<T, D, BN>(o, a, v_tile);
+    wgmma::wait_pv<D, BN>(o, a);
   }
 
   // ---- Epilogue (attention_tile_kernel's, one key slice) ----

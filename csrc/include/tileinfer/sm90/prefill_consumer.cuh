@@ -40,38 +40,6 @@ namespace sm90 {
 
 constexpr int kTurnBarrier = 2;  // named barriers 2, 3: "consumer w may issue"
 
-// O += P V of one tile as its own commit group: P (rounded to T, the A
-// fragments a[kk] of keys 16 kk..) from registers, V from shared memory
-// N-major. The caller waits for it.
-template <class Cfg>
-__device__ __forceinline__ void prefill_pv(float (&o)[Cfg::D / 2], uint32_t (&a)[Cfg::kBlockN / 16][4],
-                                           uint32_t v_tile) {
-  constexpr int BN = Cfg::kBlockN;
-  using MmaO = wgmma::Mma<typename Cfg::T, Cfg::D>;
-  // The A registers are read asynchronously too: defined before the fence,
-  // and kept alive until the caller's wait (prefill_pv_done).
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) wgmma::fence_regs(a[kk]);
-  wgmma::fence_regs(o);
-  wgmma::fence();
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) {
-    const uint64_t db = wgmma::desc_sw128(v_tile + kk * 16 * 128, BN * 128, 1024);
-    MmaO::rs_tnsp_b(o, a[kk], db);
-  }
-  wgmma::commit();
-}
-
-// Waits for every product issued so far, then keeps O and P where the
-// products left them.
-template <class Cfg>
-__device__ __forceinline__ void prefill_pv_done(float (&o)[Cfg::D / 2], uint32_t (&a)[Cfg::kBlockN / 16][4]) {
-  wgmma::wait<0>();
-  wgmma::fence_regs(o);
-#pragma unroll
-  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) wgmma::fence_regs(a[kk]);
-}
-
 template <class Cfg>
 __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
                                                 const PrefillScheduler& sched, int wg) {
@@ -179,7 +147,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       for (; i < my_tiles; ++i) {
         const RingSlot<Cfg::kStages> slot(tiles++);
         take_s(slot);
-        prefill_pv<Cfg>(o, a, smem_u32(sm.v(prev_stage)));
+        wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev_stage)));
         named_arrive(kTurnBarrier + (wg ^ 1), 256);
         wgmma::wait<1>();  // S of tile i
         softmax(i, slot.stage);
@@ -187,7 +155,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 #pragma unroll
         for (int R = 0; R < 2; ++R) wgmma::fence_regs(s[R]);
         wgmma::fence_regs(factor);
-        prefill_pv_done<Cfg>(o, a);  // P V of tile i - 1: its A registers are free again
+        wgmma::wait_pv<D, BN>(o, a);  // P V of tile i - 1: its A registers are free again
         release(prev_stage);
         rescale_o();
         pack_p();
@@ -203,15 +171,15 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
         softmax(i, slot.stage);
         rescale_o();
         pack_p();
-        prefill_pv<Cfg>(o, a, smem_u32(sm.v(slot.stage)));
-        prefill_pv_done<Cfg>(o, a);
+        wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(slot.stage)));
+        wgmma::wait_pv<D, BN>(o, a);
         release(slot.stage);
       }
     }
     if (lane == 0) mbar_arrive(sm.q_empty);  // every S product has completed
     if (Cfg::kOverlap && my_tiles > 0) {
-      prefill_pv<Cfg>(o, a, smem_u32(sm.v(prev_stage)));
-      prefill_pv_done<Cfg>(o, a);
+      wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev_stage)));
+      wgmma::wait_pv<D, BN>(o, a);
       release(prev_stage);
     }
     // Tiles past this warpgroup's rows: waited for and released, turns kept.

@@ -201,6 +201,36 @@ __device__ __forceinline__ void rows_to_a(const float (&s)[2][N / 4], uint32_t (
   }
 }
 
+// O += P V of one key tile, issued as one commit group: P rounded to T (the A
+// fragments a[kk] of keys 16 kk.., from rows_to_a) from registers, V (kBlockN
+// rows) from shared memory N-major. The A registers are read asynchronously
+// too: their definitions are pinned before wgmma.fence (PTX: register writes of
+// A must precede it) and kept alive until wait_pv (as FlashAttention-3 does for
+// its RS products).
+template <typename T, int D, int kBlockN>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], uint32_t (&a)[kBlockN / 16][4], uint32_t v_tile) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) fence_regs(a[kk]);
+  fence_regs(o);
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const uint64_t db = desc_sw128(v_tile + kk * 16 * 128, kBlockN * 128, 1024);
+    Mma<T, D>::rs_tnsp_b(o, a[kk], db);
+  }
+  commit();
+}
+
+// Waits for every product issued so far, then keeps O and P where the products
+// left them (P's registers are free again after it).
+template <int D, int kBlockN>
+__device__ __forceinline__ void wait_pv(float (&o)[D / 2], uint32_t (&a)[kBlockN / 16][4]) {
+  wait<0>();
+  fence_regs(o);
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) fence_regs(a[kk]);
+}
+
 // O rows times the softmax's factors (skipped when the warp has none to apply).
 template <int D>
 __device__ __forceinline__ void rescale_rows(float (&o)[D / 2], const float (&factor)[2]) {
