@@ -8,10 +8,13 @@
 // then one arrival per warp on the stage's empty barrier.
 //
 // Two overlaps keep the tensor cores busy:
-//   - ping-pong: warpgroup w issues its products only in its turn (named
+//   - ping-pong: warpgroup w issues the S of each tile (with Cfg::kOverlap,
+//     together with the P V of the tile before) only in its turn (named
 //     barrier kTurnBarrier + w) and hands the turn over right after, so the
 //     tensor cores run one warpgroup's products while the other does its
-//     softmax. Both warpgroups walk every tile of every item (one whose rows
+//     softmax. The P V products issued after a softmax (every tile without
+//     the overlap, an item's last tile with it) do not wait for a turn.
+//     Both warpgroups walk every tile of every item (one whose rows
 //     see none of a tile skips the math, not the turn): turns and ring stay
 //     in step.
 //   - intra-warpgroup (Cfg::kOverlap): S of tile i is issued together with
