@@ -3,7 +3,8 @@ fp16 queries, head dim 64, 128 or 256, a cache of q's dtype, on a
 compute-capability 9.0 device: the warp-specialized kernel
 (csrc/include/tileinfer/sm90/) for groups that are powers of two, the
 synchronous wgmma kernel (attention_wgmma.cuh) for the other groups. The
-group sizes below (1, 3, 4, 8) cover both.
+group sizes below (1, 3, 4, 8, and 32 / 128 for the largest query boxes)
+cover both.
 
 Same oracle and bounds as tests/test_attention_gpu.py (op_helpers): float64
 attention on the same inputs, within 4 ulps of each row's magnitude, lse
