@@ -92,8 +92,12 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   sm90::PrefillParams p{};
   p.a = a;
   const uint32_t group = a.group_size;
-  p.q_map = make_tensor_map<3>(a.q, type, {uint64_t(D), uint64_t(a.num_q_heads), uint64_t(a.num_tokens)},
-                               {uint64_t(q.stride(1)) * 2, uint64_t(q.stride(0)) * 2},
+  // The copy engine takes strides that step past whole rows: a view whose
+  // heads or tokens overlap (or repeat, stride 0) goes through a copy.
+  const bool rows_apart = q.stride(1) >= D && q.stride(0) >= q.size(1) * q.stride(1);
+  const at::Tensor qm = rows_apart ? q : q.contiguous();
+  p.q_map = make_tensor_map<3>(qm.data_ptr(), type, {uint64_t(D), uint64_t(a.num_q_heads), uint64_t(a.num_tokens)},
+                               {uint64_t(qm.stride(1)) * 2, uint64_t(qm.stride(0)) * 2},
                                {64u, group, uint32_t(Cfg::kBlockM) / group});
   const int page = a.kv.page_size;
   p.box_rows = page < Cfg::kBlockN ? page : Cfg::kBlockN;
@@ -145,7 +149,9 @@ void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>
   p.o_stride_head = target.stride(1);
   p.lse = lse.has_value() ? lse->data_ptr<float>() : nullptr;
 
-  TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), op, ": group size * max_q_len must fit in int32");
+  // Rows of a sequence (group x queries, plus a tile's worth) are int32 in the kernels.
+  TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31) - 1024, op,
+                  ": group size * max_q_len must fit in int32");
   // On max_q_len, not on the packed rows (group x max_q_len): the crossover
   // below was measured in blocks, and packing keeps the block count.
   const bool large = use_large_prefill_tile(max_q_len, s.head_dim);
