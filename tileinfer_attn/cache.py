@@ -279,6 +279,13 @@ class PagedKVCache:
             if n < 0:
                 raise ValueError(f"prepare_step: query count of sequence {s} is {n}")
         if append:
+            # Every check before the first append: a sequence past max_pages_per_seq
+            # must not leave the ones before it extended (all or nothing).
+            for s, n in zip(seqs, query_lens):
+                total = self._pages_for(self._lens[s] + n)
+                if total > self.max_pages_per_seq:
+                    raise CacheFullError(f"PagedKVCache.prepare_step: sequence {s} would need {total} pages, more "
+                                         f"than max_pages_per_seq = {self.max_pages_per_seq}")
             need = sum(self._new_pages(s, n) for s, n in zip(seqs, query_lens))
             if need > len(self._free_pages):
                 raise CacheFullError(f"PagedKVCache.prepare_step: out of pages (needs {need}, "
