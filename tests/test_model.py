@@ -107,3 +107,18 @@ def test_compile_fullgraph_no_breaks(device):
         for _ in range(3):  # the first calls warm up and record, later ones replay
             out = graphs(ids, ours.kv_caches, meta)
         assert float((out - eager).abs().max()) < 1e-2 * float(eager.abs().max())
+
+
+@pytest.mark.parametrize("backend", ["tileinfer", "reference"])
+def test_attention_layer_step_without_tokens(backend):
+    """A step with no token (every slot idle) gives an empty [0, heads * head_dim] output."""
+    from tileinfer_attn.layer import PagedAttention
+    from tileinfer_attn.metadata import AttentionMetadata
+    layer = PagedAttention(4, 2, 64, backend=backend)
+    k_cache = torch.zeros(3, 2, 16, 64)
+    v_cache = torch.zeros_like(k_cache)
+    md = AttentionMetadata.build([[0], [1]], [5, 3], [0, 0], "cpu")
+    q = torch.empty(0, 4 * 64)
+    kv = torch.empty(0, 2 * 64)
+    out = layer(q, kv, kv, (k_cache, v_cache), md)
+    assert out.shape == (0, 4 * 64)

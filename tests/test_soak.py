@@ -51,8 +51,9 @@ restarted; when a sequence finishes, the logits of its last committed token
 are compared with one prefill of its committed history on a fresh runner.
 PagedRunner gives each slot a fixed set of pages and always sends slots in
 order, so fork / free / out-of-pages and random cu_seqlens order are the
-cache soak's part. Steps with no token at all are skipped: PagedAttention
-cannot run a 0-token batch (``out.view(0, -1)`` raises), which no engine sends.
+cache soak's part. Steps with no token at all are skipped here (no engine
+sends one to a model); the attention layer's 0-token step is tested in
+tests/test_model.py.
 
 CUDA graphs: the runner captures only whole-batch decode steps
 (``PagedRunner.capture_decode``: one token per slot, max_q_len 1, unused slots

@@ -76,7 +76,8 @@ class PagedAttention(nn.Module):
         k_scale, v_scale, k_smooth = (tuple(kv_cache[2:]) + (None, None, None))[:3]
         m = metadata
         if self.backend == "reference":
-            return self._reference(q, k, v, k_cache, v_cache, k_scale, v_scale, k_smooth, m).view(t, -1)
+            return self._reference(q, k, v, k_cache, v_cache, k_scale, v_scale, k_smooth, m).reshape(
+                t, self.num_heads * self.head_dim)
         ops = torch.ops.tileinfer_attn
         if self.cos_sin_cache is not None or self.q_norm is not None:
             if self.cos_sin_cache is None:
@@ -92,7 +93,7 @@ class PagedAttention(nn.Module):
         out = torch.empty(t, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         ops.attention(out, q, k_cache, v_cache, m.block_tables, m.seq_lens, m.cu_seqlens_q, m.max_q_len,
                       self.scale, m.causal, k_scale, v_scale, k_smooth)
-        return out.view(t, -1)
+        return out.view(t, self.num_heads * self.head_dim)  # explicit: -1 is ambiguous for t = 0
 
     def _reference(self, q, k, v, k_cache, v_cache, k_scale, v_scale, k_smooth, m):
         """The same step in eager PyTorch (tileinfer_attn.reference)."""
