@@ -453,9 +453,9 @@ def load_reference():
     mod, _ = load_tileinfer()
     if mod is not None:
         return importlib.import_module("tileinfer_attn.reference")
-    spec = importlib.util.spec_from_file_location("_tileinfer_reference", ROOT / "tileinfer_attn" / "reference.py")
-    ref = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ref)
+    module_spec = importlib.util.spec_from_file_location("_tileinfer_reference", ROOT / "tileinfer_attn" / "reference.py")
+    ref = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(ref)
     return ref
 
 
@@ -502,21 +502,21 @@ def save(name: str, payload: dict, args: argparse.Namespace) -> Path:
     return path
 
 
-def fmt(x, spec: str = ".1f", none: str = "-") -> str:
-    return none if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+def fmt(x, fmt_spec: str = ".1f", none: str = "-") -> str:
+    return none if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt_spec)
 
 
 def print_table(rows: Iterable[dict], columns: Sequence[tuple], title: str = "") -> None:
-    """Plain-text table; columns are (header, key, format spec)."""
+    """Plain-text table; columns are (header, key, format string)."""
     rows = list(rows)
     cells = [[h for h, _, _ in columns]]
     for r in rows:
-        cells.append([fmt(r.get(k), spec) if spec else str(r.get(k, "-")) for _, k, spec in columns])
+        cells.append([fmt(r.get(k), fmt_spec) if fmt_spec else str(r.get(k, "-")) for _, k, fmt_spec in columns])
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     if title:
         print(title)
     for n, row in enumerate(cells):
-        # Text columns (no format spec) left-aligned, numbers right-aligned.
+        # Text columns (no format string) left-aligned, numbers right-aligned.
         print("  " + "  ".join(c.ljust(w) if not n or not columns[i][2] else c.rjust(w)
                                for i, (c, w) in enumerate(zip(row, widths, strict=True))))
         if n == 0:

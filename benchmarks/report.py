@@ -39,8 +39,8 @@ PEER_COLUMNS = (("sdpa cudnn (contiguous)", "cuDNN SDPA"), ("sdpa flash (contigu
 SHORT = dict(PEER_COLUMNS + (("gather+sdpa flash", "gather + flash SDPA"), ("eager reference", "eager")))
 
 
-def f(x, spec: str = ".0f") -> str:
-    return "-" if x is None else format(x, spec)
+def f(x, fmt_spec: str = ".0f") -> str:
+    return "-" if x is None else format(x, fmt_spec)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list:

@@ -6,7 +6,7 @@ this module a second time in a virtual environment that has vLLM (.ci/run).
 The batches are built as vLLM's ``CommonAttentionMetadata`` (decode, prefill,
 chunked prefill mixed with decodes, speculative-decoding verify steps, a
 batch padded for a CUDA graph), the layer's KV cache is allocated through
-vLLM's own spec / layout / view code, and our builder and impl run on it. The
+vLLM's own attn_spec / layout / view code, and our builder and impl run on it. The
 results are compared with
 
 (a) a plain paged-attention formula written here over vLLM's cache and block
@@ -79,10 +79,10 @@ def layer_caches(num_blocks, num_kv_heads, block_size, head_size, dtype, device,
     does for the layout (layer-outermost: each layer a contiguous region;
     block-outermost: a block holds every layer's page), then allocate_kv_cache
     (one int8 backing buffer, create_kv_cache_views per layer; kernel blocks
-    when kernel_block_size is given). Returns (spec, raw buffer, views)."""
-    spec = customize_attention_spec(Backend, FullAttentionSpec(
+    when kernel_block_size is given). Returns (attn_spec, raw buffer, views)."""
+    attn_spec = customize_attention_spec(Backend, FullAttentionSpec(
         block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype))
-    page = spec.page_size_bytes
+    page = attn_spec.page_size_bytes
     if layout.is_layer_compact:
         layer_stride, block_stride = page * num_blocks, page
     else:
@@ -91,11 +91,11 @@ def layer_caches(num_blocks, num_kv_heads, block_size, head_size, dtype, device,
     tensor = KVCacheTensor(size=page * num_blocks * num_layers, layers=names, layer_stride=layer_stride,
                            block_stride=block_stride)
     config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
-                           kv_cache_groups=[KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec)])
+                           kv_cache_groups=[KVCacheGroupSpec(layer_names=names, kv_cache_spec=attn_spec)])
     caches = allocate_kv_cache(config, torch.device(device), layout,
                                None if kernel_block_size is None else [kernel_block_size])
     views = [caches[n] for n in names]
-    return spec, views[0].untyped_storage(), views
+    return attn_spec, views[0].untyped_storage(), views
 
 
 def vllm_config(max_num_seqs=MAX_NUM_SEQS):
@@ -226,12 +226,12 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 def run_step(batch_name, shape, dtype, device, seed, num_layers=1):
     num_heads, num_kv_heads, head_size, block_size = shape
     gen = torch.Generator().manual_seed(seed)
-    spec, raw, views = layer_caches(64, num_kv_heads, block_size, head_size, dtype, device, num_layers=num_layers)
+    attn_spec, raw, views = layer_caches(64, num_kv_heads, block_size, head_size, dtype, device, num_layers=num_layers)
     kv_cache = views[-1]
     batch = Batch(BATCHES[batch_name], kv_cache, num_heads, num_kv_heads, head_size, block_size, dtype, device,
                   gen, pad=PADS.get(batch_name, 0))
     before = kv_cache.clone()
-    builder = Builder(spec, ["layer.0"], vllm_config(), torch.device(device), block_table_width=64)
+    builder = Builder(attn_spec, ["layer.0"], vllm_config(), torch.device(device), block_table_width=64)
     md = builder.build(0, batch.cm)
     scale = head_size ** -0.5
     impl = Impl(num_heads, head_size, scale, num_kv_heads, None, None, "auto", None, AttentionType.DECODER, None)
@@ -281,12 +281,12 @@ def test_kv_sharing_layer_does_not_write(seed):
     writes nothing; it attends to what is there."""
     num_heads, num_kv_heads, head_size, block_size = SHAPES[0]
     gen = torch.Generator().manual_seed(seed)
-    spec, _, (kv_cache,) = layer_caches(64, num_kv_heads, block_size, head_size, torch.float32, "cpu")
+    attn_spec, _, (kv_cache,) = layer_caches(64, num_kv_heads, block_size, head_size, torch.float32, "cpu")
     batch = Batch(BATCHES["decode"], kv_cache, num_heads, num_kv_heads, head_size, block_size, torch.float32,
                   "cpu", gen)
     write_through_slot_mapping(kv_cache, batch.k, batch.v, batch.cm.slot_mapping, num_kv_heads)
     before = kv_cache.clone()
-    md = Builder(spec, ["l"], vllm_config(), torch.device("cpu"), block_table_width=64).build(0, batch.cm)
+    md = Builder(attn_spec, ["l"], vllm_config(), torch.device("cpu"), block_table_width=64).build(0, batch.cm)
     impl = Impl(num_heads, head_size, head_size ** -0.5, num_kv_heads, None, None, "auto", None,
                 AttentionType.DECODER, "model.layers.0.self_attn.attn")
     out = torch.empty(batch.num_tokens, num_heads, head_size)
@@ -307,17 +307,17 @@ def test_profiling_run_without_metadata():
 @pytest.mark.parametrize("num_kv_heads,block_size,head_size,dtype",
                          [(2, 16, 64, torch.bfloat16), (1, 64, 128, torch.float16), (8, 128, 256, torch.float32)])
 def test_kv_cache_layout_is_our_pools(num_kv_heads, block_size, head_size, dtype):
-    """The spec we publish keeps vLLM's page size; vLLM resolves the layout we ask
+    """The attn_spec we publish keeps vLLM's page size; vLLM resolves the layout we ask
     for; the layer's cache is a dense [num_blocks, 2 * num_kv_heads, block_size,
     head_size] tensor and our k_cache / v_cache are contiguous views of its
     storage (no copy), page 2b = block b's keys / values."""
     default = FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype)
-    spec = customize_attention_spec(Backend, default)
-    assert spec.num_head_slots == 2 * num_kv_heads and spec.num_heads == 2 * num_kv_heads
-    assert spec.state_content_bytes == head_size * dtype.itemsize
-    assert spec.page_size_bytes == default.page_size_bytes
-    assert Backend.customize_spec(spec) == spec  # idempotent
-    assert spec.block_stride_alignment == MultipleOf(max(torch.ops.tileinfer_attn.supported("page_sizes")))
+    attn_spec = customize_attention_spec(Backend, default)
+    assert attn_spec.num_head_slots == 2 * num_kv_heads and attn_spec.num_heads == 2 * num_kv_heads
+    assert attn_spec.state_content_bytes == head_size * dtype.itemsize
+    assert attn_spec.page_size_bytes == default.page_size_bytes
+    assert Backend.customize_spec(attn_spec) == attn_spec  # idempotent
+    assert attn_spec.block_stride_alignment == MultipleOf(max(torch.ops.tileinfer_attn.supported("page_sizes")))
     assert get_supported_kv_cache_layouts([Backend]) == [KVCacheLayout.LBHNC]
 
     num_blocks = 5
@@ -345,11 +345,11 @@ def test_kernel_blocks_of_a_larger_vllm_block(seed):
     by vLLM into kernel blocks of 128: the layer cache is then in kernel blocks,
     still one dense tensor, and a step over a kernel-block table is correct."""
     assert Backend.supports_block_size(256) and not Backend.supports_block_size(8)
-    spec, _, (kv_cache,) = layer_caches(8, 2, 256, 64, torch.bfloat16, "cpu", kernel_block_size=128)
+    attn_spec, _, (kv_cache,) = layer_caches(8, 2, 256, 64, torch.bfloat16, "cpu", kernel_block_size=128)
     assert kv_cache.shape == (16, 4, 128, 64) and kv_cache.is_contiguous()
     gen = torch.Generator().manual_seed(seed)
     batch = Batch([(300, 1), (17, 20), (129, 4)], kv_cache, 8, 2, 64, 128, torch.bfloat16, "cpu", gen)
-    kernel_spec = spec.copy_with_new_block_size(128)  # what vLLM hands the builder then
+    kernel_spec = attn_spec.copy_with_new_block_size(128)  # what vLLM hands the builder then
     md = Builder(kernel_spec, ["l"], vllm_config(), torch.device("cpu"), block_table_width=16).build(0, batch.cm)
     out = torch.empty(batch.num_tokens, 8, 64, dtype=torch.bfloat16)
     Impl(8, 64, 0.125, 2).forward(None, batch.q, batch.k, batch.v, kv_cache, md, output=out)
@@ -374,8 +374,8 @@ def test_builder_page_table_is_persistent(seed):
     assert Builder.get_cudagraph_support(None, None) == AttentionCGSupport.UNIFORM_BATCH
     assert Builder.reorder_batch_threshold is None and Builder.requires_block_table_width
     gen = torch.Generator().manual_seed(seed)
-    spec, _, (kv_cache,) = layer_caches(64, 2, 16, 64, torch.bfloat16, "cpu")
-    builder = Builder(spec, ["l"], vllm_config(), torch.device("cpu"), block_table_width=8)
+    attn_spec, _, (kv_cache,) = layer_caches(64, 2, 16, 64, torch.bfloat16, "cpu")
+    builder = Builder(attn_spec, ["l"], vllm_config(), torch.device("cpu"), block_table_width=8)
     ptrs = set()
     for reqs in ([(3, 1), (20, 1)], [(40, 1), (1, 1)]):
         batch = Batch(reqs, kv_cache, 8, 2, 64, 16, torch.bfloat16, "cpu", gen)
@@ -454,9 +454,9 @@ def test_impl_refuses_by_name(kwargs, feature):
 
 def test_builder_refuses_non_causal_and_fused_output_quant(seed):
     gen = torch.Generator().manual_seed(seed)
-    spec, _, (kv_cache,) = layer_caches(16, 2, 16, 64, torch.bfloat16, "cpu")
+    attn_spec, _, (kv_cache,) = layer_caches(16, 2, 16, 64, torch.bfloat16, "cpu")
     batch = Batch([(3, 2)], kv_cache, 8, 2, 64, 16, torch.bfloat16, "cpu", gen)
-    builder = Builder(spec, ["l"], vllm_config(), torch.device("cpu"), block_table_width=8)
+    builder = Builder(attn_spec, ["l"], vllm_config(), torch.device("cpu"), block_table_width=8)
     for causal in (False, torch.tensor([True])):
         with pytest.raises(NotImplementedError, match="non-causal"):
             builder.build(0, batch.cm.replace(causal=causal))

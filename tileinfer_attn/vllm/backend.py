@@ -185,21 +185,21 @@ class TileinferAttentionBackend(AttentionBackend):
         return list(_HEAD_SIZES)
 
     @classmethod
-    def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
+    def customize_spec(cls, attn_spec: AttentionSpec) -> AttentionSpec:
         """K and V as ``2 * num_kv_heads`` head slots of ``head_size`` elements
         (keys first), so that a block is ``[K page][V page]`` in our HND page
-        format (module docstring). A spec another component packed already
-        (``state_content_bytes`` set) and quantized specs (refused by the impl)
+        format (module docstring). A attn_spec another component packed already
+        (``state_content_bytes`` set) and quantized attention specs (refused by the impl)
         are returned unchanged."""
-        if spec.state_content_bytes is not None or spec.kv_quant_mode != KVQuantMode.NONE:
-            return spec
-        if spec.head_size_v != spec.head_size:
+        if attn_spec.state_content_bytes is not None or attn_spec.kv_quant_mode != KVQuantMode.NONE:
+            return attn_spec
+        if attn_spec.head_size_v != attn_spec.head_size:
             _refuse("different key and value head sizes",
-                    f"head_size {spec.head_size}, head_size_v {spec.head_size_v}")
+                    f"head_size {attn_spec.head_size}, head_size_v {attn_spec.head_size_v}")
         return replace(
-            spec,
-            num_head_slots=2 * spec.num_kv_heads,
-            state_content_bytes=spec.head_size * get_dtype_size(spec.dtype),
+            attn_spec,
+            num_head_slots=2 * attn_spec.num_kv_heads,
+            state_content_bytes=attn_spec.head_size * get_dtype_size(attn_spec.dtype),
         )
 
     @classmethod
@@ -275,7 +275,7 @@ class TileinferAttentionMetadataBuilder(AttentionMetadataBuilder[TileinferAttent
     CUDA graphs: ``UNIFORM_BATCH``. The ops read positions, lengths and page ids
     on the device and size their grids from shapes and ``max_q_len`` only, so a
     graph captured for a batch of ``n`` requests with the same query length
-    (decodes, or spec-decode verify steps of ``1 + k`` tokens) replays for any
+    (decodes, or speculative-decoding verify steps of ``1 + k`` tokens) replays for any
     lengths. The doubled block table lives in a buffer allocated once (the
     same storage every step), so a captured graph reads the current step's.
     Not ``ALWAYS``: mixed prefill + decode steps in one graph have not been
