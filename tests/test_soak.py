@@ -1,4 +1,4 @@
-"""Serving soak (issue 24): seeded random schedules of a few thousand steps, as
+"""Serving soak: seeded random schedules of a few thousand steps, as
 a serving engine sends them, over PagedKVCache (4 configurations x 500 steps)
 and over the model runner (2 x 200 steps). Each case also asserts that its
 schedule reached what it is meant to exercise (refusals, forks, mixed steps,
