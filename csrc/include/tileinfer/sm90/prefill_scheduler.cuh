@@ -1,9 +1,14 @@
 // Persistent tile scheduler of the Hopper prefill kernel: a grid of at most
-// one block per SM walks the work items (row tile, sequence, KV head) with a
-// stride of the grid size. Items are numbered heaviest first: the last row
-// tiles (the latest queries, which see the most keys under causal masking)
-// of every sequence and head come first, so the short items fill the end of
-// the launch. Row tiles past a sequence's queries are inactive and cost one
+// one block per SM walks the work items (row tile, sequence, KV head) in
+// rounds of one item per block. Items are numbered heaviest first: the last
+// row tiles (the latest queries, which see the most keys under causal
+// masking) of every sequence and head come first, so the short items fill the
+// end of the launch. The rounds alternate direction (block b takes item b of
+// even rounds and item G - 1 - b of odd ones, G blocks): under causal masking
+// a block that took one of the heaviest items of a round takes one of the
+// lightest of the next, which evens out the blocks' sums of key tiles (with
+// the same direction every round, block 0 would take the heaviest item of
+// every round). Row tiles past a sequence's queries are inactive and cost one
 // metadata read. The order is a function of shapes only; positions are read
 // on the device when an item is made.
 #pragma once
@@ -23,7 +28,11 @@ struct PrefillScheduler {
         per_row_tile(p.a.kv.num_seqs * p.a.kv.num_kv_heads) {}
 
   __device__ int first() const { return blockIdx.x; }
-  __device__ int next(int item) const { return item + gridDim.x; }
+  // The next round's item of this block; once one is past the end, so are all later ones.
+  __device__ int next(int item) const {
+    const int round = item / gridDim.x + 1;
+    return round * gridDim.x + (round % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x);
+  }
   __device__ bool valid(int item) const { return item < num_items; }
 
   template <int kBlockM>
