@@ -22,13 +22,11 @@
 
 namespace tileinfer {
 
-// Decode packs group_size * max_q_len query rows of one KV head into a tile;
-// beyond 16 queries per sequence, or for a group size that is not a power of
-// two, the prefill kernel is the better (and the supported) path.
-bool use_decode_path(int64_t max_q_len, int64_t group_size) {
-  const bool pow2 = group_size > 0 && (group_size & (group_size - 1)) == 0;
-  return max_q_len >= 1 && max_q_len <= kMaxDecodeQueries && pow2 && group_size <= 16;
-}
+// Decode packs group_size * max_q_len query rows of one KV head into a tile
+// (any group: 7 heads of one query fill 7 of a 16-row tile, 32 heads take the
+// larger tile); beyond 16 queries per sequence the prefill kernel is the
+// better (and the supported) path.
+bool use_decode_path(int64_t max_q_len) { return max_q_len >= 1 && max_q_len <= kMaxDecodeQueries; }
 
 int64_t sm_count(const at::Device& device) {
 #ifdef TILEINFER_WITH_CUDA
@@ -78,10 +76,9 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
   check_token_tensor(op, "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
-  const int64_t group = q.size(1) / s.num_kv_heads;
   const bool on_cuda = q.is_cuda();
 
-  if (use_decode_path(max_q_len, group)) {
+  if (use_decode_path(max_q_len)) {
     const int64_t splits = decode_num_splits(q.device(), s.num_seqs, s.num_kv_heads);
 #ifdef TILEINFER_WITH_CUDA
     if (splits == 1 && on_cuda) {  // nothing to merge: no partials, no combine launch

@@ -101,7 +101,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
 int64_t sm_count(const at::Device& device);
 
 // The dispatcher's rule, exposed for tests and benchmarks.
-bool use_decode_path(int64_t max_q_len, int64_t group_size);
+bool use_decode_path(int64_t max_q_len);
 int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads);
 // The op decode_num_splits: the same rule (tileinfer/decode_splits.h) for a
 // device of num_sms multiprocessors (<= 0: the CPU path), so that Python uses

@@ -78,7 +78,8 @@ def run_input_ops(p):
 def clean_cases():
     """bf16 at every head dim (with its own page size), fp32 (a separate CUDA-core
     kernel) and int8 caches at two; per shape: decode steps, verify-sized steps and full prompts,
-    alternating a power-of-two group (decode path) and a group of 3 (prefill path)."""
+    alternating groups of 4 and 3 (the decode path for both, and the prefill path for
+    the full prompts)."""
     seed = 0
     for dtype, head_dim, page, int8 in ((torch.bfloat16, 64, 16, False), (torch.bfloat16, 128, 64, False),
                                         (torch.bfloat16, 256, 128, False), (torch.float32, 128, 32, False),

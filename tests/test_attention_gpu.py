@@ -141,11 +141,12 @@ def test_decode_combine(dtype, head_dim, page, seed):
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("group", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 7, 8, 16, 32])
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 16])
 def test_decode_steps(n, group, causal, seed):
-    """Steps of n queries per sequence (decode, speculative verify) for every
-    power-of-two group size, causal within the step or not."""
+    """Steps of n queries per sequence (decode, speculative verify) for groups of
+    every power of two up to 32 (MQA of 32 heads: the larger row tile), 3, 5 and
+    7 (Qwen2.5's 40/8 and 28/4), causal within the step or not."""
     need("decode", "combine")
     p = make_problem([n, 70, 300], [n] * 3, 2 * group, 2, 128, 64, device=DEV, seed=seed)
     po, pl = run_decode(p, causal, 8 if n > 8 else 16)
@@ -347,11 +348,11 @@ def test_combine_rejects_bad_arguments():
 
 # ------------------------------------------------------------------ attention dispatcher
 @pytest.mark.parametrize("max_q_len", [1, 4, 16, 17, 64])
-@pytest.mark.parametrize("group", [1, 3, 4, 6, 8])
+@pytest.mark.parametrize("group", [1, 3, 4, 6, 7, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_attention(dtype, group, max_q_len, seed):
-    """The dispatcher: decode + combine for <= 16 queries and a power-of-two
-    group, prefill otherwise (groups 3 and 6 always); same answer either way."""
+    """The dispatcher: decode + combine for <= 16 queries (any group), prefill
+    otherwise; same answer either way."""
     need_path("attention")
     n = max_q_len
     p = make_problem([n, n + 50, 64 + n, 900], [n, max(1, n // 2), n, 1], 2 * group, 2, 128, 64, dtype=dtype,

@@ -149,7 +149,7 @@ def test_combine_merges_prefill_over_disjoint_page_ranges():
                                      (64, (8, 2))])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_dispatch_matches_exact(n, heads, dtype):
-    """The attention op: decode + combine (1-16 queries, power-of-two group) or prefill."""
+    """The attention op: decode + combine (1-16 queries, any group) or prefill."""
     hq, hkv = heads
     lens = [n + 90, n, n + 31, n + 200]
     p = make_problem(lens, [n] * 4, hq, hkv, 128, 32, dtype=dtype, seed=n)

@@ -432,8 +432,8 @@ class CacheSoak:
                 start += q.length
 
 
-# (dtype, query heads, KV heads, seed, steps): groups 4 (decode path for <= 16
-# queries) and 3 (not a power of two: every step on the prefill kernel).
+# (dtype, query heads, KV heads, seed, steps): groups 4 and 3 (the decode path
+# for <= 16 queries either way; 3 rows of a 16-row tile).
 CACHE_CASES = [
     pytest.param(torch.float32, 8, 2, 1, 500, id="fp32-8q2kv"),
     pytest.param(torch.bfloat16, 8, 2, 2, 500, id="bf16-8q2kv"),

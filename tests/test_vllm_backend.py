@@ -218,7 +218,7 @@ PADS = {"decode_padded": 3}
 SHAPES = [  # (num_heads, num_kv_heads, head_size, block_size)
     (8, 2, 64, 16),
     (4, 4, 128, 64),
-    (6, 2, 256, 32),  # a group of 3: attention's prefill path for every batch
+    (6, 2, 256, 32),  # a group of 3 (the decode path packs 3 of a tile's 16 rows)
 ]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
