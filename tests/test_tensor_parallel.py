@@ -137,8 +137,10 @@ def worker(rank: int, backend: str, init_file: str, out_dir: str, dtypes, graph:
     else:
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
+    # device_id binds an NCCL group to this rank's GPU (barrier then knows where to run).
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=120))
+                            timeout=datetime.timedelta(seconds=120),
+                            device_id=device if device.type == "cuda" else None)
     try:
         for dtype in dtypes:
             shard = shard_qwen3(full_model(dtype, device), rank, WORLD)
