@@ -5,7 +5,8 @@ the same inputs (where is the crossover?).
 
 Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, bf16,
 page 64); batch x context (1,1k) (1,4k) (1,32k) (8,32k) (32,4k) (128,2k); a
-Llama-3-8B-like batch (same head counts, 16 x 8k); head dims 64 and 256.
+Llama-3-8B-like batch (same head counts, 16 x 8k); head dims 64 and 256; groups
+of 7 and 5 (28/4, 40/8) and MQA (32/1).
 Decode must read k and v of every position once: GB/s of those bytes against
 the copy bandwidth measured in this run. Small launches are timed as CUDA-graph
 replays (how serving engines run decode), each of ours and of the peers that
@@ -46,8 +47,16 @@ CASES = [
     ("llama3-8b 16x8k", 16, 8192, LLAMA3_8B),
     ("d64 32x4k", 32, 4096, dict(hq=32, hkv=8, d=64)),
     ("d256 32x4k", 32, 4096, dict(hq=32, hkv=8, d=256)),
+    # Groups that are not powers of two (Qwen2.5-7B 28/4, Qwen2.5-14B 40/8) and MQA.
+    ("28/4 32x4k", 32, 4096, dict(hq=28, hkv=4, d=128)),
+    ("28/4 1x32k", 1, 32768, dict(hq=28, hkv=4, d=128)),
+    ("40/8 32x4k", 32, 4096, dict(hq=40, hkv=8, d=128)),
+    ("40/8 1x32k", 1, 32768, dict(hq=40, hkv=8, d=128)),
+    ("MQA 32/1 1x4k", 1, 4096, dict(hq=32, hkv=1, d=128)),
+    ("MQA 32/1 1x32k", 1, 32768, dict(hq=32, hkv=1, d=128)),
 ]
-QUICK = {"1x1k", "1x32k", "8x32k", "32x4k", "128x2k", "d64 32x4k", "d256 32x4k"}
+QUICK = {"1x1k", "1x32k", "8x32k", "32x4k", "128x2k", "d64 32x4k", "d256 32x4k", "28/4 32x4k", "28/4 1x32k",
+         "40/8 32x4k", "40/8 1x32k", "MQA 32/1 1x4k", "MQA 32/1 1x32k"}
 EAGER_MAX_POSITIONS = 4096  # batch x context; the eager reference loops in Python
 
 VERIFY_N = [2, 4, 8, 16]
