@@ -75,9 +75,10 @@ def serve(model: Qwen3Model, device, graph: bool = False) -> dict:
         return torch.randint(0, cfg.vocab_size, (sum(counts),), generator=g).to(device)
 
     def record(md, logits):
-        result["logits"].append(logits.cpu())
-        result["block_tables"].append(md.block_tables.cpu())
-        result["seq_lens"].append(md.seq_lens.cpu())
+        # Copies: on the CPU .cpu() would return the cache's static step buffers themselves.
+        result["logits"].append(logits.to("cpu", copy=True))
+        result["block_tables"].append(md.block_tables.to("cpu", copy=True))
+        result["seq_lens"].append(md.seq_lens.to("cpu", copy=True))
 
     def step(seqs, counts, causal=True):
         md = cache.prepare_step(seqs, counts, causal=causal)
@@ -97,7 +98,7 @@ def serve(model: Qwen3Model, device, graph: bool = False) -> dict:
     e = cache.add()
     step([e, a, d], [20, 1, 1])  # a prompt chunk beside decodes: the prefill path
     step([a, e], [8, 8], causal=False)
-    result["k_pools"], result["v_pools"] = cache.k_pools.cpu(), cache.v_pools.cpu()
+    result["k_pools"], result["v_pools"] = cache.k_pools.to("cpu", copy=True), cache.v_pools.to("cpu", copy=True)
     return result
 
 
