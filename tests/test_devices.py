@@ -295,6 +295,8 @@ def test_two_threads_two_caches(devices):
         try:
             start.wait(timeout=60)
             results[i] = drive(device)
+            if device.startswith("cuda"):
+                assert torch.cuda.current_device() == 0, "the ops left another device current"
         except BaseException as e:  # reported below, in the test's thread
             errors.append((device, e))
 
