@@ -1,6 +1,7 @@
-// The attention op: picks decode + combine or prefill from shapes alone, so a
-// captured CUDA graph takes the same path on every step, and runs them under its
-// own name (errors raised inside name `attention`). The same code serves CPU
+// The attention op: picks decode + combine, or for a step with longer
+// sequences decode for its short sequences and prefill for the others, from
+// shapes alone, so a captured CUDA graph takes the same path on every step, and
+// runs them under its own name (errors raised inside name `attention`). The same code serves CPU
 // and CUDA. Also the ops that answer questions about the build: the split rule
 // (decode_num_splits) and the support table (supported, supported_dtypes).
 #include <iterator>
@@ -103,8 +104,14 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
     cpu::combine_as(op, out, std::nullopt, partial_out, partial_lse);
 #ifdef TILEINFER_WITH_CUDA
   } else if (on_cuda) {
-    cuda::prefill_as(op, out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
-                     scale, causal, k_scale, v_scale, k_smooth);
+    // A step with a sequence of more than 16 queries: decode (+ combine) for
+    // the sequences of at most 16, prefill for the others (a mixed step:
+    // attention_work.cuh); both launches skip the other's sequences.
+    const int64_t splits = decode_num_splits(q.device(), s.num_seqs, s.num_kv_heads);
+    cuda::decode_mixed(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, splits, scale, causal,
+                       k_scale, v_scale, k_smooth);
+    cuda::prefill_long_sequences(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
+                                 causal, k_scale, v_scale, k_smooth);
 #endif
   } else {
     cpu::prefill_as(op, out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,

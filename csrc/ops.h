@@ -87,6 +87,23 @@ void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor&
                          double scale, bool causal, const std::optional<at::Tensor>& k_scale,
                          const std::optional<at::Tensor>& v_scale,
                          const std::optional<at::Tensor>& k_smooth);
+// A mixed step (attention_work.cuh, "Mixed steps"; max_q_len > 16): the
+// decode kernel over the sequences of at most kMaxDecodeQueries queries,
+// writing their rows of out itself (splits == 1) or through slot partials and
+// combine_slots; prefill_long_sequences then runs the prefill kernel over the
+// other sequences. Checked by the caller.
+void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
+                  const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                  const at::Tensor& cu_seqlens_q, int64_t splits, double scale, bool causal,
+                  const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                  const std::optional<at::Tensor>& k_smooth);
+void combine_slots(at::Tensor& out, const at::Tensor& partial_out, const at::Tensor& partial_lse,
+                   const at::Tensor& cu_seqlens_q, int64_t num_tokens, int64_t mixed_queries);
+void prefill_long_sequences(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                            const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
+                            const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                            const std::optional<at::Tensor>& k_smooth);
 }  // namespace cuda
 
 // attention: decode + combine or prefill, chosen from shapes only (same choice

@@ -66,6 +66,32 @@ void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>
   });
 }
 
+void combine_slots(at::Tensor& out, const at::Tensor& partial_out, const at::Tensor& partial_lse,
+                   const at::Tensor& cu_seqlens_q, int64_t num_tokens, int64_t mixed_queries) {
+  const c10::cuda::CUDAGuard guard(partial_out.device());
+  AttentionParams p{};
+  p.out = out.data_ptr();
+  p.o_stride_token = out.stride(0);
+  p.o_stride_head = out.stride(1);
+  p.partial_out = const_cast<float*>(partial_out.const_data_ptr<float>());
+  p.partial_lse = const_cast<float*>(partial_lse.const_data_ptr<float>());
+  p.num_splits = static_cast<int>(partial_out.size(0));
+  p.num_tokens = static_cast<int>(num_tokens);
+  p.num_q_heads = static_cast<int>(partial_out.size(2));
+  p.kv.head_dim = static_cast<int>(partial_out.size(3));
+  p.kv.cu_seqlens_q = cu_seqlens_q.const_data_ptr<int32_t>();
+  p.kv.num_seqs = static_cast<int>(cu_seqlens_q.size(0) - 1);
+  p.mixed_queries = static_cast<int>(mixed_queries);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool programmatic = programmatic_launch(partial_out.get_device());
+  TILEINFER_DISPATCH_FLOAT(out.scalar_type(), "attention", [&] {
+    TILEINFER_DISPATCH_HEAD_DIM(p.kv.head_dim, "attention", [&] {
+      const cudaError_t err = launch_combine<scalar_t, HEAD_DIM>(p, stream, programmatic);  // (commas: not in the macro)
+      C10_CUDA_CHECK(err);
+    });
+  });
+}
+
 void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,
              const at::Tensor& partial_lse) {
   combine_as("combine", out, lse, partial_out, partial_lse);

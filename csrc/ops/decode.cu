@@ -121,6 +121,40 @@ void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor&
   if (!target.is_same(out)) out.copy_(target);
 }
 
+void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
+                  const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                  const at::Tensor& cu_seqlens_q, int64_t splits, double scale, bool causal,
+                  const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                  const std::optional<at::Tensor>& k_smooth) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  // The grid, and the slots, are sized for kMaxDecodeQueries queries a sequence.
+  AttentionParams p = make_attention_params("attention", s, q, k_cache, v_cache, block_tables, seq_lens,
+                                            cu_seqlens_q, kMaxDecodeQueries, scale, causal, k_scale, v_scale,
+                                            k_smooth);
+  if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0) return;
+  p.mixed_queries = static_cast<int>(kMaxDecodeQueries);
+  if (splits == 1) {  // the blocks write their rows of out (through an aligned copy if need be)
+    at::Tensor target = rows_aligned16(out) ? out : out.contiguous();
+    p.out = target.data_ptr();
+    p.o_stride_token = target.stride(0);
+    p.o_stride_head = target.stride(1);
+    launch_decode("attention", p, s, q, kMaxDecodeQueries);
+    if (!target.is_same(out)) out.copy_(target);
+    return;
+  }
+  const int64_t slots = s.num_seqs * kMaxDecodeQueries;
+  const auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor partial_out = at::empty({splits, slots, q.size(1), s.head_dim}, f32);
+  at::Tensor partial_lse = at::empty({splits, slots, q.size(1)}, f32);
+  TILEINFER_CHECK(partial_out.numel() < (int64_t(1) << 62) && slots * q.size(1) < (int64_t(1) << 31), "attention",
+                  ": too many sequences for the decode partials of a mixed step");
+  p.partial_out = partial_out.data_ptr<float>();
+  p.partial_lse = partial_lse.data_ptr<float>();
+  p.num_splits = static_cast<int>(splits);
+  launch_decode("attention", p, s, q, kMaxDecodeQueries);
+  combine_slots(out, partial_out, partial_lse, cu_seqlens_q, q.size(0), kMaxDecodeQueries);
+}
+
 }  // namespace tileinfer::cuda
 
 TORCH_LIBRARY_IMPL(tileinfer_attn, CUDA, m) { m.impl("decode", &tileinfer::cuda::decode); }

@@ -120,13 +120,13 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   C10_CUDA_CHECK(launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.a.programmatic, p));
 }
 
-}  // namespace
-
-void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
-             const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
-             const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
-             bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-             const std::optional<at::Tensor>& k_smooth) {
+// prefill_as, or (mixed_queries > 0) its part of a mixed step: the sequences
+// of more than mixed_queries queries (attention_work.cuh, "Mixed steps").
+void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
+                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+                 const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
+                 bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                 const std::optional<at::Tensor>& k_smooth, int64_t mixed_queries) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens,
                                              cu_seqlens_q, max_q_len, k_scale, v_scale, k_smooth);
   check_token_tensor(op, "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
@@ -136,6 +136,7 @@ void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
                                             k_smooth);
   if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0 || max_q_len == 0) return;
+  p.mixed_queries = static_cast<int>(mixed_queries);
 
   // Misaligned views (odd offsets or strides) go through aligned copies; rows
   // of no sequence keep their contents through the copy back.
@@ -190,6 +191,26 @@ void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>
     });
   });
   if (!target.is_same(out)) out.copy_(target);
+}
+
+}  // namespace
+
+void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
+                const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
+                bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                const std::optional<at::Tensor>& k_smooth) {
+  run_prefill(op, out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, causal,
+              k_scale, v_scale, k_smooth, 0);
+}
+
+void prefill_long_sequences(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                            const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
+                            const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                            const std::optional<at::Tensor>& k_smooth) {
+  run_prefill("attention", out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
+              scale, causal, k_scale, v_scale, k_smooth, kMaxDecodeQueries);
 }
 
 void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,

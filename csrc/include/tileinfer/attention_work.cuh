@@ -126,6 +126,22 @@ __device__ __forceinline__ float* output_lse(const AttentionParams& p, int token
   return p.lse == nullptr ? nullptr : p.lse + static_cast<int64_t>(token) * p.num_q_heads + head;
 }
 
+// Mixed steps (p.mixed_queries = q > 0): the attention op runs a step whose
+// sequences have any query counts as decode (+ combine) over the sequences of
+// at most q queries and prefill over the others, both with grids from shapes
+// alone, so one captured graph serves every mix. Each kernel's blocks of the
+// other kernel's sequences are inactive. Decode's grid is sized for q queries,
+// its partials are indexed by (sequence, query) slots, seq * q + t, instead of
+// tokens (a step of one long prompt and a few decodes needs partials for the
+// decodes only), and no block marks padding rows: like prefill, a mixed step
+// leaves the rows of tokens that belong to no sequence untouched.
+__device__ __forceinline__ bool decode_takes(const AttentionParams& p, int q_count) {
+  return p.mixed_queries == 0 || q_count <= p.mixed_queries;
+}
+__device__ __forceinline__ int partial_rows(const AttentionParams& p) {
+  return p.mixed_queries == 0 ? p.num_tokens : p.kv.num_seqs * p.mixed_queries;
+}
+
 // Prefill: grid (num_kv_heads, num_seqs, row tiles). GQA packing: a block's
 // rows are (query, head) pairs of one KV head's group, as in decode (row rr:
 // query rr / group, head head0 + rr % group), so each K / V tile is copied (and,
@@ -178,7 +194,7 @@ struct PrefillWork {
     w.q_begin = qr.begin;
     w.q_count = qr.count;
     w.row_base = row_base;
-    w.active = w.row_base < w.q_count * w.group;
+    w.active = w.row_base < w.q_count * w.group && !(p.mixed_queries > 0 && decode_takes(p, w.q_count));
     w.key_begin = 0;
     w.key_end = w.seq_len;
     if (p.causal) {
@@ -244,7 +260,7 @@ struct DecodeWork {
     const QueryRange qr = clamp_query_range(m.q_begin, m.q_end, p.num_tokens);
     w.q_begin = qr.begin;
     w.q_count = qr.count;
-    w.active = w.row_base < w.q_count * w.group;
+    w.active = w.row_base < w.q_count * w.group && decode_takes(p, w.q_count);
 
     const int ps = p.kv.page_size;
     const int pages_per_split = ceil_div(ceil_div(w.seq_len, ps), p.num_splits);
@@ -269,7 +285,7 @@ struct DecodeWork {
   // (first: cu_seqlens_q[num_seqs], read with the rest of read_meta.)
   __device__ static bool marks_padding(const AttentionParams& p) {
     const int row_tiles = gridDim.y / p.kv.num_kv_heads;
-    return blockIdx.z == gridDim.z - 1 && blockIdx.y % row_tiles == 0;
+    return blockIdx.z == gridDim.z - 1 && blockIdx.y % row_tiles == 0 && p.mixed_queries == 0;
   }
   template <typename OutElem>
   __device__ static void mark_padding_rows(const AttentionParams& p) {
@@ -307,14 +323,20 @@ struct DecodeWork {
   // The split's fp32 partial row (writes_partials), or where lse goes.
   __device__ static float* partial_row(const AttentionParams& p, const WorkItem& w, int token, int head) {
     return p.partial_out +
-           ((static_cast<int64_t>(w.split) * p.num_tokens + token) * p.num_q_heads + head) * p.kv.head_dim;
+           ((static_cast<int64_t>(w.split) * partial_rows(p) + partial_slot(p, w, token)) * p.num_q_heads + head) *
+               p.kv.head_dim;
   }
   __device__ static float* lse_at(const AttentionParams& p, const WorkItem& w, int token, int head) {
-    return lse_at(p, w.split, token, head);
-  }
-  __device__ static float* lse_at(const AttentionParams& p, int split, int token, int head) {
     if (!writes_partials(p)) return output_lse(p, token, head);
-    return p.partial_lse + (static_cast<int64_t>(split) * p.num_tokens + token) * p.num_q_heads + head;
+    return lse_at(p, w.split, partial_slot(p, w, token), head);
+  }
+  // Row `row` of split `split`'s lse (row: a token, or a mixed step's slot).
+  __device__ static float* lse_at(const AttentionParams& p, int split, int row, int head) {
+    if (!writes_partials(p)) return output_lse(p, row, head);
+    return p.partial_lse + (static_cast<int64_t>(split) * partial_rows(p) + row) * p.num_q_heads + head;
+  }
+  __device__ static int partial_slot(const AttentionParams& p, const WorkItem& w, int token) {
+    return p.mixed_queries == 0 ? token : w.seq * p.mixed_queries + (token - w.q_begin);
   }
 };
 

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attention_work.cuh"
 #include "common.cuh"
 #include "params.h"
 
@@ -93,9 +94,10 @@ __device__ __forceinline__ void store_channels(scalar_t* dst, const float (&x)[C
   for (int i = 0; i < C; ++i) dst[i] = from_float<scalar_t>(x[i]);
 }
 
-// Grid: ceil(num_tokens * num_q_heads / kRowsPerBlock) blocks of kThreads.
-// Uses p.partial_out [num_splits, num_tokens, num_q_heads, HEAD_DIM] and
-// p.partial_lse [num_splits, num_tokens, num_q_heads] (contiguous), p.out
+// Grid: ceil(partial_rows * num_q_heads / kRowsPerBlock) blocks of kThreads.
+// Uses p.partial_out [num_splits, partial_rows, num_q_heads, HEAD_DIM] and
+// p.partial_lse [num_splits, partial_rows, num_q_heads] (contiguous; a mixed
+// step's rows are slots, attention_work.cuh, mapped back to tokens here), p.out
 // [num_tokens, num_q_heads, HEAD_DIM] (strides o_stride_token / o_stride_head)
 // and p.lse [num_tokens, num_q_heads] (contiguous) or null.
 template <typename scalar_t, int HEAD_DIM>
@@ -110,11 +112,21 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   wait_for_prior_grids();
 
   const int lane = threadIdx.x % R;  // lane within the row's group
-  const int64_t num_rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+  const int64_t num_rows = static_cast<int64_t>(partial_rows(p)) * p.num_q_heads;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * Traits::kRowsPerBlock + threadIdx.x / R;
   // Rows past the end still run the loop (reading the last row, storing
-  // nothing): the shuffles below involve every lane of the warp.
-  const bool active = row < num_rows;
+  // nothing): the shuffles below involve every lane of the warp. So do the
+  // slots of a mixed step that hold no decode query.
+  bool active = row < num_rows;
+  int64_t token = row / p.num_q_heads;  // where the row goes
+  if (p.mixed_queries > 0 && active) {
+    const int slot = static_cast<int>(token);
+    const int seq = slot / p.mixed_queries, t = slot % p.mixed_queries;
+    const QueryRange qr =
+        clamp_query_range(p.kv.cu_seqlens_q[seq], p.kv.cu_seqlens_q[seq + 1], p.num_tokens);
+    active = qr.count <= p.mixed_queries && t < qr.count;
+    token = qr.begin + t;
+  }
   const int64_t safe_row = active ? row : num_rows - 1;
   const int S = p.num_splits;
   const float* lse_in = p.partial_lse + row;                            // split s at [s * num_rows]
@@ -188,11 +200,10 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   const float inv = den > 0.f ? 1.f / den : 0.f;
 #pragma unroll
   for (int i = 0; i < C; ++i) acc[i] = den > 0.f ? acc[i] * inv : 0.f;
-  const int64_t t = row / p.num_q_heads;
   const int64_t h = row % p.num_q_heads;
-  scalar_t* dst = static_cast<scalar_t*>(p.out) + t * p.o_stride_token + h * p.o_stride_head + lane * C;
+  scalar_t* dst = static_cast<scalar_t*>(p.out) + token * p.o_stride_token + h * p.o_stride_head + lane * C;
   store_channels<scalar_t, C>(dst, acc);
-  if (p.lse != nullptr && lane == 0) p.lse[row] = den > 0.f ? run_max + logf(den) : -INFINITY;
+  if (p.lse != nullptr && lane == 0) p.lse[token * p.num_q_heads + h] = den > 0.f ? run_max + logf(den) : -INFINITY;
 }
 
 // Launches combine_kernel on `stream`; no-op for an empty output.
@@ -201,7 +212,8 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
 template <typename scalar_t, int HEAD_DIM>
 cudaError_t launch_combine(const AttentionParams& p, cudaStream_t stream, bool programmatic) {
   using Traits = CombineTraits<HEAD_DIM>;
-  const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+  const int64_t rows = static_cast<int64_t>(p.mixed_queries == 0 ? p.num_tokens : p.kv.num_seqs * p.mixed_queries) *
+                       p.num_q_heads;
   if (rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, Traits::kRowsPerBlock)));
   return launch_kernel(combine_kernel<scalar_t, HEAD_DIM>, grid, dim3(Traits::kThreads), 0, stream, programmatic, p);

@@ -28,6 +28,9 @@ struct PagedKVParams {
 
 // Prefill, decode (split partials) and combine.
 //
+// partial_rows: num_tokens, or num_seqs * mixed_queries in a mixed step
+// (row seq * mixed_queries + t: query t of sequence seq).
+//
 // Partial results (decode splits, and prefill's optional lse) use one format:
 // an output normalized by its own softmax sum plus the natural-log
 // log-sum-exp of its scaled scores. A split that saw no position writes
@@ -42,13 +45,16 @@ struct AttentionParams {
   void* out;                    // [num_tokens, num_q_heads, head_dim] (prefill, combine)
   int64_t o_stride_token, o_stride_head;
   float* lse;                   // [num_tokens, num_q_heads] natural log, or null
-  float* partial_out;           // [num_splits, num_tokens, num_q_heads, head_dim] (decode)
-  float* partial_lse;           // [num_splits, num_tokens, num_q_heads] (decode)
+  float* partial_out;           // [num_splits, partial_rows, num_q_heads, head_dim] (decode)
+  float* partial_lse;           // [num_splits, partial_rows, num_q_heads] (decode)
   int num_tokens;
   int num_q_heads;
   int group_size;               // num_q_heads / num_kv_heads
   int max_q_len;                // host upper bound of any sequence's query count
   int num_splits;
+  // 0, or a mixed step's threshold q (attention_work.cuh, "Mixed steps"):
+  // decode takes the sequences of at most q queries, prefill the others.
+  int mixed_queries;
   float scale;                  // softmax scale; kernels fold log2(e) in
   bool causal;
   bool programmatic;            // launched as a programmatic dependent launch (set by the launcher; see

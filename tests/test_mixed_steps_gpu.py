@@ -1,0 +1,130 @@
+"""Mixed steps on the GPU: `attention` over steps whose sequences have any query
+counts (decodes of 1, verifies of 2-16, prompt chunks of more) in any order
+runs decode (+ combine) for the sequences of at most 16 queries and prefill for
+the others (attention_work.cuh, "Mixed steps"). Against float64 with the
+output poisoned first, across group sizes, page sizes, dtypes and split
+counts (few sequences: partials indexed by slots and combine; many: decode
+writes the output itself); and one captured CUDA graph replayed over steps
+whose mix changes, bit for bit against eager calls."""
+import math
+
+import pytest
+import torch
+
+from op_helpers import check_out, exact_attention, need_path, run_attention
+from tileinfer_attn.testing import PagedProblem, make_problem, poison_
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+ops = torch.ops.tileinfer_attn
+DEV = "cuda"
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("group", [1, 4, 7])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_mixed_step(dtype, group, page, causal, seed):
+    """Decodes, verify steps of 16 and 17 queries (either side of the threshold),
+    a sequence with no query this step, and prompt chunks, in no particular order."""
+    need_path("attention")
+    q_lens = [1, 40, 16, 1, 0, 17, 3, 300, 1]
+    lens = [90, 40, 2 * page + 16, 1, 33, 17 + page, page - 1, 300, 5 * page]
+    p = make_problem(lens, q_lens, 2 * group, 2, 128, page, dtype=dtype, device=DEV, seed=seed)
+    out = run_attention(p, causal)
+    check_out(out, exact_attention(p, causal)[0], dtype, f"mixed step group {group}")
+
+
+@pytest.mark.parametrize("num_decodes", [3, 70])
+def test_mixed_step_split_counts(num_decodes, seed):
+    """One prompt chunk beside 3 decodes (several splits: slot partials and
+    combine) or 70 (one split: the decode kernel writes out), 8 KV heads."""
+    need_path("attention")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = ops.decode_num_splits(sms, num_decodes + 1, 8)
+    assert (splits > 1) == (num_decodes == 3)
+    lens = [500] + [64 + 37 * i for i in range(num_decodes)]
+    p = make_problem(lens, [200] + [1] * num_decodes, 32, 8, 128, 64, device=DEV, seed=seed)
+    out = run_attention(p, True)
+    check_out(out, exact_attention(p, True)[0], torch.bfloat16, f"mixed step, {splits} splits")
+
+
+def test_mixed_step_leaves_padding_rows(seed):
+    """Tokens past cu_seqlens_q[-1] (a batch captured larger than it runs) keep
+    their contents on a mixed step, as on the prefill path."""
+    need_path("attention")
+    p = make_problem([50, 80, 7], [1, 30, 2], 8, 2, 64, 16, device=DEV, seed=seed)
+    pad = 5
+    q = torch.cat([p.q, torch.randn(pad, *p.q.shape[1:], device=DEV).to(p.q.dtype)])
+    out = torch.full_like(q, 3.0)
+    ops.attention(out, q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q, p.max_q_len, p.scale,
+                  True)
+    n = p.q.shape[0]
+    check_out(out[:n], exact_attention(p, True)[0], p.q.dtype, "mixed step with padding")
+    assert (out[n:] == 3.0).all(), "padding rows were written"
+
+
+def test_mixed_steps_in_one_graph(seed):
+    """One graph captured with a token budget of 96 and 6 sequence slots
+    (max_q_len 64), replayed over steps of every kind: all decodes, all prompt
+    chunks, mixed, verify steps, slots without queries and padding tokens. Each
+    replay equals an eager call bit for bit (real rows) and float64."""
+    need_path("attention")
+    g = torch.Generator().manual_seed(seed)
+    dtype, page, d, hq, hkv, budget, slots, max_q = torch.bfloat16, 16, 128, 8, 2, 96, 6, 64
+    max_len = 400
+    max_pages = math.ceil(max_len / page)
+    num_pages = slots * max_pages + 2
+    k_pool = torch.randn(num_pages, hkv, page, d, generator=g).to(dtype).to(DEV)
+    v_pool = torch.randn(num_pages, hkv, page, d, generator=g).to(dtype).to(DEV)
+    table = torch.randperm(num_pages, generator=g)[:slots * max_pages].view(slots, max_pages).int().to(DEV)
+    q = torch.empty(budget, hq, d, dtype=dtype, device=DEV)
+    seq_lens = torch.zeros(slots, dtype=torch.int32, device=DEV)
+    cu = torch.zeros(slots + 1, dtype=torch.int32, device=DEV)
+    out = torch.empty_like(q)
+    scale = d ** -0.5
+
+    def set_step(q_lens, lens):
+        q.copy_(torch.randn(budget, hq, d, generator=g).to(dtype))
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        c = torch.zeros(slots + 1, dtype=torch.int32)
+        c[1:] = torch.tensor(q_lens).cumsum(0)
+        cu.copy_(c)
+
+    def call(o):
+        ops.attention(o, q, k_pool, v_pool, table, seq_lens, cu, max_q, scale, True)
+
+    steps = [  # (q_lens, seq_lens) per slot; token counts <= budget
+        ([1, 1, 1, 1, 1, 1], [17, 300, 1, 64, 65, 399]),        # all decodes
+        ([64, 32, 0, 0, 0, 0], [64, 100, 5, 0, 0, 0]),          # prompt chunks, empty slots, padding tokens
+        ([1, 40, 16, 1, 17, 3], [200, 40, 50, 1, 80, 333]),     # mixed, 78 tokens
+        ([16, 16, 16, 16, 16, 16], [16, 40, 100, 200, 300, 399]),  # verify steps at the threshold
+        ([1, 0, 64, 0, 2, 0], [9, 0, 128, 0, 30, 0]),
+    ]
+    set_step(*steps[0])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call(out)  # warm-up outside the capture (allocator, kernel attributes)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(out)
+
+    for i, (q_lens, lens) in enumerate(steps):
+        set_step(q_lens, lens)
+        poison_(out)
+        graph.replay()
+        eager = poison_(torch.empty_like(out))
+        call(eager)
+        n = sum(q_lens)
+        assert torch.equal(out[:n], eager[:n]), f"step {i}: graph replay differs from the eager call"
+        live = [s for s in range(slots) if q_lens[s] > 0]
+        c = torch.zeros(len(live) + 1, dtype=torch.int32)
+        c[1:] = torch.tensor([q_lens[s] for s in live]).cumsum(0)
+        sub = PagedProblem(q=q[:n], k_cache=k_pool, v_cache=v_pool, block_tables=table[live],
+                           seq_lens=seq_lens[live], cu_seqlens_q=c.to(DEV), max_q_len=max(q_lens), scale=scale)
+        check_out(out[:n], exact_attention(sub, True)[0], dtype, f"graph step {i}")
