@@ -4,7 +4,9 @@ our prefill op against its peers in the same run.
 Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, bf16,
 page 64) at prompt lengths 512 / 2k / 8k / 16k for one sequence, batches of
 4 x 2k, 8 x 512 and 16 x 1k, a mixed batch of 1 x 8k + 31 x 256 (no SDPA
-peer: it needs equal lengths), and head dims 64 and 256. FLOPs: 2 * 2 * L * L / 2 * d * Hq
+peer: it needs equal lengths), and head dims 64 and 256. Mixed steps: prompt
+chunks beside single-query decodes through the attention op, against the
+same chunks and decodes run alone and the prefill op over the whole step. FLOPs: 2 * 2 * L * L / 2 * d * Hq
 per prompt (half the query-key pairs); TFLOP/s against the bf16 GEMM rate
 measured in this run.
 
@@ -87,6 +89,50 @@ def run_case(label, lens, cfg, args, ceil, errors, status):
     return rows
 
 
+# Mixed steps (a serving engine's chunked prefill): (label, prompt chunks as
+# (queries, positions), decodes as (count, positions)), Qwen3-4B heads.
+MIXED = [
+    ("2k chunk + 64 decodes, 4k", [(2048, 4096)], (64, 4096)),
+    ("512 chunk + 16 decodes, 2k", [(512, 2048)], (16, 2048)),
+    ("2 x 2k chunks + 128 decodes, 4k", [(2048, 4096)] * 2, (128, 4096)),
+    ("4k chunk + 256 decodes, 2k", [(4096, 4096)], (256, 2048)),
+    ("1k chunk + 8 decodes, 32k", [(1024, 8192)], (8, 32768)),
+]
+MIXED_QUICK = {"2k chunk + 64 decodes, 4k", "512 chunk + 16 decodes, 2k", "1k chunk + 8 decodes, 32k"}
+
+
+def run_mixed(label, chunks, decodes, args, errors):
+    """One mixed step through the attention op, against its parts run alone
+    (the chunks, the decodes: each through the attention op) and against the
+    prefill op over the whole step (the attention op's path for such a step
+    before mixed steps). Graph replays."""
+    n_dec, dec_ctx = decodes
+    parts = {"mixed step": ([c for _, c in chunks] + [dec_ctx] * n_dec, [q for q, _ in chunks] + [1] * n_dec),
+             "chunks alone": ([c for _, c in chunks], [q for q, _ in chunks]),
+             "decodes alone": ([dec_ctx] * n_dec, [1] * n_dec)}
+    kw = dict(rep_ms=60 if args.quick else 200, warmup_ms=20)
+    times = {}
+    for name, (lens, q_lens) in parts.items():
+        one = ap.make_sets(lens, q_lens, **QWEN3, n_sets=1)[0]
+        k = common.sets_for(ap.set_bytes(one), cap=8)
+        sets = ap.make_sets(lens, q_lens, **QWEN3, n_sets=k) if k > 1 else [one]
+        impls = [(name, ap.ours_attention)]
+        if name == "mixed step":
+            impls.append(("prefill op, whole step", ap.ours_prefill))
+        for impl, make in impls:
+            r = ap.timed(f"{label} {impl}", make, sets, True, errors, **kw)
+            if r is not None:
+                times[impl] = r[0].median_us
+        del sets, one
+        torch.cuda.empty_cache()
+    t, a, b = times.get("mixed step"), times.get("chunks alone"), times.get("decodes alone")
+    row = dict(case=label, mixed_us=t, chunks_us=a, decodes_us=b, whole_prefill_us=times.get("prefill op, whole step"),
+               parts_sum_us=a + b if a and b else None)
+    row["over_parts"] = t / row["parts_sum_us"] if t and row["parts_sum_us"] else None
+    row["over_whole_prefill"] = t / row["whole_prefill_us"] if t and row["whole_prefill_us"] else None
+    return [row]
+
+
 def main():
     args = common.parser(__doc__.splitlines()[0]).parse_args()
     env = common.print_header(NAME)
@@ -108,7 +154,21 @@ def main():
                               ("t/t_ours", "t_over_ours", ".2f"), ("rel diff", "rel_diff", ".1e"),
                               ("mode", "mode", ""), ("sets", "sets", ""), ("role", "role", ""), ("note", "note", "")],
                        title=f"\n{NAME} (t/t_ours > 1: ours faster; rel diff vs sdpa flash, else the next peer)")
-    common.save(NAME, dict(env=env, ceilings=ceil, status=status, rows=rows, errors=errors), args)
+    mixed = []
+    if status["prefill"][0]:
+        for label, chunks, decodes in MIXED:
+            if args.quick and label not in MIXED_QUICK or args.only and args.only not in label:
+                continue
+            print(f"-- mixed step: {label}")
+            mixed += common.attempt(label, lambda a=(label, chunks, decodes): run_mixed(*a, args, errors),
+                                    errors) or []
+        common.print_table(mixed, [("case", "case", ""), ("mixed us", "mixed_us", ".1f"),
+                                   ("chunks us", "chunks_us", ".1f"), ("decodes us", "decodes_us", ".1f"),
+                                   ("t / parts", "over_parts", ".2f"),
+                                   ("prefill op us", "whole_prefill_us", ".1f"),
+                                   ("t / prefill op", "over_whole_prefill", ".2f")],
+                           title="\nmixed steps (attention op; parts run alone; the prefill op over the whole step)")
+    common.save(NAME, dict(env=env, ceilings=ceil, status=status, rows=rows, mixed=mixed, errors=errors), args)
 
 
 if __name__ == "__main__":

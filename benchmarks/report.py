@@ -96,9 +96,21 @@ def _vs_peers(rows, value_key: str, value_head: str, pct_key: str, pct_head: str
 
 
 def render_prefill(data: dict) -> list:
-    return (["Causal prefill over the paged cache (bf16, page 64); TFLOP/s of causal FLOPs "
-             "(2 * 2 * L * L / 2 * d * Hq per prompt).", ""]
-            + _vs_peers(data.get("rows") or [], "tflops", "TFLOP/s", "pct_gemm", "% of GEMM"))
+    out = (["Causal prefill over the paged cache (bf16, page 64); TFLOP/s of causal FLOPs "
+            "(2 * 2 * L * L / 2 * d * Hq per prompt).", ""]
+           + _vs_peers(data.get("rows") or [], "tflops", "TFLOP/s", "pct_gemm", "% of GEMM"))
+    mixed = data.get("mixed") or []
+    if mixed:
+        out += ["", "Mixed steps (prompt chunks beside single-query decodes, Qwen3-4B heads) through the "
+                "`attention` op, against the chunks and the decodes run alone and against the prefill op over "
+                "the whole step:", ""]
+        out += table(["step", "mixed us", "chunks alone us", "decodes alone us", "t / (chunks + decodes)",
+                      "prefill op us", "t / prefill op"],
+                     [[r["case"], f(r.get("mixed_us"), ".1f"), f(r.get("chunks_us"), ".1f"),
+                       f(r.get("decodes_us"), ".1f"), f(r.get("over_parts"), ".2f"),
+                       f(r.get("whole_prefill_us"), ".1f"), f(r.get("over_whole_prefill"), ".2f")]
+                      for r in mixed])
+    return out
 
 
 def render_decode(data: dict) -> list:
