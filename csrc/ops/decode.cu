@@ -31,7 +31,11 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   p.q_stride_token = q_c.stride(0);
   p.q_stride_head = q_c.stride(1);
   TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), op, ": group size * max_q_len must fit in int32");
-  const bool small = p.group_size * max_q_len <= 16;
+  // The 16-row tile when a query's heads fit in it: a mixed step's grid is
+  // sized for 16 queries a sequence, but its decodes are mostly single
+  // queries, whose one row tile reads the keys once (the other row tiles'
+  // blocks find no rows and return).
+  const bool small = p.mixed_queries > 0 ? p.group_size <= 16 : p.group_size * max_q_len <= 16;
   // Blocks of a small-tile launch (one row tile); do they fit two per SM?
   const int64_t blocks = static_cast<int64_t>(p.num_splits) * s.num_kv_heads * s.num_seqs;
   const bool two_per_sm = blocks <= 2 * sm_count(q.device());

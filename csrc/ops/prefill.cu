@@ -109,7 +109,9 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   p.v_map = make_tensor_map<4>(a.kv.v_cache, type, sizes, strides, box);
   p.num_row_tiles = static_cast<int>(ceil_div<int64_t>(int64_t(a.group_size) * a.max_q_len, Cfg::kBlockM));
   const int64_t items = int64_t(p.num_row_tiles) * a.kv.num_seqs * a.kv.num_kv_heads;
-  TILEINFER_CHECK(items < (int64_t(1) << 31), op, ": too many work items (row tiles x sequences x KV heads)");
+  // Rounds are looked at 32 at a time past the last item (sm90/prefill_scheduler.cuh): margin for int32.
+  TILEINFER_CHECK(items < (int64_t(1) << 31) - (int64_t(1) << 16), op,
+                  ": too many work items (row tiles x sequences x KV heads)");
   const int sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>(c10::cuda::current_device());
   const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));
 

@@ -138,6 +138,10 @@ __device__ __forceinline__ float* output_lse(const AttentionParams& p, int token
 __device__ __forceinline__ bool decode_takes(const AttentionParams& p, int q_count) {
   return p.mixed_queries == 0 || q_count <= p.mixed_queries;
 }
+// Does prefill compute rows [row_base, ...) of a sequence of q_count queries?
+__device__ __forceinline__ bool prefill_takes(const AttentionParams& p, int q_count, int row_base) {
+  return row_base < q_count * p.group_size && !(p.mixed_queries > 0 && decode_takes(p, q_count));
+}
 __device__ __forceinline__ int partial_rows(const AttentionParams& p) {
   return p.mixed_queries == 0 ? p.num_tokens : p.kv.num_seqs * p.mixed_queries;
 }
@@ -194,7 +198,7 @@ struct PrefillWork {
     w.q_begin = qr.begin;
     w.q_count = qr.count;
     w.row_base = row_base;
-    w.active = w.row_base < w.q_count * w.group && !(p.mixed_queries > 0 && decode_takes(p, w.q_count));
+    w.active = prefill_takes(p, w.q_count, row_base);
     w.key_begin = 0;
     w.key_end = w.seq_len;
     if (p.causal) {

@@ -144,8 +144,10 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   // out a batch of kSplitBatch splits per lane at a time; a chunk's first
   // batch leaves together with its lse loads (its addresses do not depend on
   // them): they share one round trip.
-  // Splits past num_splits read as zeros (weight 0): their loads are
-  // predicated off, with no branch between the loads, and each address is the
+  // Splits past num_splits, and every split of an inactive row (a mixed
+  // step's slots without a decode query hold no partials), read as zeros
+  // (weight 0): their loads are predicated off, with no branch between the
+  // loads, and each address is the
   // previous one plus the split stride. (With each split's address its own
   // 64-bit product of an index clamped into range, ptxas issues the batch
   // after the lse reduction, a round trip later: about 1 us more of combine
@@ -156,7 +158,7 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
 #pragma unroll
     for (int u = 0; u < B; ++u) {
 #pragma unroll
-      for (int k = 0; k < V; ++k) v[u][k] = s0 + u < S ? __ldg(src + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int k = 0; k < V; ++k) v[u][k] = active && s0 + u < S ? __ldg(src + k) : make_float4(0.f, 0.f, 0.f, 0.f);
       src += split_stride / 4;
     }
   };

@@ -66,9 +66,10 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 
   uint32_t tiles = 0;
   uint32_t items = 0;
-  for (int item = sched.first(); sched.valid(item); item = sched.next(item)) {
-    const WorkItem w = sched.template make<BM>(p, item);
-    if (!w.active) continue;
+  for (int round = sched.template next_active<BM>(p, 0); sched.valid(round);
+       round = sched.template next_active<BM>(p, round + 1)) {
+    const WorkItem w = sched.template make<BM>(p, round);
+    if (!w.active) continue;  // (next_active read the same metadata: never taken)
 
     int qpos[2];
 #pragma unroll

@@ -43,9 +43,10 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
   uint32_t tiles = 0;  // tiles produced so far: the ring position
   uint32_t items = 0;  // active items so far: the query tile's phase
   uint32_t tails = 0;  // tail tiles so far: the tail barrier's phase
-  for (int item = sched.first(); sched.valid(item); item = sched.next(item)) {
-    const WorkItem w = sched.template make<BM>(p, item);
-    if (!w.active) continue;
+  for (int round = sched.template next_active<BM>(p, 0); sched.valid(round);
+       round = sched.template next_active<BM>(p, round + 1)) {
+    const WorkItem w = sched.template make<BM>(p, round);
+    if (!w.active) continue;  // (next_active read the same metadata: never taken)
 
     // The query tile: rows (query, head) of the KV head's group, token-major,
     // exactly the box {64, group, BM / group} of q at (head0, first token).

@@ -8,9 +8,9 @@
 // a block that took one of the heaviest items of a round takes one of the
 // lightest of the next, which evens out the blocks' sums of key tiles (with
 // the same direction every round, block 0 would take the heaviest item of
-// every round). Row tiles past a sequence's queries are inactive and cost one
-// metadata read. The order is a function of shapes only; positions are read
-// on the device when an item is made.
+// every round). Row tiles past a sequence's queries, and a mixed step's decode
+// sequences, are inactive: next_active skips them 32 rounds at a time. The
+// order is a function of shapes only; positions are read on the device.
 #pragma once
 
 #include "../attention_work.cuh"
@@ -27,22 +27,51 @@ struct PrefillScheduler {
       : num_items(p.num_row_tiles * p.a.kv.num_seqs * p.a.kv.num_kv_heads),
         per_row_tile(p.a.kv.num_seqs * p.a.kv.num_kv_heads) {}
 
-  __device__ int first() const { return blockIdx.x; }
-  // The next round's item of this block; once one is past the end, so are all later ones.
-  __device__ int next(int item) const {
-    const int round = item / gridDim.x + 1;
+  // This block's item of round r; items grow with r, so once one is past
+  // the end, so are all later ones.
+  __device__ int item_at(int round) const {
     return round * gridDim.x + (round % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x);
   }
-  __device__ bool valid(int item) const { return item < num_items; }
+  __device__ bool valid(int round) const { return item_at(round) < num_items; }
+
+  // The first round from `round` on whose item has rows to compute, or a
+  // round past the end. Called by whole warps: the lanes look at 32 rounds at
+  // once. Inactive items (row tiles past a sequence's queries, the decode
+  // sequences of a mixed step) are most of the items of a varlen or mixed
+  // step (1 x 8k + 31 x 256: 62k of 66k); one metadata round trip each
+  // would add up to tens of microseconds per block.
+  template <int kBlockM>
+  __device__ int next_active(const PrefillParams& p, int round) const {
+    const int lane = threadIdx.x & 31;
+    for (;; round += 32) {
+      const int item = item_at(round + lane);
+      bool take = false;
+      if (item < num_items) {
+        const Pos pos = at(p, item);
+        const QueryRange qr =
+            clamp_query_range(p.a.kv.cu_seqlens_q[pos.seq], p.a.kv.cu_seqlens_q[pos.seq + 1], p.a.num_tokens);
+        take = prefill_takes(p.a, qr.count, pos.row_tile * kBlockM);
+      }
+      const unsigned hit = __ballot_sync(0xffffffffu, take);
+      if (hit != 0) return round + __ffs(hit) - 1;
+      if (__ballot_sync(0xffffffffu, item < num_items) == 0) return round;  // past the end
+    }
+  }
 
   template <int kBlockM>
-  __device__ WorkItem make(const PrefillParams& p, int item) const {
-    const int row_tile = p.num_row_tiles - 1 - item / per_row_tile;
+  __device__ WorkItem make(const PrefillParams& p, int round) const {
+    const Pos pos = at(p, item_at(round));
+    return PrefillWork::make_at<kBlockM>(p.a, read_seq_meta<false>(p.a.kv, pos.seq), pos.seq, pos.kv_head,
+                                         pos.row_tile * kBlockM);
+  }
+
+ private:
+  struct Pos {
+    int row_tile, seq, kv_head;
+  };
+  __device__ Pos at(const PrefillParams& p, int item) const {
     const int rest = item % per_row_tile;
-    const int seq = rest / p.a.kv.num_kv_heads;
-    const int kv_head = rest % p.a.kv.num_kv_heads;
-    return PrefillWork::make_at<kBlockM>(p.a, read_seq_meta<false>(p.a.kv, seq), seq, kv_head,
-                                         row_tile * kBlockM);
+    return {p.num_row_tiles - 1 - item / per_row_tile, rest / p.a.kv.num_kv_heads, rest % p.a.kv.num_kv_heads};
   }
 };
 
