@@ -127,6 +127,23 @@ def poison_unowned_(p, window_left=-1):
     return p
 
 
+def kernel_queries(p):
+    """The queries as the int8 kernels' integer products see them, as float64:
+    x = q * k_smooth in fp32 (each query head times its KV head's factors; q
+    alone without k_smooth), then per (token, head) row a 15-bit integer,
+    round-half-even(x * 2^(14 - e)) with the row's max |x| in [2^(e-1), 2^e),
+    times 2^(e - 14)."""
+    group = p.q.shape[1] // p.k_cache.shape[1]
+    x = p.q.float()
+    if p.k_smooth is not None:
+        x = x * p.k_smooth.repeat_interleave(group, 0)[None]
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    _, e = torch.frexp(amax)
+    scale = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), (14 - e).clamp(max=126)), torch.ones_like(amax))
+    q = torch.round(x * scale).clamp(-16384, 16384)
+    return q.double() / scale.double()
+
+
 def check_out(out, exact, dtype, what, ulps=ULPS):
     """An output against float64: finite, and within `ulps` ulps of each row's
     magnitude (bf16 / fp16) or REL relative error (fp32). Returns the error."""
