@@ -60,6 +60,23 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   });
 }
 
+// Launches decode with its blocks writing `out` (p.partial_out null). A view of
+// out whose rows are not 16-byte aligned goes through an aligned copy: an empty
+// one when the launch writes every row, a copy of out when rows it does not
+// write must keep their contents (a mixed step's prefill rows and padding).
+void launch_decode_into(at::Tensor& out, AttentionParams& p, const PagedShape& s, const at::Tensor& q,
+                        int64_t max_q_len, bool writes_every_row) {
+  at::Tensor target = out;
+  if (!rows_aligned16(out)) {
+    target = writes_every_row ? at::empty_like(out, at::MemoryFormat::Contiguous) : out.contiguous();
+  }
+  p.out = target.data_ptr();
+  p.o_stride_token = target.stride(0);
+  p.o_stride_head = target.stride(1);
+  launch_decode("attention", p, s, q, max_q_len);
+  if (!target.is_same(out)) out.copy_(target);
+}
+
 }  // namespace
 
 void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q,
@@ -116,13 +133,7 @@ void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor&
     out.zero_();
     return;
   }
-  // A misaligned view of out goes through an aligned copy (every row is written).
-  at::Tensor target = rows_aligned16(out) ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
-  p.out = target.data_ptr();
-  p.o_stride_token = target.stride(0);
-  p.o_stride_head = target.stride(1);
-  launch_decode("attention", p, s, q, max_q_len);  // p.partial_out stays null: the kernel writes out
-  if (!target.is_same(out)) out.copy_(target);
+  launch_decode_into(out, p, s, q, max_q_len, /*writes_every_row=*/true);
 }
 
 void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
@@ -137,13 +148,8 @@ void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, con
                                             k_smooth);
   if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0) return;
   p.mixed_queries = static_cast<int>(kMaxDecodeQueries);
-  if (splits == 1) {  // the blocks write their rows of out (through an aligned copy if need be)
-    at::Tensor target = rows_aligned16(out) ? out : out.contiguous();
-    p.out = target.data_ptr();
-    p.o_stride_token = target.stride(0);
-    p.o_stride_head = target.stride(1);
-    launch_decode("attention", p, s, q, kMaxDecodeQueries);
-    if (!target.is_same(out)) out.copy_(target);
+  if (splits == 1) {  // the blocks write their (decode) rows of out
+    launch_decode_into(out, p, s, q, kMaxDecodeQueries, /*writes_every_row=*/false);
     return;
   }
   const int64_t slots = s.num_seqs * kMaxDecodeQueries;

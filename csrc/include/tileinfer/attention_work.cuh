@@ -142,7 +142,7 @@ __device__ __forceinline__ bool decode_takes(const AttentionParams& p, int q_cou
 __device__ __forceinline__ bool prefill_takes(const AttentionParams& p, int q_count, int row_base) {
   return row_base < q_count * p.group_size && !(p.mixed_queries > 0 && decode_takes(p, q_count));
 }
-__device__ __forceinline__ int partial_rows(const AttentionParams& p) {
+__host__ __device__ __forceinline__ int partial_rows(const AttentionParams& p) {
   return p.mixed_queries == 0 ? p.num_tokens : p.kv.num_seqs * p.mixed_queries;
 }
 

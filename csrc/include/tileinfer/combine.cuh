@@ -214,8 +214,7 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
 template <typename scalar_t, int HEAD_DIM>
 cudaError_t launch_combine(const AttentionParams& p, cudaStream_t stream, bool programmatic) {
   using Traits = CombineTraits<HEAD_DIM>;
-  const int64_t rows = static_cast<int64_t>(p.mixed_queries == 0 ? p.num_tokens : p.kv.num_seqs * p.mixed_queries) *
-                       p.num_q_heads;
+  const int64_t rows = static_cast<int64_t>(partial_rows(p)) * p.num_q_heads;
   if (rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, Traits::kRowsPerBlock)));
   return launch_kernel(combine_kernel<scalar_t, HEAD_DIM>, grid, dim3(Traits::kThreads), 0, stream, programmatic, p);
