@@ -134,6 +134,38 @@ def run_verify(n, ctx, args, ceil, errors, status):
     return rows
 
 
+# Per-layer variants against plain decode: (label, batch, context, window_left,
+# soft-cap, sinks, the plain case it is measured against as (batch, context)).
+VARIANTS = [
+    ("1x32k, window 4k", 1, 32768, 4095, 0.0, False, (1, 4096)),
+    ("1x128k, window 4k", 1, 131072, 4095, 0.0, False, (1, 4096)),
+    ("8x32k, window 4k", 8, 32768, 4095, 0.0, False, (8, 4096)),
+    ("32x4k, soft-cap 50", 32, 4096, -1, 50.0, False, (32, 4096)),
+    ("32x4k, sinks", 32, 4096, -1, 0.0, True, (32, 4096)),
+    ("32x4k, window 1k + sinks", 32, 4096, 1023, 0.0, True, (32, 1024)),
+]
+
+
+def run_variant(label, batch, ctx, window, cap, sinks, plain, args, errors):
+    """The variant, plain decode on the same inputs, and plain decode at the
+    context the variant reads (a window's length): graph replays."""
+    kw = dict(rep_ms=40 if args.quick else 150, warmup_ms=10)
+    times = {}
+    for name, (b, c), make in (
+            ("variant", (batch, ctx), lambda p: ap.ours_attention_variant(p, window, cap, sinks)),
+            ("plain, same inputs", (batch, ctx), lambda p: ap.ours_attention(p)),
+            ("plain, what it reads", plain, lambda p: ap.ours_attention(p))):
+        sets = sets_of(b, c, 1, QWEN3)
+        r = ap.timed(f"{label} {name}", make, sets, True, errors, **kw)
+        if r is not None:
+            times[name] = r[0].median_us
+        del sets
+        torch.cuda.empty_cache()
+    v, same, reads = (times.get(k) for k in ("variant", "plain, same inputs", "plain, what it reads"))
+    return [dict(case=label, variant_us=v, plain_us=same, plain_reads_us=reads, plain_reads=f"{plain[0]}x{plain[1]}",
+                 over_plain=v / same if v and same else None, over_reads=v / reads if v and reads else None)]
+
+
 def main():
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--no-verify", action="store_true", help="skip the verify-step grid")
@@ -176,7 +208,19 @@ def main():
     elif not args.no_verify:
         print("   [skip] verify steps: neither decode nor prefill has a CUDA kernel in this build")
 
-    common.save(NAME, dict(env=env, ceilings=ceil, status=status, rows=rows, verify=verify, errors=errors), args)
+    variants = []
+    if status["decode"][0]:
+        for label, *case in VARIANTS:
+            if args.only and args.only not in label:
+                continue
+            variants += common.attempt(label, lambda a=(label, *case): run_variant(*a, args, errors), errors) or []
+        common.print_table(variants, [("case", "case", ""), ("variant us", "variant_us", ".1f"),
+                                      ("plain us", "plain_us", ".1f"), ("t / plain", "over_plain", ".2f"),
+                                      ("plain at", "plain_reads", ""), ("us", "plain_reads_us", ".1f"),
+                                      ("t / that", "over_reads", ".2f")],
+                           title="\nvariants (attention op; plain decode on the same inputs and at the window's length)")
+    common.save(NAME, dict(env=env, ceilings=ceil, status=status, rows=rows, verify=verify, variants=variants,
+                           errors=errors), args)
 
 
 if __name__ == "__main__":

@@ -133,6 +133,31 @@ def run_mixed(label, chunks, decodes, args, errors):
     return [row]
 
 
+# Per-layer variants against plain prefill of the same prompt: (label, prompt
+# length, window_left, soft-cap, sinks). Through the attention op.
+VARIANTS = [
+    ("1x8k, window 4k", 8192, 4095, 0.0, False),
+    ("1x8k, soft-cap 50", 8192, -1, 50.0, False),
+    ("1x8k, sinks", 8192, -1, 0.0, True),
+    ("1x8k, window 4k + sinks", 8192, 4095, 0.0, True),
+]
+
+
+def run_variant(label, length, window, cap, sinks, args, errors):
+    kw = dict(rep_ms=60 if args.quick else 200, warmup_ms=20)
+    sets = ap.make_sets([length], [length], **QWEN3, n_sets=1)
+    times = {}
+    for name, make in (("variant", lambda p: ap.ours_attention_variant(p, window, cap, sinks)),
+                       ("plain", lambda p: ap.ours_attention(p))):
+        r = ap.timed(f"{label} {name}", make, sets, True, errors, **kw)
+        if r is not None:
+            times[name] = r[0].median_us
+    del sets
+    torch.cuda.empty_cache()
+    v, plain = times.get("variant"), times.get("plain")
+    return [dict(case=label, variant_us=v, plain_us=plain, over_plain=v / plain if v and plain else None)]
+
+
 def main():
     args = common.parser(__doc__.splitlines()[0]).parse_args()
     env = common.print_header(NAME)
@@ -168,7 +193,17 @@ def main():
                                    ("prefill op us", "whole_prefill_us", ".1f"),
                                    ("t / prefill op", "over_whole_prefill", ".2f")],
                            title="\nmixed steps (attention op; parts run alone; the prefill op over the whole step)")
-    common.save(NAME, dict(env=env, ceilings=ceil, status=status, rows=rows, mixed=mixed, errors=errors), args)
+    variants = []
+    if status["prefill"][0]:
+        for label, *case in VARIANTS:
+            if args.only and args.only not in label:
+                continue
+            variants += common.attempt(label, lambda a=(label, *case): run_variant(*a, args, errors), errors) or []
+        common.print_table(variants, [("case", "case", ""), ("variant us", "variant_us", ".1f"),
+                                      ("plain us", "plain_us", ".1f"), ("t / plain", "over_plain", ".2f")],
+                           title="\nvariants (attention op, against plain prefill of the same prompt)")
+    common.save(NAME, dict(env=env, ceilings=ceil, status=status, rows=rows, mixed=mixed, variants=variants,
+                           errors=errors), args)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,12 @@ def render_prefill(data: dict) -> list:
                        f(r.get("decodes_us"), ".1f"), f(r.get("over_parts"), ".2f"),
                        f(r.get("whole_prefill_us"), ".1f"), f(r.get("over_whole_prefill"), ".2f")]
                       for r in mixed])
+    variants = data.get("variants") or []
+    if variants:
+        out += ["", "Per-layer variants on a causal 8k prompt (attention op), against the same prompt without them:", ""]
+        out += table(["case", "variant us", "plain us", "t / plain"],
+                     [[r["case"], f(r.get("variant_us"), ".1f"), f(r.get("plain_us"), ".1f"),
+                       f(r.get("over_plain"), ".2f")] for r in variants])
     return out
 
 
@@ -127,6 +133,14 @@ def render_decode(data: dict) -> list:
                        f(p["us"] / d["us"], ".2f") if d and p else "-"]
                       for c in dict.fromkeys(r["case"] for r in verify)
                       for d, p in [(_row(verify, c, dec), _row(verify, c, pre))]])
+    variants = data.get("variants") or []
+    if variants:
+        out += ["", "Per-layer variants on the decode path: against plain decode on the same inputs, and against "
+                "plain decode of the context a window reads.", ""]
+        out += table(["case", "variant us", "plain us", "t / plain", "plain at", "us", "t / that"],
+                     [[r["case"], f(r.get("variant_us"), ".1f"), f(r.get("plain_us"), ".1f"),
+                       f(r.get("over_plain"), ".2f"), r.get("plain_reads", "-"), f(r.get("plain_reads_us"), ".1f"),
+                       f(r.get("over_reads"), ".2f")] for r in variants])
     return out
 
 

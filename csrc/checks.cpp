@@ -1,5 +1,7 @@
 #include "checks.h"
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -211,6 +213,23 @@ PagedShape check_paged_attention(const char* op, const at::Tensor& q, const at::
               ") must be a multiple of num_kv_heads (", s.num_kv_heads, ")");
   TILEINFER_CHECK(max_q_len >= 0, op, ": max_q_len must be >= 0, got ", max_q_len);
   return s;
+}
+
+void check_variants(const char* op, int64_t window_left, double logits_soft_cap,
+                    const std::optional<at::Tensor>& sinks, int64_t num_q_heads, const at::Device& device) {
+  TILEINFER_CHECK(window_left >= -1, op,
+                  ": window_left must be >= 0 (keys a query sees to its left) or -1 (no window), got ", window_left);
+  // Finite in fp32 too: the kernels hold it as a float.
+  TILEINFER_CHECK(std::isfinite(static_cast<float>(logits_soft_cap)) && logits_soft_cap >= 0, op,
+                  ": logits_soft_cap must be a finite number >= 0 (0: no soft-cap), got ", logits_soft_cap);
+  if (!sinks.has_value()) return;
+  check_not_meta(op, "sinks", *sinks);
+  TILEINFER_CHECK(sinks->scalar_type() == at::kFloat, op, ": sinks must be float32, got ", sinks->scalar_type());
+  TILEINFER_CHECK(sinks->dim() == 1 && sinks->size(0) == num_q_heads, op, ": sinks must have shape [", num_q_heads,
+                  "] (num_q_heads), got ", sinks->sizes());
+  TILEINFER_CHECK(sinks->is_contiguous(), op, ": sinks must be contiguous");
+  TILEINFER_CHECK(sinks->device() == device, op, ": sinks must be on ", device, " (the device of the cache), got ",
+                  sinks->device());
 }
 
 void check_decode_max_q_len(const char* op, int64_t max_q_len) {

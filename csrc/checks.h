@@ -44,6 +44,12 @@ PagedShape check_paged_attention(const char* op, const at::Tensor& q, const at::
                                  const std::optional<at::Tensor>& v_scale,
                                  const std::optional<at::Tensor>& k_smooth);
 
+// The per-layer variants of the attention ops: window_left >= -1 (-1: none),
+// logits_soft_cap finite and >= 0 (0: none), sinks None or [num_q_heads] fp32,
+// contiguous, on `device`.
+void check_variants(const char* op, int64_t window_left, double logits_soft_cap,
+                    const std::optional<at::Tensor>& sinks, int64_t num_q_heads, const at::Device& device);
+
 // An lse output [num_tokens, num_q_heads] fp32, contiguous.
 void check_lse(const char* op, const char* name, const at::Tensor& lse, int64_t num_tokens, int64_t heads,
                const at::Device& device);

@@ -17,14 +17,16 @@
                const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal, \
                const std::optional<at::Tensor>& k_scale,                                    \
                const std::optional<at::Tensor>& v_scale,                                    \
-               const std::optional<at::Tensor>& k_smooth);                                  \
+               const std::optional<at::Tensor>& k_smooth, int64_t window_left,              \
+               double logits_soft_cap, const std::optional<at::Tensor>& sinks);              \
   void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q,        \
               const at::Tensor& k_cache, const at::Tensor& v_cache,                         \
               const at::Tensor& block_tables, const at::Tensor& seq_lens,                   \
               const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal, \
               const std::optional<at::Tensor>& k_scale,                                     \
               const std::optional<at::Tensor>& v_scale,                                     \
-              const std::optional<at::Tensor>& k_smooth);                                   \
+              const std::optional<at::Tensor>& k_smooth, int64_t window_left,               \
+              double logits_soft_cap, const std::optional<at::Tensor>& sinks);               \
   void combine(at::Tensor& out, const std::optional<at::Tensor>& lse,                       \
                const at::Tensor& partial_out, const at::Tensor& partial_lse);               \
   void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps); \
@@ -56,14 +58,16 @@
                   const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,          \
                   bool causal, const std::optional<at::Tensor>& k_scale,                    \
                   const std::optional<at::Tensor>& v_scale,                                 \
-                  const std::optional<at::Tensor>& k_smooth);                               \
+                  const std::optional<at::Tensor>& k_smooth, int64_t window_left,           \
+                  double logits_soft_cap, const std::optional<at::Tensor>& sinks);           \
   void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,          \
                  const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, \
                  const at::Tensor& block_tables, const at::Tensor& seq_lens,                \
                  const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,           \
                  bool causal, const std::optional<at::Tensor>& k_scale,                     \
                  const std::optional<at::Tensor>& v_scale,                                  \
-                 const std::optional<at::Tensor>& k_smooth);                                \
+                 const std::optional<at::Tensor>& k_smooth, int64_t window_left,            \
+                 double logits_soft_cap, const std::optional<at::Tensor>& sinks);            \
   void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse,    \
                   const at::Tensor& partial_out, const at::Tensor& partial_lse);
 
@@ -86,7 +90,8 @@ void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor&
                          const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len,
                          double scale, bool causal, const std::optional<at::Tensor>& k_scale,
                          const std::optional<at::Tensor>& v_scale,
-                         const std::optional<at::Tensor>& k_smooth);
+                         const std::optional<at::Tensor>& k_smooth, int64_t window_left,
+                         double logits_soft_cap, const std::optional<at::Tensor>& sinks);
 // A mixed step (attention_work.cuh, "Mixed steps"; max_q_len > 16): the
 // decode kernel over the sequences of at most kMaxDecodeQueries queries,
 // writing their rows of out itself (splits == 1) or through slot partials and
@@ -96,14 +101,16 @@ void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, con
                   const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                   const at::Tensor& cu_seqlens_q, int64_t splits, double scale, bool causal,
                   const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                  const std::optional<at::Tensor>& k_smooth);
+                  const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+                  const std::optional<at::Tensor>& sinks);
 void combine_slots(at::Tensor& out, const at::Tensor& partial_out, const at::Tensor& partial_lse,
                    const at::Tensor& cu_seqlens_q, int64_t num_tokens, int64_t mixed_queries);
 void prefill_long_sequences(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
                             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                            const std::optional<at::Tensor>& k_smooth);
+                            const std::optional<at::Tensor>& k_smooth, int64_t window_left,
+                            double logits_soft_cap, const std::optional<at::Tensor>& sinks);
 }  // namespace cuda
 
 // attention: decode + combine or prefill, chosen from shapes only (same choice
@@ -112,7 +119,8 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                const at::Tensor& v_cache, const at::Tensor& block_tables,
                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len,
                double scale, bool causal, const std::optional<at::Tensor>& k_scale,
-               const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth);
+               const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth,
+               int64_t window_left, double logits_soft_cap, const std::optional<at::Tensor>& sinks);
 
 // Multiprocessors of a CUDA device (read once per device), 0 for the CPU.
 int64_t sm_count(const at::Device& device);

@@ -16,6 +16,15 @@
 //   head_dim] fp32 per-channel key smoothing factors (optional).
 // - lse outputs are natural-log log-sum-exp of the scaled scores, fp32; rows
 //   that see no position get lse = -inf and out = 0.
+// - Per-layer variants of prefill / decode / attention (last, with defaults
+//   that turn them off; shapes and constants only, so graph-safe):
+//   window_left: a query at position p sees keys [p - window_left, p]
+//   (causal; non-causal: from p - window_left on), -1: no window; pages wholly
+//   before the window are never read. logits_soft_cap: scores s (after
+//   scale) become cap * tanh(s / cap) before masking, 0: off. sinks
+//   [num_q_heads] fp32 or None: a per-head logit that joins each row's softmax
+//   denominator once (lse includes it; decode: in split 0's partial only, so
+//   combine counts it once), never a key.
 //
 // Implementations: csrc/cpu/ (CPU), csrc/ops/ (CUDA), csrc/attention.cpp (the
 // decode-vs-prefill dispatcher, both devices). Fakes: tileinfer_attn/_fake.py.
@@ -35,21 +44,24 @@ TORCH_LIBRARY(tileinfer_attn, m) {
   m.set_python_module("tileinfer_attn._fake");
 
   // FlashAttention-2-style attention of a varlen batch over the paged cache.
-  // out [num_tokens, num_q_heads, head_dim]; lse [num_tokens, num_q_heads] fp32 or None.
+  // out [num_tokens, num_q_heads, head_dim]; lse [num_tokens, num_q_heads] fp32 or None;
+  // sinks [num_q_heads] fp32 or None.
   // max_q_len: host upper bound of any sequence's query count (sizes the grid).
   m.def(
       "prefill(Tensor(a!) out, Tensor(b!)? lse, Tensor q, Tensor k_cache, Tensor v_cache, "
       "Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, int max_q_len, float scale, "
-      "bool causal, Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_smooth=None) -> ()");
+      "bool causal, Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_smooth=None, "
+      "int window_left=-1, float logits_soft_cap=0.0, Tensor? sinks=None) -> ()");
 
   // Split-KV decode for steps of 1-16 queries per sequence, GQA-packed.
   // partial_out [num_splits, num_tokens, num_q_heads, head_dim] fp32,
   // partial_lse [num_splits, num_tokens, num_q_heads] fp32; num_splits = partial_out.size(0).
+  // The splits divide the pages from the window's first page on; sinks [num_q_heads].
   m.def(
       "decode(Tensor(a!) partial_out, Tensor(b!) partial_lse, Tensor q, Tensor k_cache, "
       "Tensor v_cache, Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, int max_q_len, "
       "float scale, bool causal, Tensor? k_scale=None, Tensor? v_scale=None, "
-      "Tensor? k_smooth=None) -> ()");
+      "Tensor? k_smooth=None, int window_left=-1, float logits_soft_cap=0.0, Tensor? sinks=None) -> ()");
 
   // Merges partial results (decode splits, or prefill outputs with lse over
   // disjoint page ranges). out [num_tokens, num_q_heads, head_dim] (bf16/fp16/fp32);
@@ -62,7 +74,8 @@ TORCH_LIBRARY(tileinfer_attn, m) {
   m.def(
       "attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor cu_seqlens_q, int max_q_len, float scale, bool causal, "
-      "Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_smooth=None) -> ()");
+      "Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_smooth=None, int window_left=-1, "
+      "float logits_soft_cap=0.0, Tensor? sinks=None) -> ()");
 
   // The split count attention gives decode on a device of num_sms multiprocessors
   // (<= 0: the CPU path). Shapes only, never context length; the same for every

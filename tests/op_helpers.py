@@ -72,12 +72,13 @@ def call_or_skip_not_implemented(fn, *args, **kwargs):
 
 
 # ------------------------------------------------------------------ oracle and bounds
-def exact_attention(p, causal):
+def exact_attention(p, causal, **variants):
     """float64 (out, lse) of a problem (an int8 problem's cache dequantized with
-    its k_scale / v_scale / k_smooth). A sequence with queries but no position
-    (seq_lens <= 0) is given one position on no page, which the reference
-    treats the same way: its rows see nothing (it cannot reduce over zero
-    positions)."""
+    its k_scale / v_scale / k_smooth), with the per-layer `variants`
+    (window_left, logits_soft_cap, sinks) if given. A sequence with queries
+    but no position (seq_lens <= 0) is given one position on no page, which
+    the reference treats the same way: its rows see nothing (it cannot reduce
+    over zero positions)."""
     lens = p.seq_lens.clone()
     tables = p.block_tables.clone()
     empty = lens <= 0
@@ -85,7 +86,62 @@ def exact_attention(p, causal):
     tables[empty] = -1
     return reference.paged_attention(p.q, p.k_cache, p.v_cache, tables, lens, p.cu_seqlens_q, p.max_q_len,
                                      p.scale, causal, k_scale=p.k_scale, v_scale=p.v_scale, k_smooth=p.k_smooth,
-                                     exact=True, return_lse=True)
+                                     **variants, exact=True, return_lse=True)
+
+
+def window_first_page(length, n, page, window_left):
+    """The page of the first key that the first of a sequence's n queries
+    sees (it sits at length - n): where decode's split ranges start and
+    before which no kernel reads a page. 0 without a window."""
+    if window_left < 0:
+        return 0
+    return max(0, length - n - window_left) // page
+
+
+def poison_unowned_(p, window_left=-1):
+    """NaN in every cache slot that no kernel may let into a result: slots of
+    no sequence's positions (past a sequence's end, spare pages) and, with a
+    window, every slot of the pages before the page of the first key that a
+    sequence's first query of the step sees (pages wholly outside every
+    query's window: never read). An int8 cache gets NaN scales there instead.
+    A kernel that reads such a slot into a product (0 * NaN in P V included)
+    gives NaN. Compute the oracle first: the reference reads every page it
+    gathers."""
+    num_pages, _, page, _ = p.k_cache.shape
+    owned = torch.zeros(num_pages, page, dtype=torch.bool)
+    tables = p.block_tables.cpu()
+    cu = p.cu_seqlens_q.tolist()
+    for s, length in enumerate(p.seq_lens.tolist()):
+        first = window_first_page(length, cu[s + 1] - cu[s], page, window_left)
+        pos = torch.arange(first * page, max(length, 0))
+        pid = tables[s, pos // page].long()
+        ok = (pid >= 0) & (pid < num_pages)
+        owned[pid[ok], (pos % page)[ok]] = True
+    bad = ~owned.to(p.k_cache.device)[:, None, :].expand(-1, p.k_cache.shape[1], -1)
+    if p.k_cache.dtype == torch.int8:
+        p.k_scale[bad] = float("nan")
+        p.v_scale[bad] = float("nan")
+    else:
+        p.k_cache[bad] = float("nan")
+        p.v_cache[bad] = float("nan")
+    return p
+
+
+def kernel_queries(p):
+    """The queries as the int8 kernels' integer products see them, as float64:
+    x = q * k_smooth in fp32 (each query head times its KV head's factors; q
+    alone without k_smooth), then per (token, head) row a 15-bit integer,
+    round-half-even(x * 2^(14 - e)) with the row's max |x| in [2^(e-1), 2^e),
+    times 2^(e - 14)."""
+    group = p.q.shape[1] // p.k_cache.shape[1]
+    x = p.q.float()
+    if p.k_smooth is not None:
+        x = x * p.k_smooth.repeat_interleave(group, 0)[None]
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    _, e = torch.frexp(amax)
+    scale = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), (14 - e).clamp(max=126)), torch.ones_like(amax))
+    q = torch.round(x * scale).clamp(-16384, 16384)
+    return q.double() / scale.double()
 
 
 def check_out(out, exact, dtype, what, ulps=ULPS):
@@ -116,33 +172,38 @@ def check_lse(lse, exact_lse, dtype, what, rel=None):
         assert err <= rel, f"{what}: lse error {err:.3g} > {rel}"
 
 
-def check_neutral_splits(po, pl, p, splits):
-    """Splits past a sequence's pages write the neutral partial: out 0, lse -inf."""
+def check_neutral_splits(po, pl, p, splits, window_left=-1, sinks=None):
+    """Splits past a sequence's pages write the neutral partial: out 0, lse
+    -inf (split 0 holds the sink, if any: not neutral)."""
     page = p.k_cache.shape[2]
     cu = p.cu_seqlens_q.tolist()
     for s, length in enumerate(p.seq_lens.tolist()):
-        pages = math.ceil(length / page)
+        first = window_first_page(length, cu[s + 1] - cu[s], page, window_left)
+        pages = math.ceil(length / page) - first
         per = math.ceil(pages / splits)
-        for i in range(splits):
+        for i in range(1 if sinks is not None else 0, splits):
             if i * per >= pages:
                 rows = slice(cu[s], cu[s + 1])
                 assert torch.all(po[i, rows] == 0) and torch.all(pl[i, rows] == float("-inf")), \
                     f"split {i} of sequence {s} has no pages but is not neutral"
 
 
-def split_pages(length, page, i, splits):
+def split_pages(length, page, i, splits, first_page=0):
     """Positions [lo, hi) of split i of `splits` over a sequence of `length`
-    positions: pages [i * ceil(P / S), (i + 1) * ceil(P / S)) of its P pages."""
-    pages = -(-max(length, 0) // page)
+    positions: pages first_page + [i * ceil(P / S), (i + 1) * ceil(P / S)) of
+    its P pages from first_page on (window_first_page; 0 without a window)."""
+    pages = -(-max(length, 0) // page) - first_page
     per = -(-pages // splits)
-    return min(length, i * per * page), min(length, (i + 1) * per * page)
+    base = first_page * page
+    return min(length, base + i * per * page), min(length, base + (i + 1) * per * page)
 
 
-def split_exact(p, s, lo, hi, causal):
+def split_exact(p, s, lo, hi, causal, **variants):
     """float64 (out, lse) of sequence s's queries over its positions [lo, hi)
-    alone (lo on a page boundary; causal as in the whole sequence): the
-    reference with the sequence's other pages marked outside the pool and the
-    other sequences' queries dropped. Rows that see none: out 0, lse -inf."""
+    alone (lo on a page boundary; causal as in the whole sequence; the
+    per-layer `variants` as given, sinks included): the reference with the
+    sequence's other pages marked outside the pool and the other sequences'
+    queries dropped. Rows that see none: out 0, lse -inf (or the sink)."""
     page = p.k_cache.shape[2]
     first, end = lo // page, -(-hi // page) if hi > lo else 0  # pages kept: [first, end)
     tables = p.block_tables.clone()
@@ -152,7 +213,7 @@ def split_exact(p, s, lo, hi, causal):
     b, e = cu[s].item(), cu[s + 1].item()
     cu[:s + 1], cu[s + 1:] = b, e
     out, lse = reference.paged_attention(p.q, p.k_cache, p.v_cache, tables, p.seq_lens, cu, p.max_q_len, p.scale,
-                                         causal, exact=True, return_lse=True)
+                                         causal, **variants, exact=True, return_lse=True)
     return out[b:e], lse[b:e]
 
 
@@ -160,8 +221,9 @@ def split_exact(p, s, lo, hi, causal):
 # Outputs are poisoned with NaN first, so unwritten elements show. An int8
 # problem's k_scale / v_scale / k_smooth go in as keywords (prefill,
 # attention) and positionally (decode): both forms of the schema's optional
-# trailing tensors. For other problems they are None.
-def run_prefill(p, causal, with_lse=True, scale=None, guard=0):
+# trailing tensors. For other problems they are None. `variants`: the
+# per-layer window_left / logits_soft_cap / sinks keywords, passed through.
+def run_prefill(p, causal, with_lse=True, scale=None, guard=0, **variants):
     """prefill's (out, lse); lse None without with_lse. With guard > 0, out and
     lse are views into buffers with `guard` poisoned tokens on either side,
     returned too: (out, lse, out_buffer, lse_buffer)."""
@@ -170,18 +232,18 @@ def run_prefill(p, causal, with_lse=True, scale=None, guard=0):
     big_lse = poison_(torch.empty(t + 2 * guard, h, dtype=torch.float32, device=p.q.device))
     out = big[guard:guard + t]
     lse = big_lse[guard:guard + t] if with_lse else None
-    ops.prefill(out, lse, *p.args(), p.scale if scale is None else scale, causal, **p.int8_kwargs())
+    ops.prefill(out, lse, *p.args(), p.scale if scale is None else scale, causal, **p.int8_kwargs(), **variants)
     if guard:
         return out, lse, big, big_lse
     return out, lse
 
 
-def run_decode(p, causal, splits):
+def run_decode(p, causal, splits, **variants):
     """decode's (partial_out, partial_lse) with `splits` splits."""
     t, h, d = p.q.shape
     po = poison_(torch.empty(splits, t, h, d, dtype=torch.float32, device=p.q.device))
     pl = poison_(torch.empty(splits, t, h, dtype=torch.float32, device=p.q.device))
-    ops.decode(po, pl, *p.args(), p.scale, causal, p.k_scale, p.v_scale, p.k_smooth)
+    ops.decode(po, pl, *p.args(), p.scale, causal, p.k_scale, p.v_scale, p.k_smooth, **variants)
     return po, pl
 
 
@@ -194,20 +256,21 @@ def run_combine(po, pl, dtype, with_lse=True):
     return out, lse
 
 
-def run_attention(p, causal, positional=False):
+def run_attention(p, causal, positional=False, **variants):
     """The attention op's out; positional: the int8 arguments given positionally."""
     out = poison_(torch.empty_like(p.q))
     if positional:
-        ops.attention(out, *p.args(), p.scale, causal, p.k_scale, p.v_scale, p.k_smooth)
+        ops.attention(out, *p.args(), p.scale, causal, p.k_scale, p.v_scale, p.k_smooth, **variants)
     else:
-        ops.attention(out, *p.args(), p.scale, causal, **p.int8_kwargs())
+        ops.attention(out, *p.args(), p.scale, causal, **p.int8_kwargs(), **variants)
     return out
 
 
 # ------------------------------------------------------------------ valid calls of every op
-def sample_args(op: str, device: str, int8: bool = False) -> dict:
+def sample_args(op: str, device: str, int8: bool = False, variants: bool = False) -> dict:
     """Keyword arguments of a small valid call of torch.ops.tileinfer_attn.<op>
-    (bf16, 2 sequences, 8 query / 2 KV heads, head_dim 64, page 16)."""
+    (bf16, 2 sequences, 8 query / 2 KV heads, head_dim 64, page 16); with
+    `variants`, the attention ops also get a window, a soft-cap and sinks."""
     p = make_problem([20, 5], [3, 1], 8, 2, 64, 16, dtype=torch.bfloat16, device=device, int8=int8)
     t, hq, d = p.q.shape
     meta = dict(block_tables=p.block_tables, seq_lens=p.seq_lens, cu_seqlens_q=p.cu_seqlens_q)
@@ -215,6 +278,9 @@ def sample_args(op: str, device: str, int8: bool = False) -> dict:
     if int8:
         cache.update(p.int8_kwargs())
     att = dict(q=p.q, **cache, max_q_len=p.max_q_len, scale=p.scale, causal=True)
+    if variants:
+        att.update(window_left=5, logits_soft_cap=20.0,
+                   sinks=torch.randn(hq, generator=torch.Generator().manual_seed(1)).to(device))
     kv = dict(k=torch.randn(t, 2, d, device=device).bfloat16(), v=torch.randn(t, 2, d, device=device).bfloat16())
     f32 = dict(dtype=torch.float32, device=device)
     cos_sin = torch.randn(64, d, **f32)

@@ -80,6 +80,20 @@ CASES = [
     (ATT, "max_q_len", lambda kw: kw.update(max_q_len=1), True, False),
     (ATT, "max_q_len", lambda kw: kw.update(max_q_len=-1), False, False),
     (["decode"], "max_q_len", lambda kw: kw.update(max_q_len=17), False, False),
+    # per-layer variants: window below -1, a negative or non-finite soft-cap, sinks of the wrong
+    # shape, dtype or strides
+    (ATT, "window_left", lambda kw: kw.update(window_left=-2), False, False),
+    (ATT, "logits_soft_cap", lambda kw: kw.update(logits_soft_cap=-1.0), False, False),
+    (ATT, "logits_soft_cap", lambda kw: kw.update(logits_soft_cap=float("nan")), False, False),
+    (ATT, "logits_soft_cap", lambda kw: kw.update(logits_soft_cap=float("inf")), False, False),
+    (ATT, "logits_soft_cap", lambda kw: kw.update(logits_soft_cap=1e300), False, False),  # not a finite float
+    (ATT, "sinks", lambda kw: kw.update(sinks=torch.zeros(5, device=kw["q"].device)), False, False),
+    (ATT, "sinks", lambda kw: kw.update(sinks=torch.zeros(kw["q"].shape[1], 1, device=kw["q"].device)), False,
+     False),
+    (ATT, "sinks", lambda kw: kw.update(sinks=torch.zeros(kw["q"].shape[1], dtype=torch.bfloat16,
+                                                          device=kw["q"].device)), False, False),
+    (ATT, "sinks", lambda kw: kw.update(sinks=torch.zeros(2 * kw["q"].shape[1], device=kw["q"].device)[::2]),
+     False, False),
     # int8 extras
     (PAGED, "k_scale", lambda kw: kw.update(k_scale=None), False, True),
     (PAGED, "v_scale", lambda kw: kw.update(v_scale=None), False, True),
@@ -185,6 +199,19 @@ def test_bad_input_cuda(op, name, change, host_only, int8):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", ATT)
+def test_sinks_on_the_cpu_cuda(op):
+    """sinks on the CPU, the rest on the GPU: an error naming sinks, never a fault."""
+    if not has_cuda_kernel(op):
+        pytest.skip(f"this build has no CUDA kernel for {op}")
+    kw = valid(op, "cuda", variants=True)
+    call_or_skip_not_implemented(getattr(ops, op), **valid(op, "cuda", variants=True))
+    kw["sinks"] = kw["sinks"].cpu()
+    with pytest.raises(RuntimeError, match=r"\bsinks\b"):
+        getattr(ops, op)(**kw)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("op", PAGED)
 @pytest.mark.parametrize("arg", ["q", "k", "block_tables", "seq_lens", "cu_seqlens_q", "v_cache"])
 def test_wrong_device_cuda(op, arg):
@@ -212,3 +239,11 @@ def test_wrappers_raise_runtime_error():
         ti.attention(*args, max_q_len=3, scale=-1.0)
     with pytest.raises(RuntimeError, match=r"\bq\b"):
         ti.attention(args[0][0], *args[1:], max_q_len=3)
+    with pytest.raises(RuntimeError, match="window_left"):
+        ti.attention(*args, max_q_len=3, window_left=2.0)
+    with pytest.raises(RuntimeError, match="window_left"):
+        ti.prefill(*args, max_q_len=3, window_left=-5)
+    with pytest.raises(RuntimeError, match="logits_soft_cap"):
+        ti.decode(*args, max_q_len=3, logits_soft_cap=float("inf"))
+    with pytest.raises(RuntimeError, match="sinks"):
+        ti.attention(*args, max_q_len=3, sinks=[0.0] * 8)

@@ -98,3 +98,31 @@ def test_reduce_overhead_cuda_graphs():
         for a, b in zip(tensors(static[3:5]), tensors(eager_args[3:5])):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+def variant_step(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, sinks, max_q_len: int):
+    """A gpt-oss-style local layer (window + sinks) and a Gemma 2-style one
+    (window + soft-cap) on one cache, plus prefill's lse with all three."""
+    a = ti.attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, window_left=7,
+                     sinks=sinks)
+    b = ti.attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, window_left=7,
+                     logits_soft_cap=5.0)
+    _, lse = ti.prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, window_left=20,
+                        logits_soft_cap=5.0, sinks=sinks, return_lse=True)
+    return a + b, lse
+
+
+@pytest.mark.parametrize("backend,q_lens", [("aot_eager", [3, 1, 2]), ("aot_eager", [30, 17, 20]),
+                                            ("inductor", [1, 1, 1])])
+def test_variants_compile_without_graph_breaks_cpu(backend, q_lens):
+    """The per-layer variants are plain op arguments: no graph break, and the
+    compiled step gives eager's bits."""
+    torch._dynamo.reset()
+    p = make_problem([30, 17, 64], q_lens, 8, 2, 64, 16, dtype=torch.bfloat16, seed=1)
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(2))
+    args = (*p.args()[:6], sinks, p.max_q_len)
+    explain = torch._dynamo.explain(variant_step)(*args)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    expect = variant_step(*args)
+    got = torch.compile(variant_step, fullgraph=True, backend=backend)(*args)
+    assert all(torch.equal(g, e) for g, e in zip(got, expect))

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import op_helpers
-from op_helpers import (check_neutral_splits, exact_attention, need, need_path, run_attention,
+from op_helpers import (check_neutral_splits, exact_attention, kernel_queries, need, need_path, run_attention,
                         run_combine, run_decode, run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
@@ -62,23 +62,6 @@ def int8_problem(seq_lens, q_lens, hq, hkv, head_dim, page, dtype=torch.bfloat16
     drops k_smooth (the ops then take none)."""
     p = make_problem(seq_lens, q_lens, hq, hkv, head_dim, page, dtype=dtype, device=DEV, seed=seed, int8=True)
     return p if smooth else dataclasses.replace(p, k_smooth=None)
-
-
-def kernel_queries(p):
-    """The queries as the int8 kernels' integer products see them, as float64:
-    x = q * k_smooth in fp32 (each query head times its KV head's factors; q
-    alone without k_smooth), then per (token, head) row a 15-bit integer,
-    round-half-even(x * 2^(14 - e)) with the row's max |x| in [2^(e-1), 2^e),
-    times 2^(e - 14)."""
-    group = p.q.shape[1] // p.k_cache.shape[1]
-    x = p.q.float()
-    if p.k_smooth is not None:
-        x = x * p.k_smooth.repeat_interleave(group, 0)[None]
-    amax = x.abs().amax(dim=-1, keepdim=True)
-    _, e = torch.frexp(amax)
-    scale = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), (14 - e).clamp(max=126)), torch.ones_like(amax))
-    q = torch.round(x * scale).clamp(-16384, 16384)
-    return q.double() / scale.double()
 
 
 # Outputs against float64 within ULPS ulps (int8 problems take bf16 / fp16 queries only).

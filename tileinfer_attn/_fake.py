@@ -67,17 +67,26 @@ def _check_cache(op: str, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q
                f"{op}: k_scale and v_scale are required with an int8 cache")
 
 
-def _check_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale) -> None:
+def _check_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
+                     window_left=-1, logits_soft_cap=0.0, sinks=None) -> None:
     _check_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale)
     _check_token(op, "q", q)
     _check(q.dtype in _FLOAT, f"{op}: q must be bfloat16, float16 or float32, got {q.dtype}")
     _check(q.shape[2] == k_cache.shape[3], f"{op}: q must have the head_dim of the cache ({k_cache.shape[3]})")
+    _check(window_left >= -1, f"{op}: window_left must be >= 0 or -1 (no window), got {window_left}")
+    _check(logits_soft_cap >= 0, f"{op}: logits_soft_cap must be >= 0 (0: no soft-cap), got {logits_soft_cap}")
+    if sinks is not None:
+        _check(sinks.dim() == 1 and sinks.dtype == torch.float32,
+               f"{op}: sinks must be 1-D float32 [num_q_heads], got {sinks.dtype} of shape {tuple(sinks.shape)}")
+        _check(sinks.shape[0] == q.shape[1], f"{op}: sinks must have shape [{q.shape[1]}] (num_q_heads), "
+                                              f"got {tuple(sinks.shape)}")
 
 
 @_register_fake("prefill")
 def _prefill(out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, causal,
-             k_scale=None, v_scale=None, k_smooth=None):
-    _check_attention("prefill", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale)
+             k_scale=None, v_scale=None, k_smooth=None, window_left=-1, logits_soft_cap=0.0, sinks=None):
+    _check_attention("prefill", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
+                     window_left, logits_soft_cap, sinks)
     _check_token("prefill", "out", out, like=q, dtype=q.dtype)
     if lse is not None:
         _check(lse.dim() == 2 and lse.dtype == torch.float32, "prefill: lse must be 2-D float32")
@@ -86,8 +95,9 @@ def _prefill(out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q
 
 @_register_fake("decode")
 def _decode(partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
-            causal, k_scale=None, v_scale=None, k_smooth=None):
-    _check_attention("decode", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale)
+            causal, k_scale=None, v_scale=None, k_smooth=None, window_left=-1, logits_soft_cap=0.0, sinks=None):
+    _check_attention("decode", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
+                     window_left, logits_soft_cap, sinks)
     _check(partial_out.dim() == 4 and partial_out.dtype == torch.float32,
            "decode: partial_out must be 4-D float32 [num_splits, num_tokens, num_q_heads, head_dim]")
     _check(partial_lse.dim() == 3 and partial_lse.dtype == torch.float32,
@@ -110,8 +120,9 @@ def _combine(out, lse, partial_out, partial_lse):
 
 @_register_fake("attention")
 def _attention(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, causal,
-               k_scale=None, v_scale=None, k_smooth=None):
-    _check_attention("attention", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale)
+               k_scale=None, v_scale=None, k_smooth=None, window_left=-1, logits_soft_cap=0.0, sinks=None):
+    _check_attention("attention", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
+                     window_left, logits_soft_cap, sinks)
     _check_token("attention", "out", out, like=q, dtype=q.dtype)
     return None
 

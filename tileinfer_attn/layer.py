@@ -1,10 +1,17 @@
 """The attention module a vLLM-style decoder layer calls: ``attn(q, k, v, kv_cache, metadata)``.
 
 It writes this step's keys and values into the paged cache and attends the
-queries to every cached position of their sequence. With q/k norms or RoPE
-(Qwen3), the fused ``attention_inputs`` op does norm + rotary + cache write in
-two launches; otherwise ``cache_write``. ``backend="reference"`` runs the same
-step through tileinfer_attn.reference (eager PyTorch) for comparisons.
+queries to every cached position of their sequence (or, with a sliding window,
+to the last ``window_left + 1`` positions up to each query's own). With q/k
+norms or RoPE (Qwen3), the fused ``attention_inputs`` op does norm + rotary +
+cache write in two launches; otherwise ``cache_write``. ``backend="reference"``
+runs the same step through tileinfer_attn.reference (eager PyTorch) for
+comparisons.
+
+The per-layer attention variants are constants of the module, the same on
+every step (so a captured CUDA graph keeps them): ``window_left`` (Mistral,
+Gemma 2 / 3 and gpt-oss local layers), ``logits_soft_cap`` (Gemma 2) and
+``sinks`` (gpt-oss: a learned logit per query head, a parameter here).
 """
 from __future__ import annotations
 
@@ -32,6 +39,9 @@ class PagedAttention(nn.Module):
         cos_sin_cache: Optional[torch.Tensor] = None,
         rotary_dim: Optional[int] = None,
         backend: str = "tileinfer",
+        window_left: int = -1,
+        logits_soft_cap: float = 0.0,
+        sinks: bool = False,
     ):
         super().__init__()
         if num_heads % num_kv_heads:
@@ -50,6 +60,16 @@ class PagedAttention(nn.Module):
         else:
             self.cos_sin_cache = None
         self.rotary_dim = rotary_dim if rotary_dim is not None else head_dim
+        if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
+            raise ValueError(f"window_left must be an int >= 0 (keys a query sees to its left) or -1 (no window), "
+                             f"got {window_left!r}")
+        if not logits_soft_cap >= 0:
+            raise ValueError(f"logits_soft_cap must be >= 0 (0: no soft-cap), got {logits_soft_cap!r}")
+        self.window_left = window_left
+        self.logits_soft_cap = float(logits_soft_cap)
+        # gpt-oss's learned sinks: one logit per query head (loaded with the
+        # model's weights), handed to the ops as float32 whatever the model's dtype.
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None
 
     def _apply(self, fn, recurse=True):
         # model.to(dtype) must move the cos/sin cache but keep it float32 (the ops
@@ -92,8 +112,12 @@ class PagedAttention(nn.Module):
                             k_scale, v_scale, k_smooth)
         out = torch.empty(t, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         ops.attention(out, q, k_cache, v_cache, m.block_tables, m.seq_lens, m.cu_seqlens_q, m.max_q_len,
-                      self.scale, m.causal, k_scale, v_scale, k_smooth)
+                      self.scale, m.causal, k_scale, v_scale, k_smooth, self.window_left, self.logits_soft_cap,
+                      self._sinks())
         return out.view(t, self.num_heads * self.head_dim)  # explicit: -1 is ambiguous for t = 0
+
+    def _sinks(self) -> Optional[torch.Tensor]:
+        return None if self.sinks is None else self.sinks.float()
 
     def _reference(self, q, k, v, k_cache, v_cache, k_scale, v_scale, k_smooth, m):
         """The same step in eager PyTorch (tileinfer_attn.reference)."""
@@ -108,4 +132,5 @@ class PagedAttention(nn.Module):
                               k_scale, v_scale, k_smooth)
         return reference.paged_attention(q, k_cache, v_cache, m.block_tables, m.seq_lens, m.cu_seqlens_q,
                                          m.max_q_len, self.scale, m.causal, k_scale=k_scale, v_scale=v_scale,
-                                         k_smooth=k_smooth)
+                                         k_smooth=k_smooth, window_left=self.window_left,
+                                         logits_soft_cap=self.logits_soft_cap, sinks=self._sinks())

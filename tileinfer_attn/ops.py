@@ -77,6 +77,23 @@ def _scale(op: str, q: torch.Tensor, scale: Optional[float]) -> float:
     return scale
 
 
+def _variants(op: str, window_left, logits_soft_cap, sinks):
+    """The per-layer variants, checked: (window_left, logits_soft_cap, sinks).
+    The C++ ops check them again (with sinks' shape and device)."""
+    _check(isinstance(window_left, (int, torch.SymInt)) and not isinstance(window_left, bool),
+           f"{op}: window_left must be an int (-1: no window), got {window_left!r}")
+    _check(isinstance(window_left, torch.SymInt) or window_left >= -1,
+           f"{op}: window_left must be >= 0 (keys a query sees to its left) or -1 (no window), got {window_left}")
+    _check(isinstance(logits_soft_cap, (int, float)) and not isinstance(logits_soft_cap, bool),
+           f"{op}: logits_soft_cap must be a number (0: no soft-cap), got {logits_soft_cap!r}")
+    cap = float(logits_soft_cap)
+    _check(math.isfinite(cap) and cap >= 0,
+           f"{op}: logits_soft_cap must be a finite number >= 0 (0: no soft-cap), got {cap}")
+    _check(sinks is None or isinstance(sinks, torch.Tensor),
+           f"{op}: sinks must be a float32 tensor [num_q_heads] or None, got {type(sinks).__name__}")
+    return window_left, cap, sinks
+
+
 def _check_max_q_len(op: str, max_q_len):
     # A host int (or a SymInt while tracing): it sizes the grid, it is not a length.
     ok = isinstance(max_q_len, torch.SymInt) or (
@@ -102,6 +119,9 @@ def prefill(
     k_scale: Optional[torch.Tensor] = None,
     v_scale: Optional[torch.Tensor] = None,
     k_smooth: Optional[torch.Tensor] = None,
+    window_left: int = -1,
+    logits_soft_cap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ):
     """FlashAttention-2-style attention of a varlen batch over the paged cache.
 
@@ -118,23 +138,31 @@ def prefill(
         lse / return_lse: also return the natural-log log-sum-exp ``[num_tokens, num_q_heads]`` fp32.
         k_scale, v_scale: ``[num_pages, num_kv_heads, page_size]`` fp32 (int8 cache only).
         k_smooth: ``[num_kv_heads, head_dim]`` fp32 key smoothing factors (int8 cache only).
+        window_left: sliding window: a query at position ``p`` sees keys ``[p - window_left, p]``
+            (causal; non-causal: from ``p - window_left`` on); -1: no window. Pages wholly
+            before a query's window are not read.
+        logits_soft_cap: scores ``s`` (after ``scale``) become ``cap * tanh(s / cap)`` before
+            masking (Gemma 2); 0: off.
+        sinks: ``[num_q_heads]`` fp32 learned sink logits (gpt-oss), or None: each one joins its
+            rows' softmax denominator as ``exp(sink)`` and nothing else; lse includes it.
 
     Returns ``out``, or ``(out, lse)`` with ``return_lse`` or a given ``lse``.
-    Rows that see no position give 0 (lse -inf); rows of tokens past
-    ``cu_seqlens_q[-1]`` are not written.
+    Rows that see no position give 0 (lse -inf, or the sink with ``sinks``);
+    rows of tokens past ``cu_seqlens_q[-1]`` are not written.
     """
     _check_tensor("prefill", "q", q, 3)
     _check_not_meta_mixed("prefill", q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                           seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, out=out, lse=lse, k_scale=k_scale,
-                          v_scale=v_scale, k_smooth=k_smooth)
+                          v_scale=v_scale, k_smooth=k_smooth, sinks=sinks)
     max_q_len = _check_max_q_len("prefill", max_q_len)
+    window_left, logits_soft_cap, sinks = _variants("prefill", window_left, logits_soft_cap, sinks)
     scale = _scale("prefill", q, scale)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if lse is None and return_lse:
         lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
     _ops.prefill(out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
-                 bool(causal), k_scale, v_scale, k_smooth)
+                 bool(causal), k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks)
     return (out, lse) if lse is not None else out
 
 
@@ -166,13 +194,18 @@ def decode(
     k_scale: Optional[torch.Tensor] = None,
     v_scale: Optional[torch.Tensor] = None,
     k_smooth: Optional[torch.Tensor] = None,
+    window_left: int = -1,
+    logits_soft_cap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ):
     """Split-KV decode for steps of 1-16 queries per sequence: partial results only.
 
     Arguments as :func:`prefill`. Split ``i`` of a sequence with ``P`` pages
     attends pages ``[i * ceil(P / S), (i + 1) * ceil(P / S))``; a split with no
-    position writes the neutral partial (out 0, lse -inf). Merge with
-    :func:`combine`.
+    position writes the neutral partial (out 0, lse -inf). With a window the
+    ``P`` pages are counted from the page of the first key that the step's
+    first query sees. ``sinks`` join split 0's partial only, so that
+    :func:`combine` counts them once. Merge with :func:`combine`.
 
     Args:
         num_splits: ``S``; default :func:`decode_num_splits` (what ``attention`` uses).
@@ -184,8 +217,10 @@ def decode(
     _check_tensor("decode", "q", q, 3)
     _check_not_meta_mixed("decode", q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                           seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, partial_out=partial_out,
-                          partial_lse=partial_lse, k_scale=k_scale, v_scale=v_scale, k_smooth=k_smooth)
+                          partial_lse=partial_lse, k_scale=k_scale, v_scale=v_scale, k_smooth=k_smooth,
+                          sinks=sinks)
     max_q_len = _check_max_q_len("decode", max_q_len)
+    window_left, logits_soft_cap, sinks = _variants("decode", window_left, logits_soft_cap, sinks)
     scale = _scale("decode", q, scale)
     if partial_out is not None:
         num_splits = partial_out.shape[0]
@@ -200,7 +235,7 @@ def decode(
     if partial_lse is None:
         partial_lse = torch.empty(num_splits, t, h, dtype=torch.float32, device=q.device)
     _ops.decode(partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
-                scale, bool(causal), k_scale, v_scale, k_smooth)
+                scale, bool(causal), k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks)
     return partial_out, partial_lse
 
 
@@ -249,26 +284,32 @@ def attention(
     k_scale: Optional[torch.Tensor] = None,
     v_scale: Optional[torch.Tensor] = None,
     k_smooth: Optional[torch.Tensor] = None,
+    window_left: int = -1,
+    logits_soft_cap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Attention for a step over the paged cache: decode + combine for steps of
     1-16 queries per sequence with a power-of-two number of query heads per KV
     head, prefill otherwise. The choice depends on shapes only (``max_q_len``,
     head counts), so a captured CUDA graph takes the same path every step.
 
-    Arguments as :func:`prefill`. Returns ``out [num_tokens, num_q_heads, head_dim]``.
+    Arguments as :func:`prefill` (the per-layer variants ``window_left``,
+    ``logits_soft_cap`` and ``sinks`` included, on both paths). Returns
+    ``out [num_tokens, num_q_heads, head_dim]``.
     Rows of tokens past ``cu_seqlens_q[-1]`` (padding) are 0 on the decode path
     and left untouched on the prefill path.
     """
     _check_tensor("attention", "q", q, 3)
     _check_not_meta_mixed("attention", q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                           seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, out=out, k_scale=k_scale, v_scale=v_scale,
-                          k_smooth=k_smooth)
+                          k_smooth=k_smooth, sinks=sinks)
     max_q_len = _check_max_q_len("attention", max_q_len)
+    window_left, logits_soft_cap, sinks = _variants("attention", window_left, logits_soft_cap, sinks)
     scale = _scale("attention", q, scale)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     _ops.attention(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, bool(causal),
-                   k_scale, v_scale, k_smooth)
+                   k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks)
     return out
 
 

@@ -10,7 +10,11 @@ the other.
 Semantics shared with the kernels: query t of sequence s
 sits at position seq_lens[s] - n_s + t; causal queries see positions <= their
 own; a row that sees no position gives 0 (and lse = -inf); block-table entries
-outside the pool are skipped (their positions contribute nothing).
+outside the pool are skipped (their positions contribute nothing). The
+per-layer variants: a window (a query at p sees keys from p - window_left
+on), a soft-cap (scaled scores s become cap * tanh(s / cap) before masking)
+and sinks (a logit per query head that joins the softmax denominator; lse
+includes it, and a row that sees no position then has lse = its sink).
 """
 from __future__ import annotations
 
@@ -94,6 +98,9 @@ def paged_attention(
     k_scale: Optional[torch.Tensor] = None,
     v_scale: Optional[torch.Tensor] = None,
     k_smooth: Optional[torch.Tensor] = None,
+    window_left: int = -1,
+    logits_soft_cap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
     *,
     exact: bool = False,
     return_lse: bool = False,
@@ -107,8 +114,9 @@ def paged_attention(
     have the result's shape; it is returned). Then, keyword only:
 
     exact=False: eager rounding (scores and probabilities in q's dtype, softmax
-    in float32 as HF's eager attention); out has q's dtype. exact=True: float64
-    throughout, out float64. Returns out [num_tokens, num_q_heads, head_dim]
+    in float32 as HF's eager attention: the soft-cap in q's dtype as Gemma 2's,
+    the sinks as an extra column of the float32 softmax as gpt-oss's); out has
+    q's dtype. exact=True: float64 throughout, out float64. Returns out [num_tokens, num_q_heads, head_dim]
     (and lse [num_tokens, num_q_heads], natural log, with return_lse). Rows of
     tokens of no sequence are 0."""
     ok = isinstance(max_q_len, torch.SymInt) or (
@@ -120,8 +128,14 @@ def paged_attention(
         scale = q.shape[-1] ** -0.5
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise RuntimeError(f"reference.paged_attention: scale must be a number, got {scale!r}")
+    if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
+        raise RuntimeError(f"reference.paged_attention: window_left must be an int >= -1, got {window_left!r}")
+    if isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, (int, float)) or not (
+            logits_soft_cap >= 0):
+        raise RuntimeError(f"reference.paged_attention: logits_soft_cap must be a number >= 0, "
+                           f"got {logits_soft_cap!r}")
     result = _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, float(scale), bool(causal),
-                              k_scale, v_scale, k_smooth, exact)
+                              k_scale, v_scale, k_smooth, exact, window_left, float(logits_soft_cap), sinks)
     if out is not None:
         if tuple(out.shape) != tuple(result[0].shape):
             raise RuntimeError(f"reference.paged_attention: out must have shape {tuple(result[0].shape)}, "
@@ -132,7 +146,7 @@ def paged_attention(
 
 
 def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, causal, k_scale, v_scale,
-                     k_smooth, exact):
+                     k_smooth, exact, window_left=-1, soft_cap=0.0, sinks=None):
     """(out, lse) of paged_attention."""
     num_tokens, hq, d = q.shape
     hkv = k_cache.shape[1]
@@ -153,27 +167,41 @@ def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
         ks = k.to(work).repeat_interleave(group, dim=1).transpose(0, 1)  # [hq, L, d]
         vs = v.to(work).repeat_interleave(group, dim=1).transpose(0, 1)
         scores = torch.matmul(qs, ks.transpose(1, 2)) * scale  # [hq, n, L]
+        if soft_cap > 0:
+            scores = torch.tanh(scores / soft_cap) * soft_cap
         qpos = length - n + torch.arange(n, device=q.device)
         kpos = torch.arange(length, device=q.device)
         mask = valid[None, :].expand(n, length)
         if causal:
             mask = mask & (kpos[None, :] <= qpos[:, None])
+        if window_left >= 0:
+            mask = mask & (kpos[None, :] >= qpos[:, None] - window_left)
+        # [hq, 1, 1] sink logits, or None
+        sink = None if sinks is None else sinks.to(q.device, torch.float64 if exact else torch.float32)[:, None, None]
         if exact:
             scores = scores.masked_fill(~mask, float("-inf"))
             m = scores.amax(-1, keepdim=True)
+            if sink is not None:
+                m = torch.maximum(m, sink)
             seen = torch.isfinite(m)
             m = torch.where(seen, m, torch.zeros_like(m))
             p = torch.exp(scores - m)
             den = p.sum(-1, keepdim=True)
+            if sink is not None:
+                den = den + torch.exp(sink - m)
             o = torch.matmul(p, vs) / torch.where(seen, den, torch.ones_like(den))
             row_lse = torch.where(seen, m + torch.log(den), torch.full_like(m, float("-inf")))
         else:
             scores32 = scores.float().masked_fill(~mask, float("-inf"))
             seen = mask.any(-1, keepdim=True)
+            if sink is not None:  # one more column of the softmax, dropped after it
+                scores32 = torch.cat([scores32, sink.expand(-1, n, 1)], dim=-1)
             p = torch.softmax(scores32, dim=-1)
+            row_lse = torch.logsumexp(scores32, dim=-1, keepdim=True)
+            if sink is not None:
+                p = p[..., :-1]
             p = torch.where(seen, p, torch.zeros_like(p)).to(work)
             o = torch.matmul(p, vs)
-            row_lse = torch.logsumexp(scores32, dim=-1, keepdim=True)
         out[b:e] = o.transpose(0, 1).to(out.dtype)
         lse[b:e] = row_lse.squeeze(-1).transpose(0, 1).to(lse.dtype)
     return out, lse

@@ -112,7 +112,8 @@ def ulp(dtype: torch.dtype) -> float:
 def ulp_error(out: torch.Tensor, exact: torch.Tensor, dtype: Optional[torch.dtype] = None) -> float:
     """Largest error of ``out`` against ``exact``, in ulps of ``dtype`` at each
     row's magnitude (rows: the last dim): ``|out - exact| / (2^floor(log2(m)) *
-    eps(dtype))`` with ``m`` the row's largest ``|exact|``. NaN or inf anywhere
+    eps(dtype))`` with ``m`` the row's largest ``|exact|`` (the unit no smaller
+    than the spacing of ``dtype``'s subnormals). NaN or inf anywhere
     in ``out`` gives inf.
 
     Args:
@@ -132,7 +133,11 @@ def ulp_error(out: torch.Tensor, exact: torch.Tensor, dtype: Optional[torch.dtyp
     if not torch.isfinite(o).all():
         return float("inf")
     mag = e.abs().amax(-1, keepdim=True).clamp_min(1e-30)
-    unit = torch.exp2(torch.floor(torch.log2(mag))) * ulp(dtype)
+    # Below the smallest normal the spacing stops shrinking: fp16's subnormals
+    # are 2^-24 apart, so a row of magnitude 1e-6 (attention that puts almost
+    # all of its probability on a sink) cannot be nearer than that.
+    finfo = torch.finfo(dtype)
+    unit = (torch.exp2(torch.floor(torch.log2(mag))) * ulp(dtype)).clamp_min(finfo.smallest_normal * finfo.eps)
     return float(((o - e).abs() / unit).max()) if o.numel() else 0.0
 
 

@@ -3,7 +3,10 @@
 // kernels (docs/DESIGN.md "Partial results", "Splits"), so that a machine
 // without a GPU runs the package and its tests. Speed is secondary; the code
 // follows the math: per (sequence, KV head) a tile of query rows walks the
-// sequence's pages through the block table with an online softmax.
+// sequence's pages through the block table with an online softmax. The
+// per-layer variants as on CUDA: a window (which keys a row sees, and from
+// which page the walk starts), a soft-cap on the scaled scores (std::tanh), a
+// sink per query head in the denominator (prefill; decode: split 0).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -71,6 +74,21 @@ void load_page(const HostKV& kv, int64_t page, int64_t kv_head, int64_t count, f
   }
 }
 
+// The per-layer variants of a call (window_left -1: none; soft_cap 0: none;
+// sinks null: none).
+struct Variants {
+  int64_t window_left = -1;
+  float soft_cap = 0.f;
+  const float* sinks = nullptr;  // [num_q_heads]
+
+  // First key position a query at qpos sees (0 without a window).
+  int64_t first_key(int64_t qpos) const {
+    return window_left < 0 ? 0 : std::max<int64_t>(0, qpos - window_left);
+  }
+  // Page where a key walk for queries from position qpos on starts.
+  int64_t first_page(int64_t qpos, int64_t page_size) const { return first_key(qpos) / page_size; }
+};
+
 // The online-softmax state of a tile of query rows: the rows of one KV head's
 // query heads for some of a sequence's tokens, row = token_in_tile * group + head_in_group.
 struct RowTile {
@@ -93,13 +111,20 @@ struct RowTile {
   }
 
   // Normalized output and natural-log lse of row r; a row that saw no
-  // position gives 0 and -inf (the neutral partial), never NaN.
+  // position gives 0 and -inf (the neutral partial), never NaN. `sink`: the
+  // row's sink logit (-inf: none), one more term exp(sink) of the
+  // denominator: out = acc e^(m - M) / (l e^(m - M) + e^(sink - M)) with
+  // M = max(m, sink); lse includes it. A row that saw nothing but has a sink
+  // gives 0 and lse = sink.
   template <typename out_t>
-  void finish(int64_t r, out_t* out, float* lse) const {
-    const bool seen = l[r] > 0.f;
-    const float inv = seen ? 1.f / l[r] : 0.f;
+  void finish(int64_t r, out_t* out, float* lse, float sink = kNegInf) const {
+    const float top = std::max(m[r], sink);
+    const bool seen = top != kNegInf;
+    const float f = m[r] == kNegInf ? 0.f : std::exp(m[r] - top);
+    const float den = l[r] * f + (sink == kNegInf ? 0.f : std::exp(sink - top));
+    const float inv = seen ? f / den : 0.f;
     for (int64_t i = 0; i < d; ++i) out[i] = from_float<out_t>(acc[r * d + i] * inv);
-    if (lse) *lse = seen ? m[r] + std::log(l[r]) : kNegInf;
+    if (lse) *lse = seen ? top + std::log(den) : kNegInf;
   }
 };
 
@@ -135,7 +160,7 @@ void load_queries(RowTile& t, const at::Tensor& q, int64_t kv_head, int64_t grou
 // holding len positions. Pages whose id lies outside the pool are skipped.
 template <typename cache_t>
 void attend_pages(const HostKV& kv, int64_t seq, int64_t kv_head, int64_t len, int64_t page_begin,
-                  int64_t page_end, bool causal, RowTile& t, Scratch& sc) {
+                  int64_t page_end, bool causal, const Variants& var, RowTile& t, Scratch& sc) {
   const int64_t ps = kv.s.page_size;
   const int64_t d = kv.s.head_dim;
   for (int64_t j = page_begin; j < page_end; ++j) {
@@ -147,20 +172,24 @@ void attend_pages(const HostKV& kv, int64_t seq, int64_t kv_head, int64_t len, i
     load_page<cache_t>(kv, page, kv_head, count, sc.kf.data(), sc.vf.data());
     for (int64_t r = 0; r < t.rows; ++r) {
       // Causal: the row sees positions <= its own; only the diagonal page cuts.
+      // Window: and positions from first_key on; only the window's edge cuts.
       const int64_t visible = causal ? std::min(count, t.qpos[r] - pos0 + 1) : count;
-      if (visible <= 0) continue;
+      const int64_t first = std::max<int64_t>(0, var.first_key(t.qpos[r]) - pos0);
+      if (visible <= first) continue;
       const float* qr = &t.q[r * d];
       float mx = kNegInf;
-      for (int64_t c = 0; c < visible; ++c) {
-        sc.scores[c] = dot(qr, &sc.kf[c * d], d);
-        mx = std::max(mx, sc.scores[c]);
+      for (int64_t c = first; c < visible; ++c) {
+        float sc_c = dot(qr, &sc.kf[c * d], d);  // scale * q . k
+        if (var.soft_cap > 0.f) sc_c = var.soft_cap * std::tanh(sc_c / var.soft_cap);
+        sc.scores[c] = sc_c;
+        mx = std::max(mx, sc_c);
       }
       const float m_new = std::max(t.m[r], mx);
       const float alpha = std::exp(t.m[r] - m_new);  // 0 on the first page the row sees
       float* acc = &t.acc[r * d];
       float l = t.l[r] * alpha;
       for (int64_t i = 0; i < d; ++i) acc[i] *= alpha;
-      for (int64_t c = 0; c < visible; ++c) {
+      for (int64_t c = first; c < visible; ++c) {
         const float p = std::exp(sc.scores[c] - m_new);
         l += p;
         const float* vr = &sc.vf[c * d];
@@ -181,7 +210,7 @@ struct WorkItem {
 
 template <typename scalar_t, typename cache_t>
 void prefill_impl(at::Tensor& out, float* lse, const at::Tensor& q, const HostKV& kv, float scale,
-                  bool causal) {
+                  bool causal, const Variants& var) {
   const auto& s = kv.s;
   const int64_t hq = q.size(1);
   const int64_t group = hq / s.num_kv_heads;
@@ -202,12 +231,15 @@ void prefill_impl(at::Tensor& out, float* lse, const at::Tensor& q, const HostKV
       const int64_t n = kv.cu_seqlens_q[it.seq + 1] - seq_begin;
       const int64_t len = kv.seq_lens[it.seq];
       load_queries<scalar_t>(t, q, it.kv_head, group, seq_begin, it.tok_begin, it.tok_end, n, len, scale);
-      attend_pages<cache_t>(kv, it.seq, it.kv_head, len, 0, pages_for(len, s.page_size), causal, t, sc);
+      // From the page of the first key that the item's first query sees.
+      const int64_t first_page = var.first_page(len - n + (it.tok_begin - seq_begin), s.page_size);
+      attend_pages<cache_t>(kv, it.seq, it.kv_head, len, first_page, pages_for(len, s.page_size), causal, var, t,
+                            sc);
       for (int64_t tok = it.tok_begin; tok < it.tok_end; ++tok)
         for (int64_t h = 0; h < group; ++h) {
           const int64_t head = it.kv_head * group + h;
           t.finish((tok - it.tok_begin) * group + h, op + tok * out.stride(0) + head * out.stride(1),
-                   lse ? lse + tok * hq + head : nullptr);
+                   lse ? lse + tok * hq + head : nullptr, var.sinks ? var.sinks[head] : kNegInf);
         }
     }
   });
@@ -215,7 +247,7 @@ void prefill_impl(at::Tensor& out, float* lse, const at::Tensor& q, const HostKV
 
 template <typename scalar_t, typename cache_t>
 void decode_impl(float* partial_out, float* partial_lse, int64_t num_splits, const at::Tensor& q,
-                 const HostKV& kv, float scale, bool causal) {
+                 const HostKV& kv, float scale, bool causal, const Variants& var) {
   const auto& s = kv.s;
   const int64_t num_tokens = q.size(0);
   const int64_t hq = q.size(1);
@@ -236,19 +268,24 @@ void decode_impl(float* partial_out, float* partial_lse, int64_t num_splits, con
       const WorkItem& it = items[w];
       const int64_t n = it.tok_end - it.tok_begin;
       const int64_t len = kv.seq_lens[it.seq];
-      // Split i takes pages [i * ceil(P / S), (i + 1) * ceil(P / S)) of the
-      // sequence's P pages; the later splits of a short sequence get none and
-      // write the neutral partial (out = 0, lse = -inf).
+      // Split i takes pages F + [i * ceil(P / S), (i + 1) * ceil(P / S)) of
+      // the sequence's P pages from page F on (F: the page of the first key
+      // that the step's first query sees, 0 without a window); the later
+      // splits of a short sequence get none and write the neutral partial
+      // (out = 0, lse = -inf). The sink joins split 0's partial only.
       const int64_t num_pages = pages_for(len, s.page_size);
-      const int64_t per_split = (num_pages + num_splits - 1) / num_splits;
-      const int64_t pb = std::min(num_pages, it.split * per_split);
+      const int64_t first_page = std::min(num_pages, var.first_page(len - n, s.page_size));
+      const int64_t per_split = (num_pages - first_page + num_splits - 1) / num_splits;
+      const int64_t pb = std::min(num_pages, first_page + it.split * per_split);
       const int64_t pe = std::min(num_pages, pb + per_split);
       load_queries<scalar_t>(t, q, it.kv_head, group, it.tok_begin, it.tok_begin, it.tok_end, n, len, scale);
-      attend_pages<cache_t>(kv, it.seq, it.kv_head, len, pb, pe, causal, t, sc);
+      attend_pages<cache_t>(kv, it.seq, it.kv_head, len, pb, pe, causal, var, t, sc);
       for (int64_t tok = it.tok_begin; tok < it.tok_end; ++tok)
         for (int64_t h = 0; h < group; ++h) {
-          const int64_t row = (it.split * num_tokens + tok) * hq + it.kv_head * group + h;
-          t.finish((tok - it.tok_begin) * group + h, partial_out + row * d, partial_lse + row);
+          const int64_t head = it.kv_head * group + h;
+          const int64_t row = (it.split * num_tokens + tok) * hq + head;
+          const float sink = var.sinks && it.split == 0 ? var.sinks[head] : kNegInf;
+          t.finish((tok - it.tok_begin) * group + h, partial_out + row * d, partial_lse + row, sink);
         }
     }
   });
@@ -263,6 +300,10 @@ void decode_impl(float* partial_out, float* partial_lse, int64_t num_splits, con
         std::fill(partial_out + row * d, partial_out + (row + 1) * d, 0.f);
         partial_lse[row] = kNegInf;
       }
+}
+
+Variants variants(int64_t window_left, double logits_soft_cap, const std::optional<at::Tensor>& sinks) {
+  return {window_left, static_cast<float>(logits_soft_cap), sinks.has_value() ? sinks->data_ptr<float>() : nullptr};
 }
 
 // Runs fn.template operator()<scalar_t, cache_t>() for q's element type and the pool's.
@@ -283,17 +324,20 @@ void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>
                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
                 const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                 bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                const std::optional<at::Tensor>& k_smooth) {
+                const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+                const std::optional<at::Tensor>& sinks) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
+  check_variants(op, window_left, logits_soft_cap, sinks, q.size(1), q.device());
   check_token_tensor(op, "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
   if (lse.has_value()) check_lse(op, "lse", *lse, q.size(0), q.size(1), q.device());
   check_metadata_values_on_host(op, s, seq_lens, cu_seqlens_q, q.size(0), max_q_len);
   const HostKV kv = detail::host_kv(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
                                     k_smooth);
   float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;
+  const Variants var = variants(window_left, logits_soft_cap, sinks);
   dispatch_q_and_cache(op, q, s.int8, [&]<typename scalar_t, typename cache_t>() {
-    prefill_impl<scalar_t, cache_t>(out, lse_ptr, q, kv, static_cast<float>(scale), causal);
+    prefill_impl<scalar_t, cache_t>(out, lse_ptr, q, kv, static_cast<float>(scale), causal, var);
   });
 }
 
@@ -301,9 +345,11 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
                const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-               const std::optional<at::Tensor>& k_smooth) {
+               const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+               const std::optional<at::Tensor>& sinks) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
+  check_variants(op, window_left, logits_soft_cap, sinks, q.size(1), q.device());
   check_decode_max_q_len(op, max_q_len);
   check_decode_partials(op, partial_out, partial_lse, q, s.head_dim);
   check_metadata_values_on_host(op, s, seq_lens, cu_seqlens_q, q.size(0), max_q_len);
@@ -311,8 +357,9 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
                                     k_smooth);
   float* po = partial_out.data_ptr<float>();
   float* pl = partial_lse.data_ptr<float>();
+  const Variants var = variants(window_left, logits_soft_cap, sinks);
   dispatch_q_and_cache(op, q, s.int8, [&]<typename scalar_t, typename cache_t>() {
-    decode_impl<scalar_t, cache_t>(po, pl, partial_out.size(0), q, kv, static_cast<float>(scale), causal);
+    decode_impl<scalar_t, cache_t>(po, pl, partial_out.size(0), q, kv, static_cast<float>(scale), causal, var);
   });
 }
 
@@ -364,18 +411,20 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
              const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
              const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
              const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-             const std::optional<at::Tensor>& k_smooth) {
+             const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+             const std::optional<at::Tensor>& sinks) {
   prefill_as("prefill", out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
-             causal, k_scale, v_scale, k_smooth);
+             causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
 }
 
 void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q, const at::Tensor& k_cache,
             const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-            const std::optional<at::Tensor>& k_smooth) {
+            const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+            const std::optional<at::Tensor>& sinks) {
   decode_as("decode", partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
-            max_q_len, scale, causal, k_scale, v_scale, k_smooth);
+            max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
 }
 
 void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,

@@ -6,6 +6,7 @@
 
 #include "tileinfer/error.h"
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <optional>
 
@@ -41,7 +42,8 @@ inline AttentionParams make_attention_params(const char* op, const PagedShape& s
                                              const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                                              bool causal, const std::optional<at::Tensor>& k_scale,
                                              const std::optional<at::Tensor>& v_scale,
-                                             const std::optional<at::Tensor>& k_smooth) {
+                                             const std::optional<at::Tensor>& k_smooth, int64_t window_left,
+                                             double logits_soft_cap, const std::optional<at::Tensor>& sinks) {
   TILEINFER_CHECK(q.is_cuda(), op, ": q must be a CUDA tensor, got ", q.device());
   // Pool rows (page, head, slot) are int32 in the kernels.
   TILEINFER_CHECK(s.num_pages * s.num_kv_heads * s.page_size < (int64_t(1) << 31), op,
@@ -63,6 +65,12 @@ inline AttentionParams make_attention_params(const char* op, const PagedShape& s
   p.num_splits = 1;
   p.scale = static_cast<float>(scale);
   p.causal = causal;
+  // No window (-1), or one that reaches past every position the block table
+  // holds (the same thing), is INT_MAX for the kernels (window_first_key).
+  const int64_t cap = s.max_pages * s.page_size;
+  p.window_left = window_left < 0 || window_left >= cap ? INT_MAX : static_cast<int>(window_left);
+  p.soft_cap = static_cast<float>(logits_soft_cap);
+  p.sinks = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   return p;
 }
 

@@ -83,9 +83,11 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
                const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-               const std::optional<at::Tensor>& k_smooth) {
+               const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+               const std::optional<at::Tensor>& sinks) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
+  check_variants(op, window_left, logits_soft_cap, sinks, q.size(1), q.device());
   check_decode_max_q_len(op, max_q_len);
   const int64_t T = q.size(0), H = q.size(1);
   check_decode_partials(op, partial_out, partial_lse, q, s.head_dim);
@@ -96,7 +98,7 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionParams p = make_attention_params(op, s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
-                                            k_smooth);
+                                            k_smooth, window_left, logits_soft_cap, sinks);
   if (T == 0 || H == 0) return;
   if (s.num_seqs == 0 || max_q_len == 0) {
     // No block runs, so no block marks the (all-padding) tokens: give them the
@@ -114,20 +116,22 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
             const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-            const std::optional<at::Tensor>& k_smooth) {
+            const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+            const std::optional<at::Tensor>& sinks) {
   decode_as("decode", partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
-            max_q_len, scale, causal, k_scale, v_scale, k_smooth);
+            max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
 }
 
 void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
                          const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                          const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
                          const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                         const std::optional<at::Tensor>& k_smooth) {
+                         const std::optional<at::Tensor>& k_smooth, int64_t window_left,
+                         double logits_soft_cap, const std::optional<at::Tensor>& sinks) {
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionParams p = make_attention_params("attention", s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
-                                            k_smooth);
+                                            k_smooth, window_left, logits_soft_cap, sinks);
   if (q.size(0) == 0 || q.size(1) == 0) return;
   if (s.num_seqs == 0 || max_q_len == 0) {  // every token is padding: combine would write 0
     out.zero_();
@@ -140,12 +144,13 @@ void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, con
                   const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                   const at::Tensor& cu_seqlens_q, int64_t splits, double scale, bool causal,
                   const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                  const std::optional<at::Tensor>& k_smooth) {
+                  const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+                  const std::optional<at::Tensor>& sinks) {
   const c10::cuda::CUDAGuard guard(q.device());
   // The grid, and the slots, are sized for kMaxDecodeQueries queries a sequence.
   AttentionParams p = make_attention_params("attention", s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, kMaxDecodeQueries, scale, causal, k_scale, v_scale,
-                                            k_smooth);
+                                            k_smooth, window_left, logits_soft_cap, sinks);
   if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0) return;
   p.mixed_queries = static_cast<int>(kMaxDecodeQueries);
   if (splits == 1) {  // the blocks write their (decode) rows of out

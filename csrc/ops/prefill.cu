@@ -128,15 +128,17 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
                  const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
                  const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                  bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                 const std::optional<at::Tensor>& k_smooth, int64_t mixed_queries) {
+                 const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+                 const std::optional<at::Tensor>& sinks, int64_t mixed_queries) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens,
                                              cu_seqlens_q, max_q_len, k_scale, v_scale, k_smooth);
+  check_variants(op, window_left, logits_soft_cap, sinks, q.size(1), q.device());
   check_token_tensor(op, "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
   if (lse.has_value()) check_lse(op, "lse", *lse, q.size(0), q.size(1), q.device());
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionParams p = make_attention_params(op, s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
-                                            k_smooth);
+                                            k_smooth, window_left, logits_soft_cap, sinks);
   if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0 || max_q_len == 0) return;
   p.mixed_queries = static_cast<int>(mixed_queries);
 
@@ -201,27 +203,30 @@ void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>
                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
                 const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                 bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                const std::optional<at::Tensor>& k_smooth) {
+                const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+                const std::optional<at::Tensor>& sinks) {
   run_prefill(op, out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, causal,
-              k_scale, v_scale, k_smooth, 0);
+              k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, 0);
 }
 
 void prefill_long_sequences(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
                             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                            const std::optional<at::Tensor>& k_smooth) {
+                            const std::optional<at::Tensor>& k_smooth, int64_t window_left,
+                            double logits_soft_cap, const std::optional<at::Tensor>& sinks) {
   run_prefill("attention", out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
-              scale, causal, k_scale, v_scale, k_smooth, kMaxDecodeQueries);
+              scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, kMaxDecodeQueries);
 }
 
 void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
              const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
              const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
              bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-             const std::optional<at::Tensor>& k_smooth) {
+             const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+             const std::optional<at::Tensor>& sinks) {
   prefill_as("prefill", out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
-             causal, k_scale, v_scale, k_smooth);
+             causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
 }
 
 }  // namespace tileinfer::cuda

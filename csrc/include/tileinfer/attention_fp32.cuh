@@ -1,7 +1,7 @@
 // fp32 attention on CUDA cores: products and sums in fp32 (no tf32 tensor
 // cores), so that it meets 1e-5 relative against exact attention (the fp32
 // accuracy contract). Same work mapping (attention_work.cuh), page lookup and online softmax
-// (softmax.cuh) as the tensor-core kernel; speed is secondary.
+// (softmax.cuh, with its soft-cap and sinks) as the tensor-core kernel; speed is secondary.
 //
 // A block of 128 threads holds 16 query rows; 8 consecutive lanes share a row.
 // Per tile of 32 key positions: K and V go through shared memory; lane j of a
@@ -86,11 +86,14 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
   const int qpos = row_qpos_s[row];
 
   OnlineSoftmax<1, Cfg::kLanesPerRow> sm;
-  sm.init();
+  sm.row[0].init(Work::sink(p, w, row_head_s[row]), j == 0);  // a sink starts the row (softmax.cuh)
   float4 acc[Cfg::kChunksPerLane];  // output columns 4 (j + 8i) .. 4 (j + 8i) + 3
 #pragma unroll
   for (int i = 0; i < Cfg::kChunksPerLane; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float scale_log2 = p.scale * kLog2e;
+  // Scores in log2 units (scale * log2(e), or a soft-cap, applied per score
+  // with the library's tanh: softmax.cuh), and this row's window.
+  const ScoreMap smap = ScoreMap::make(p.scale, p.soft_cap);
+  const int lo = window_first_key(qpos, p.window_left);
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int tile_pos = w.key_begin + tile * BN;
@@ -130,8 +133,8 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
 #pragma unroll
     for (int i = 0; i < Cfg::kKeysPerLane; ++i) {
       const int key = j + 8 * i;
-      const bool visible = key_rows_s[key] >= 0 && !(p.causal && tile_pos + key > qpos);
-      s[0][i] = visible ? s[0][i] * scale_log2 : kNegInf;
+      const bool visible = key_rows_s[key] >= 0 && !(p.causal && tile_pos + key > qpos) && tile_pos + key >= lo;
+      s[0][i] = visible ? smap.log2_score_precise(s[0][i]) : kNegInf;
     }
     float factor[1];
     sm.update(s, 1.f, factor);  // scores scaled above

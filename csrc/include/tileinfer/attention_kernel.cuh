@@ -478,32 +478,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 #pragma unroll
       for (int f = 0; f < D / 16; ++f) q_frag_smem(qf[mt][f], mt, f);
   }
+  // With a positive scale the softmax takes raw scores and folds the scale into
+  // its exp2 argument (one FFMA per score); a soft-cap folds cap * log2(e)
+  // instead (softmax.cuh).
+  const ScoreMap smap = ScoreMap::make(p.scale, p.soft_cap);
   // int8: this lane's rows' 2^-e (scores come out of the integer products in
-  // units of 2^e), and whether a row holds a non-finite value.
+  // units of 2^e) times the score map's factor (scale / cap, or an unfoldable
+  // scale: one multiply per score fewer, and a register fewer in the 128-row
+  // tile), and whether a row holds a non-finite value.
   float row_unscale[Cfg::kInt8 ? kR : 1];
   bool row_bad[Cfg::kInt8 ? kR : 1];
   if constexpr (Cfg::kInt8) {
 #pragma unroll
     for (int R = 0; R < kR; ++R) {
-      row_unscale[R] = 1.f / row_q_scale(row_of(R));  // exact: a power of two
+      row_unscale[R] = smap.pre_factor() / row_q_scale(row_of(R));  // the factor times a power of two
       row_bad[R] = isinf(__int_as_float(row_qmax_s[row_of(R)]));
     }
   }
 
   OnlineSoftmax<kR, 4> sm;  // each row spread over the 4 lanes of a quad
-  sm.init();
+  // A sink (in the blocks Work says hold it) starts the row: softmax.cuh. Its
+  // term of the sum goes to one lane of the row, in one key-slice warp.
+#pragma unroll
+  for (int R = 0; R < kR; ++R)
+    sm.row[R].init(Work::sink(p, w, row_head_s[row_of(R)]), (lane & 3) == 0 && warp_n == 0);
   float o[kR][D / 4];  // O row R; column 8j + 2(lane % 4) + e at [2j + e] (int8 decode: see P V)
 #pragma unroll
   for (int R = 0; R < kR; ++R)
 #pragma unroll
     for (int x = 0; x < D / 4; ++x) o[R][x] = 0.f;
-  const float scale_log2 = p.scale * kLog2e;
   // int8: the warp's running maximum of |value scale|, and the probabilities' factor 2^15 / vmax.
   constexpr float kPHeadroom = 32768.f;
   float vmax = 0.f, p_factor = 0.f;
-  // With a positive scale the softmax takes raw scores and folds the scale into
-  // its exp2 argument (one FFMA per score); otherwise scores are scaled first.
-  const bool fold_scale = scale_log2 > 0.f;
   const int quad = lane & 3;
 
   for (int i = 0; i < num_tiles; ++i) {
@@ -522,7 +528,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     }
 
     const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
-    if (!warp_has_rows || (p.causal && tile_pos + key0 > qmax)) continue;  // warp-uniform: nothing visible
+    // Warp-uniform: nothing visible. (The key walk starts at the window of
+    // the block's first query; the warps of later rows do not skip the tiles
+    // before their own windows: that test keeps a register live through the
+    // loop, and the 128-row int8 tile has none to spare.)
+    if (!warp_has_rows || (p.causal && tile_pos + key0 > qmax)) continue;
 
     const uint32_t v_tile = Cfg::kInt8 && !Cfg::kValuesInRegs ? conv_base : smem_addr(v_stage);
 
@@ -622,12 +632,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
         }
       }
     }
-    if (!fold_scale) {
-#pragma unroll
-      for (int R = 0; R < kR; ++R)
-#pragma unroll
-        for (int x = 0; x < WN / 4; ++x) s[R][x] *= scale_log2;
-    }
     // int8: this lane's key scales (keys key0 + 8j + 2 quad + e at [j][e]; 0 for
     // skipped keys), and the multiplication of score / probability columns by them.
     const float* tile_scales = scale_s + (i % S) * 2 * BN + key0 + 2 * quad;
@@ -653,13 +657,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       lane_scales(tile_scales, ks);
       scale_columns(ks);
     }
+    // Soft-cap (or an unfoldable scale), on the true products. (int8: the
+    // factor is in row_unscale already, the key scales multiply the product.)
+    if constexpr (Cfg::kInt8) {
+      smap.apply_premultiplied(s);
+    } else {
+      smap.apply(s);
+    }
 
-    // Masks: only on tiles with skipped keys or overlapping the causal diagonal.
+    // Masks: only on tiles with skipped keys, overlapping the causal diagonal,
+    // or reaching before some row's window.
     const int slot = i % kSlots;
     bool skipped = false;
 #pragma unroll
     for (int f = 0; f < kFlags; ++f) skipped |= flags_s[slot * kFlags + f] != 0;
-    if (skipped || (p.causal && tile_pos + key0 + WN - 1 > qmin)) {
+    // The window's edge is tested per thread, for its last row (no register
+    // stays live for it through the loop). The 128-row int8 tile, at 255
+    // registers, spilled one with that test: there a window masks every tile.
+    constexpr bool kEdgeTest = !(Cfg::kInt8 && Cfg::kRowTiles == 2);
+    const bool window_edge = kEdgeTest ? tile_pos + key0 < window_first_key(qpos[kR - 1], p.window_left)
+                                       : p.window_left != INT_MAX;
+    if (skipped || (p.causal && tile_pos + key0 + WN - 1 > qmin) || window_edge) {
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j)
 #pragma unroll
@@ -669,12 +687,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
           const int kpos = tile_pos + key;
 #pragma unroll
           for (int R = 0; R < kR; ++R)
-            if (!present || (p.causal && kpos > qpos[R])) s[R][2 * j + e] = kNegInf;
+            if (!present || (p.causal && kpos > qpos[R]) || kpos < window_first_key(qpos[R], p.window_left))
+              s[R][2 * j + e] = kNegInf;
         }
     }
 
     float factor[kR];
-    sm.update(s, fold_scale ? scale_log2 : 1.f, factor);  // s now holds the probabilities
+    sm.update(s, smap.k, factor);  // s now holds the probabilities
     // int8: each value's scale, divided by the warp's running vmax (of |scale|), multiplies
     // its probabilities (after the row sums took them); a larger vmax rescales
     // the accumulator like a larger row maximum does.

@@ -16,10 +16,12 @@
 //     cp.async, kStages deep, zero-filled for skipped keys; Q once;
 //   - S = Q K^T: wgmma m64n{kBlockN}k16, A = Q and B = K both from shared memory
 //     (K-major), 8 instructions over the head dim, fp32 accumulators;
-//   - online softmax (softmax.cuh, OnlineSoftmax<2, 4>: the accumulator of
-//     m64nNk16 gives each thread rows g and g + 8 of its warp's 16, each row
-//     over the 4 lanes of a quad, exactly the mma.m16n8k16 C layout repeated
-//     over N / 8), masks only on tiles with skipped keys or on the diagonal;
+//   - online softmax (softmax.cuh, OnlineSoftmax<2, 4>, with its soft-cap and
+//     sinks: the accumulator of m64nNk16 gives each thread rows g and g + 8 of
+//     its warp's 16, each row over the 4 lanes of a quad, exactly the
+//     mma.m16n8k16 C layout repeated over N / 8), masks only on tiles with
+//     skipped keys, on the diagonal or on a window's edge; tiles before the
+//     warpgroup's window skipped as those after its last query;
 //   - O += P V: P rounded to T stays in registers and is the A operand (the S
 //     accumulator of 16 keys is, register for register, the A fragment of
 //     m64nNk16, as with mma.sync), B = V from shared memory, N-major
@@ -194,12 +196,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   const int wg_qmax = wg_has_rows ? row_qpos_s[64 * wg + wg_rows - 1] : INT_MIN;
 
   OnlineSoftmax<2, 4> sm;
-  sm.init();
+#pragma unroll
+  for (int R = 0; R < 2; ++R) sm.row[R].init(Work::sink(p, w, row_head_s[row_of(R)]), (lane & 3) == 0);  // a sink
   float o[D / 2];  // O: o[4 j + 2 R + e] is row R, column 8 j + 2 (lane % 4) + e
 #pragma unroll
   for (int x = 0; x < D / 2; ++x) o[x] = 0.f;
-  const float scale_log2 = p.scale * kLog2e;
-  const bool fold_scale = scale_log2 > 0.f;  // see attention_tile_kernel
+  const ScoreMap smap = ScoreMap::make(p.scale, p.soft_cap);  // see attention_tile_kernel
+  // Window: the warpgroup's first row sees keys from wg_lo on (0 without a window).
+  const int wg_lo = window_first_key(wg_qmin, p.window_left);
   const int quad = lane & 3;
   const uint32_t q_base = smem_addr(q_s) + 64 * wg * 128;  // this warpgroup's 64 rows of block 0
   const uint32_t kv_base = smem_addr(kv_s);
@@ -213,7 +217,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
     if (i + S < num_tiles) keys.lookup(i + S);  // into the slot tile i - 1 used
 
     const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
-    if (!wg_has_rows || (p.causal && tile_pos > wg_qmax)) continue;  // warpgroup-uniform: nothing visible
+    if (!wg_has_rows || (p.causal && tile_pos > wg_qmax) || tile_pos + BN <= wg_lo) {
+      continue;  // warpgroup-uniform: nothing visible (after the last query, or before the window)
+    }
 
     const uint32_t k_tile = kv_base + (i % S) * 2 * Cfg::kTileBytes;
     const uint32_t v_tile = k_tile + Cfg::kTileBytes;
@@ -224,14 +230,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
     wgmma::wait<0>();
     wgmma::fence_regs(acc);
     float s[2][BN / 4];
-    wgmma::acc_to_rows<BN>(acc, s, fold_scale, scale_log2);
+    wgmma::acc_to_rows<BN>(acc, s);
+    smap.apply(s);
 
-    // Masks: only on tiles with skipped keys or overlapping the causal diagonal.
+    // Masks: only on tiles with skipped keys, overlapping the causal diagonal,
+    // or reaching before some row's window.
     const int slot = i % kSlots;
     bool skipped = false;
 #pragma unroll
     for (int f = 0; f < kFlags; ++f) skipped |= flags_s[slot * kFlags + f] != 0;
-    if (skipped || (p.causal && tile_pos + BN - 1 > wg_qmin)) {
+    if (skipped || (p.causal && tile_pos + BN - 1 > wg_qmin) ||
+        tile_pos < window_first_key(qpos[1], p.window_left)) {  // the window's edge: per thread, its later row
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -241,12 +250,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
           const int kpos = tile_pos + key;
 #pragma unroll
           for (int R = 0; R < 2; ++R)
-            if (!present || (p.causal && kpos > qpos[R])) s[R][2 * j + e] = kNegInf;
+            if (!present || (p.causal && kpos > qpos[R]) || kpos < window_first_key(qpos[R], p.window_left))
+              s[R][2 * j + e] = kNegInf;
         }
     }
 
     float factor[2];
-    sm.update(s, fold_scale ? scale_log2 : 1.f, factor);  // s now holds the probabilities
+    sm.update(s, smap.k, factor);  // s now holds the probabilities
     wgmma::rescale_rows<D>(o, factor);
 
     // O += P V: P rounded to T is the A operand from registers, V the N-major B operand.

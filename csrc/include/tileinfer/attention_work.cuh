@@ -30,7 +30,7 @@ struct WorkItem {
   int row_base;   // first row of this block in the sequence's row space
   int head0;      // row rr belongs to query rr / group, query head head0 + rr % group
   int group;
-  int key_begin;  // key positions walked: [key_begin, key_end), key_begin page-aligned
+  int key_begin;  // key positions walked: [key_begin, key_end), key_begin page-aligned (window_key_begin)
   int key_end;
   int split;      // which partial this block writes (decode), 0 for prefill
   bool active;    // false: no row of this block is a query of the step
@@ -88,6 +88,29 @@ __device__ __forceinline__ void write_row_table(const WorkItem& w, int tid, int*
     row_head[r] = q.head;
     row_qpos[r] = q.qpos;
   }
+}
+
+// First key position that a query at `qpos` sees under a sliding window of
+// `window_left` keys to its left (INT_MAX: no window): qpos - window_left,
+// never below 0. Written as qpos - min(qpos, window_left) so that no value of
+// qpos (negative for malformed metadata, INT_MAX for rows of no query)
+// overflows.
+__device__ __forceinline__ int window_first_key(int qpos, int window_left) { return qpos - min(qpos, window_left); }
+
+// Where a key walk of a sequence starts under the window: the first key that
+// its query t sees (query t at seq_len - q_count + t), down to its page, so
+// that the pages before it, wholly outside every later query's window too,
+// are never read. 0 without a window. Prefill blocks start at their first
+// query's; decode starts every split range at the step's first query's.
+__device__ __forceinline__ int window_key_begin(const AttentionParams& p, int seq_len, int q_count, int t) {
+  return window_first_key(seq_len - q_count + t, p.window_left) & ~(p.kv.page_size - 1);
+}
+
+// The sink logit of query head `head` in log2 units, or -inf: what
+// softmax_result takes. Only the blocks that hold `with_sink` add it, so that
+// it joins each row's denominator once (decode: split 0's partial).
+__device__ __forceinline__ float sink_log2(const AttentionParams& p, int head, bool with_sink) {
+  return p.sinks != nullptr && with_sink ? p.sinks[head] * kLog2e : -INFINITY;
 }
 
 // Last key position (exclusive) that a causal query tile can see: its last query
@@ -199,12 +222,13 @@ struct PrefillWork {
     w.q_count = qr.count;
     w.row_base = row_base;
     w.active = prefill_takes(p, w.q_count, row_base);
-    w.key_begin = 0;
     w.key_end = w.seq_len;
     if (p.causal) {
       const int last_t = min((w.row_base + kBlockM - 1) / w.group, w.q_count - 1);
       w.key_end = causal_key_end(w.seq_len, w.q_count, last_t);
     }
+    // Window: from the page of the first key that the block's first query sees.
+    w.key_begin = min(window_key_begin(p, w.seq_len, w.q_count, w.row_base / w.group), w.key_end);
     return w;
   }
 
@@ -215,13 +239,19 @@ struct PrefillWork {
   __device__ static float* lse_at(const AttentionParams& p, const WorkItem&, int token, int head) {
     return output_lse(p, token, head);
   }
+
+  // A prefill block holds every key of its rows: the sink joins here.
+  __device__ static float sink(const AttentionParams& p, const WorkItem&, int head) { return sink_log2(p, head, true); }
 };
 
 // Decode: grid (num_splits, num_kv_heads * row_tiles, num_seqs), row_tiles =
 // ceil(group * max_q_len / kBlockM) (1 for plain decode with a group of <= 16
 // heads). Split i of a sequence of P pages walks pages [i * ceil(P/S),
 // (i+1) * ceil(P/S)); a split past the end walks nothing and writes the neutral
-// partial (out 0, lse -inf).
+// partial (out 0, lse -inf). With a window, the P pages are those from the
+// page of the step's first query's first visible key on (window_key_begin),
+// and split i's range is counted from there: pages wholly before the window
+// are never read.
 //
 // With a single split and no partials given (p.partial_out null), the blocks
 // write the output and its lse themselves, exactly what combine would have
@@ -267,8 +297,10 @@ struct DecodeWork {
     w.active = w.row_base < w.q_count * w.group && decode_takes(p, w.q_count);
 
     const int ps = p.kv.page_size;
-    const int pages_per_split = ceil_div(ceil_div(w.seq_len, ps), p.num_splits);
-    const int64_t first = static_cast<int64_t>(w.split) * pages_per_split * ps;
+    // The splits divide the pages from the window's start on (0 without a window).
+    const int range_begin = window_key_begin(p, w.seq_len, w.q_count, 0);
+    const int pages_per_split = ceil_div(ceil_div(w.seq_len - range_begin, ps), p.num_splits);
+    const int64_t first = range_begin + static_cast<int64_t>(w.split) * pages_per_split * ps;
     const int64_t last = first + static_cast<int64_t>(pages_per_split) * ps;
     w.key_begin = static_cast<int>(first < w.seq_len ? first : w.seq_len);
     w.key_end = static_cast<int>(last < w.seq_len ? last : w.seq_len);
@@ -341,6 +373,15 @@ struct DecodeWork {
   }
   __device__ static int partial_slot(const AttentionParams& p, const WorkItem& w, int token) {
     return p.mixed_queries == 0 ? token : w.seq * p.mixed_queries + (token - w.q_begin);
+  }
+
+  // The sink joins split 0's partial only (its lse and normalization), so that
+  // combine, which merges partials by their lse, counts it once: merging
+  // (o_0, lse_0) with the sink in and the other splits without gives exactly
+  // sum_i e^lse_i o_i / (sum_i e^lse_i + e^sink). Split 0 exists for every
+  // sequence, with or without pages; one split (writing out) is split 0.
+  __device__ static float sink(const AttentionParams& p, const WorkItem& w, int head) {
+    return sink_log2(p, head, w.split == 0);
   }
 };
 

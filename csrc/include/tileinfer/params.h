@@ -1,7 +1,8 @@
-// Plain-old-data parameter structs, one per kernel family, filled by the host
+// Plain parameter structs (trivially copyable), one per kernel family, filled by the host
 // launchers in csrc/ops/ and passed by value to the kernels. No torch headers.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 namespace tileinfer {
@@ -57,6 +58,11 @@ struct AttentionParams {
   int mixed_queries;
   float scale;                  // softmax scale; kernels fold log2(e) in
   bool causal;
+  // Per-layer variants, launch constants (softmax.cuh, attention_work.cuh);
+  // their defaults are "off", also for params built with `{}`:
+  int window_left = INT_MAX;    // a query at p sees keys >= p - window_left; INT_MAX: no window
+  float soft_cap = 0.f;         // scores become soft_cap * tanh(score / soft_cap); 0: off
+  const float* sinks = nullptr; // [num_q_heads] sink logits (natural-log units), or null
   bool programmatic;            // launched as a programmatic dependent launch (set by the launcher; see
                                 // attention_kernel.cuh: values read before the wait are read again)
 };

@@ -17,6 +17,21 @@
 // exponents are then taken against 0 instead of m, so -inf - (-inf) never
 // happens: the row's probabilities are 0, its sum 0, and `finish` turns that
 // into out = 0, lse = -inf (the contract: a row that sees nothing gives 0, never NaN).
+//
+// The per-layer variants that change the softmax live here too:
+//   - logits soft-cap (ScoreMap): a score s = scale * q.k becomes
+//     cap * tanh(s / cap). The tanh must see the natural-scale score, so with a
+//     cap the raw product is multiplied by scale / cap, goes through tanh, and
+//     the exp2 multiplier becomes cap * log2(e) instead of scale * log2(e):
+//     the fold into the exp2 argument still holds, with another constant.
+//   - learned sinks (SoftmaxRow::init's `sink`): a per-head logit that joins
+//     a row's denominator once and nothing else. The row starts as if it had
+//     seen one key of that score and value 0: m = sink, l = 1 (in one lane of
+//     the row; all its lanes start from m = sink, so that they keep one
+//     maximum). The online softmax then carries it like any score, and the
+//     finished row's normalization and lse include it, at no cost in the key
+//     loop; a row that sees no key gives out = 0 and lse = the sink.
+// The window is a mask (which keys a row sees): attention_work.cuh.
 #pragma once
 
 #include <cmath>
@@ -40,9 +55,11 @@ struct SoftmaxRow {
   float m;  // maximum of the scaled scores seen so far (log2 units), -inf if none
   float l;  // sum of exp2(score - m) over this lane's columns
 
-  __device__ __forceinline__ void init() {
-    m = kNegInf;
-    l = 0.f;
+  // sink: the row's sink logit in log2 units (-inf: none); `owner`: whether
+  // this lane holds the sink's term of the sum (one lane per row).
+  __device__ __forceinline__ void init(float sink = kNegInf, bool owner = true) {
+    m = sink;
+    l = owner && sink != kNegInf ? 1.f : 0.f;
   }
 
   // Exponent offset for the current tile: m, or 0 while nothing is visible.
@@ -128,6 +145,81 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void reduce_sums() {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) row[r].l = warp_sum<kWidth>(row[r].l);
+  }
+};
+
+// How raw products x = q . k become what OnlineSoftmax::update takes (its
+// scores s and multiplier k: the softmax runs on exp2(s * k - m)).
+//   no cap, scale > 0:  s = x,                        k = scale * log2(e)  (folded)
+//   no cap, scale <= 0: s = x * scale * log2(e),      k = 1
+//   cap > 0:            s = tanh(x * scale / cap),    k = cap * log2(e)
+// so that s * k is the (capped) score in log2 units. Applied before masking
+// (masked scores become -inf afterwards), after the int8 key scales (the tanh
+// needs the true product). Runtime branches only: a kernel without a cap pays
+// one uniform test per tile.
+struct ScoreMap {
+  float pre;  // what x is multiplied by first (scale / cap, or scale * log2(e) when not folded)
+  float k;    // update's multiplier
+  bool cap;   // soft-cap: tanh(x * pre)
+  bool mul;   // no cap and an unfoldable scale: x * pre
+
+  __device__ __forceinline__ static ScoreMap make(float scale, float soft_cap) {
+    if (soft_cap > 0.f) return {scale / soft_cap, soft_cap * kLog2e, true, false};
+    const float scale_log2 = scale * kLog2e;
+    // Folding needs k > 0: max(x) * k == max(x * k) only then.
+    if (scale_log2 > 0.f) return {1.f, scale_log2, false, false};
+    return {scale_log2, 1.f, false, true};
+  }
+
+  template <int kRows, int kCols>
+  __device__ __forceinline__ void apply(float (&s)[kRows][kCols]) const {
+    if (cap) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) s[r][c] = tanh_exp2(s[r][c] * pre);
+    } else if (mul) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) s[r][c] *= pre;
+    }
+  }
+
+  // What apply() multiplies by, for callers that fold it into a factor of
+  // their own (the int8 kernels' per-row 2^-e), and apply() for their scores.
+  __device__ __forceinline__ float pre_factor() const { return cap || mul ? pre : 1.f; }
+  template <int kRows, int kCols>
+  __device__ __forceinline__ void apply_premultiplied(float (&s)[kRows][kCols]) const {
+    if (cap) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) s[r][c] = tanh_exp2(s[r][c]);
+    }
+  }
+
+  // One product's score in log2 units, k included, with the tanh of the math
+  // library: the fp32 kernel, whose 1e-5 bound the exp2 form would not meet at
+  // large caps (its error, ~2^-22 absolute on the tanh, grows with the cap).
+  __device__ __forceinline__ float log2_score_precise(float x) const {
+    if (cap) return k * tanhf(x * pre);
+    return mul ? x * pre : x * k;
+  }
+
+  // tanh(y) = 1 - 2 / (1 + e), e = 2^(2 y log2(e)): one MUFU.EX2 and one
+  // MUFU.RCP (both about 2^-22 relative), so an absolute error of about 2^-22
+  // for every y (e = inf or 0 gives +-1 exactly), and the capped score is off
+  // by about cap * 2^-22. tanh.approx.f32 costs one MUFU but its 2^-11
+  // relative error puts up to cap * 2^-11 on a score: 0.024 at Gemma 2's cap
+  // of 50, a 2.4% error on that key's probability, several fp16 ulps. This
+  // form takes as many registers as tanh.approx (each value in place); the
+  // form with |y| and copysign took up to 38 more in the unrolled tiles.
+  __device__ __forceinline__ static float tanh_exp2(float y) {
+    const float e = fast_exp2(y * (2.f * kLog2e));
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
+    return fmaf(-2.f, r, 1.f);
   }
 };
 

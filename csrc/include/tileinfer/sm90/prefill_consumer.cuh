@@ -56,10 +56,8 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
   const int quad = lane & 3;
   const int r0 = 64 * wg + 16 * warp + (lane >> 2);  // this thread's rows of the item: r0, r0 + 8
   const int box_shift = __ffs(p.box_rows) - 1;
-  const float scale_log2 = p.a.scale * kLog2e;
-  // Scale folded into the exp2 argument (softmax.cuh) when positive; a zero
-  // or negative scale is applied to the scores first.
-  const bool fold_scale = scale_log2 > 0.f;
+  // Scale (or soft-cap) folded into the exp2 argument when it can be (softmax.cuh).
+  const ScoreMap smap = ScoreMap::make(p.a.scale, p.a.soft_cap);
   const uint32_t q_base = smem_u32(sm.q) + 64 * wg * 128;  // this warpgroup's rows of block 0
 
   if (wg == 1) named_arrive(kTurnBarrier, 256);  // consumer 0 issues first
@@ -82,19 +80,24 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     const int wg_qmax = wg_has_rows ? row_query(w, 64 * wg + wg_rows - 1).qpos : INT_MIN;
 
     OnlineSoftmax<2, 4> smx;
-    smx.init();
+#pragma unroll
+    for (int R = 0; R < 2; ++R)  // a sink starts the row (softmax.cuh)
+      smx.row[R].init(PrefillWork::sink(p.a, w, row_query(w, r0 + 8 * R).head), quad == 0);
     float o[D / 2];
 #pragma unroll
     for (int x = 0; x < D / 2; ++x) o[x] = 0.f;
 
-    // Tiles this warpgroup computes: a prefix of the item's tiles (causal:
-    // up to its last query's position). Later tiles are only waited for and
+    // Tiles this warpgroup computes: [my_first, my_tiles) of the item's
+    // tiles (causal: up to its last query's position; window: from its first
+    // query's first visible key). The others are only waited for and
     // released, so that the ring moves on.
     const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
+    int my_first = 0;
     int my_tiles = 0;
     if (wg_has_rows) {
       my_tiles = num_tiles;
       if (p.a.causal) my_tiles = min(num_tiles, max(0, ceil_div(wg_qmax + 1 - w.key_begin, BN)));
+      my_first = min(my_tiles, max(0, (window_first_key(wg_qmin, p.a.window_left) - w.key_begin) / BN));
     }
 
     mbar_wait(sm.q_full, items & 1);
@@ -108,15 +111,18 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     // probabilities, factor what O must be multiplied by.
     auto softmax = [&](int i, int stage) {
       wgmma::fence_regs(acc);
-      wgmma::acc_to_rows<BN>(acc, s, fold_scale, scale_log2);
+      wgmma::acc_to_rows<BN>(acc, s);
+      smap.apply(s);
       // Lane 0 reads the stage's mask and hands it to its warp: the read is
       // then ordered before the warp's release of the stage by lane 0 itself.
       uint32_t outside = 0;
       if (lane == 0) outside = sm.stage_mask[stage];
       outside = __shfl_sync(0xffffffffu, outside, 0);
-      const TileMask mask{w.key_begin + i * BN, w.key_end, outside, box_shift, p.a.causal};
-      if (mask.template needed<BN>(wg_qmin)) mask.template apply<BN>(s, qpos, quad);
-      smx.update(s, fold_scale ? scale_log2 : 1.f, factor);
+      const TileMask mask{w.key_begin + i * BN, w.key_end, outside, box_shift, p.a.window_left, p.a.causal};
+      if (mask.template needed<BN>(wg_qmin, window_first_key(qpos[1], p.a.window_left))) {
+        mask.template apply<BN>(s, qpos, quad);
+      }
+      smx.update(s, smap.k, factor);
     };
     auto pack_p = [&]() { wgmma::rows_to_a<T, BN>(s, a); };
     // O was accumulated against the previous maximum: rescale it before the next P joins.
@@ -131,22 +137,32 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       __syncwarp();
       if (lane == 0) mbar_arrive(&sm.empty[stage]);
     };
+    // A tile this warpgroup's rows see none of: waited for and released in
+    // its turn, so that turns and ring stay in step.
+    auto pass = [&]() {
+      const RingSlot<Cfg::kStages> slot(tiles++);
+      mbar_wait(&sm.full[slot.stage], slot.parity);
+      named_sync(kTurnBarrier + wg, 256);
+      named_arrive(kTurnBarrier + (wg ^ 1), 256);
+      release(slot.stage);
+    };
 
     int i = 0;
+    for (; i < my_first; ++i) pass();  // before the window of every row
     int prev_stage = 0;
     if constexpr (Cfg::kOverlap) {
-      // Tile 0: S, softmax, P.
-      if (my_tiles > 0) {
+      // The first tile: S, softmax, P.
+      if (i < my_tiles) {
         const RingSlot<Cfg::kStages> slot(tiles++);
         take_s(slot);
         named_arrive(kTurnBarrier + (wg ^ 1), 256);
         wgmma::wait<0>();
-        softmax(0, slot.stage);
+        softmax(i, slot.stage);
         pack_p();
         prev_stage = slot.stage;
-        i = 1;
+        ++i;
       }
-      // Tiles 1 .. my_tiles - 1: S of tile i and P V of tile i - 1 in flight
+      // The other tiles up to my_tiles - 1: S of tile i and P V of tile i - 1 in flight
       // together; the softmax of tile i runs while P V still does.
       for (; i < my_tiles; ++i) {
         const RingSlot<Cfg::kStages> slot(tiles++);
@@ -181,19 +197,12 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       }
     }
     if (lane == 0) mbar_arrive(sm.q_empty);  // every S product has completed
-    if (Cfg::kOverlap && my_tiles > 0) {
+    if (Cfg::kOverlap && my_tiles > my_first) {
       wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev_stage)));
       wgmma::wait_pv<D, BN>(o, a);
       release(prev_stage);
     }
-    // Tiles past this warpgroup's rows: waited for and released, turns kept.
-    for (; i < num_tiles; ++i) {
-      const RingSlot<Cfg::kStages> slot(tiles++);
-      mbar_wait(&sm.full[slot.stage], slot.parity);
-      named_sync(kTurnBarrier + wg, 256);
-      named_arrive(kTurnBarrier + (wg ^ 1), 256);
-      release(slot.stage);
-    }
+    for (; i < num_tiles; ++i) pass();  // past this warpgroup's rows
 
     prefill_store<Cfg>(p, w, smx, o, r0, quad);
   }

@@ -1,10 +1,12 @@
 // Masks of the Hopper prefill kernel. A key of a tile is hidden from a row
-// when it is at or past the item's key end, on a page outside the pool, or
-// (causal) after the row's query. Only tiles that hold such a key for some row
-// of the warpgroup pay for the per-score test: the tail tile, tiles with a bad
-// page, and tiles on the causal diagonal.
+// when it is at or past the item's key end, on a page outside the pool,
+// (causal) after the row's query, or before the row's window
+// (window_first_key, attention_work.cuh). Only tiles that hold such a key for
+// some row of the warpgroup pay for the per-score test: the tail tile, tiles
+// with a bad page, tiles on the causal diagonal and on the window's edge.
 #pragma once
 
+#include "../attention_work.cuh"
 #include "../softmax.cuh"
 
 namespace tileinfer {
@@ -15,12 +17,17 @@ struct TileMask {
   int key_end;       // the item's key end
   uint32_t outside;  // bit b: box b is on a page outside the pool
   int box_shift;     // log2(keys per box)
+  int window_left;   // AttentionParams::window_left (INT_MAX: no window)
   bool causal;
 
-  // Whether any row in [qmin, qmax] needs the per-score test on this tile.
+  // Whether this thread's rows need the per-score test on this tile: qmin is
+  // the warpgroup's first row's position (the causal diagonal, tested per
+  // warpgroup), lo_last the first key this thread's later row sees (the
+  // window's edge, tested per thread: no register stays live for it).
   template <int kBlockN>
-  __device__ __forceinline__ bool needed(int qmin) const {
-    return outside != 0 || tile_pos + kBlockN > key_end || (causal && tile_pos + kBlockN - 1 > qmin);
+  __device__ __forceinline__ bool needed(int qmin, int lo_last) const {
+    return outside != 0 || tile_pos + kBlockN > key_end || (causal && tile_pos + kBlockN - 1 > qmin) ||
+           tile_pos < lo_last;
   }
 
   // s[R][2 j + e]: row R (query position qpos[R]), key 8 j + 2 quad + e.
@@ -35,7 +42,8 @@ struct TileMask {
         const bool hidden = kpos >= key_end || ((outside >> (key >> box_shift)) & 1u);
 #pragma unroll
         for (int R = 0; R < 2; ++R)
-          if (hidden || (causal && kpos > qpos[R])) s[R][2 * j + e] = kNegInf;
+          if (hidden || (causal && kpos > qpos[R]) || kpos < window_first_key(qpos[R], window_left))
+            s[R][2 * j + e] = kNegInf;
       }
   }
 };

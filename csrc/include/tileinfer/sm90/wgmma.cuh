@@ -170,22 +170,15 @@ __device__ __forceinline__ void issue_qk(float (&acc)[kBlockN / 2], uint32_t q_b
 
 // The S accumulator as this thread's two rows of scores, s[R][2 j + e] = row
 // R, key 8 j + 2 (lane % 4) + e (the tile kernel's layout, which the softmax
-// and the masks take); scaled first when the scale is not folded into exp2.
+// and the masks take); raw products (ScoreMap, softmax.cuh, maps them).
 template <int N>
-__device__ __forceinline__ void acc_to_rows(const float (&acc)[N / 2], float (&s)[2][N / 4], bool fold_scale,
-                                            float scale_log2) {
+__device__ __forceinline__ void acc_to_rows(const float (&acc)[N / 2], float (&s)[2][N / 4]) {
 #pragma unroll
   for (int j = 0; j < N / 8; ++j)
 #pragma unroll
     for (int R = 0; R < 2; ++R)
 #pragma unroll
       for (int e = 0; e < 2; ++e) s[R][2 * j + e] = acc[4 * j + 2 * R + e];
-  if (!fold_scale) {
-#pragma unroll
-    for (int R = 0; R < 2; ++R)
-#pragma unroll
-      for (int x = 0; x < N / 4; ++x) s[R][x] *= scale_log2;
-  }
 }
 
 // P rounded to T as the A fragments of O += P V: keys 16 kk.. are the

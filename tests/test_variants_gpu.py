@@ -1,0 +1,301 @@
+"""GPU tests of the per-layer attention variants (window_left, logits_soft_cap,
+sinks) on every CUDA kernel: the warp-specialized Hopper prefill (power-of-two
+groups), the synchronous wgmma prefill (other groups), the mma.sync tile
+kernel (int8 caches; its 128-row tile from 2048 queries on), the fp32 kernel,
+and the decode tiles (small, large, the int8 ones, one split writing out
+directly); a decode step captured in a CUDA graph and replayed while the
+sequences grow past the window; bad device metadata with a window (kept last:
+a fault kills the CUDA context). tests/test_variants.py runs the same checks
+on both devices over smaller problems.
+
+Same oracle and bounds as the other GPU tests (op_helpers): float64 attention
+with the same variants, within 4 ulps (int8: 6) of each row's magnitude, lse
+within 1e-4 relative; outputs poisoned with NaN first; the cache holds NaN
+wherever no result may read (past each sequence's end, and the pages wholly
+before the window, which must never be read).
+"""
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from op_helpers import (check_lse, check_out, exact_attention, kernel_queries, need, need_path, poison_unowned_,
+                        run_attention, run_combine, run_decode, run_prefill)
+from tileinfer_attn import reference
+from tileinfer_attn.testing import make_problem, poison_
+
+pytestmark = pytest.mark.gpu
+
+ops = torch.ops.tileinfer_attn
+DEV = "cuda"
+# Each model's per-layer constants (the sinks drawn per test).
+VARIANTS = {
+    "window": dict(window_left=True),
+    "gpt-oss": dict(window_left=True, sinks=True),
+    "gemma2": dict(window_left=True, logits_soft_cap=4.0),
+    "softcap": dict(logits_soft_cap=4.0),
+    "sinks": dict(sinks=True),
+}
+
+
+def kwargs(variant, window, hq, seed):
+    kw = {}
+    spec = VARIANTS[variant]
+    if spec.get("window_left"):
+        kw["window_left"] = window
+    if "logits_soft_cap" in spec:
+        kw["logits_soft_cap"] = spec["logits_soft_cap"]
+    if spec.get("sinks"):
+        g = torch.Generator().manual_seed(seed)
+        s = torch.randn(hq, generator=g) * 2
+        s[0] = 5.0  # takes most of the probability of its rows
+        kw["sinks"] = s.to(DEV)
+    return kw
+
+
+def scaled(p, factor=2.0):
+    """Scores larger than head_dim ** -0.5 gives, so that the soft-cap bends them."""
+    return dataclasses.replace(p, scale=factor * p.scale)
+
+
+def run_all(p, causal, kw, dtype, what, decode=True, ulps=4.0):
+    """prefill (out, lse), attention, and (decode-shaped problems) decode with
+    several split counts + combine, all against one float64 oracle. The lse of
+    an int8 problem is checked against float64 attention of the queries as the
+    int8 kernels round them (op_helpers.kernel_queries: with k_smooth a shift
+    of up to ~1e-3, above the 1e-4 bound), as in test_int8_gpu."""
+    exact, exact_lse = exact_attention(p, causal, **kw)
+    if p.k_cache.dtype == torch.int8:
+        _, exact_lse = exact_attention(dataclasses.replace(p, q=kernel_queries(p), k_smooth=None), causal, **kw)
+    poison_unowned_(p, kw.get("window_left", -1))
+    out, lse = run_prefill(p, causal, **kw)
+    check_out(out, exact, dtype, f"prefill {what}", ulps=ulps)
+    check_lse(lse, exact_lse, dtype, f"prefill {what} lse")
+    check_out(run_attention(p, causal, **kw), exact, dtype, f"attention {what}", ulps=ulps)
+    if decode:
+        for splits in (1, 3, 32):
+            po, pl = run_decode(p, causal, splits, **kw)
+            out, lse = run_combine(po, pl, dtype)
+            check_out(out, exact, dtype, f"decode {splits} splits + combine {what}", ulps=ulps)
+            check_lse(lse, exact_lse, dtype, f"decode {splits} splits + combine {what} lse")
+
+
+# (variant, window): windows inside one key tile and across several (prefill:
+# 128-key tiles, 64 at d 256), for the window alone and with each model's other
+# variant; the variants without a window once.
+PREFILL_CASES = [("window", 0), ("gpt-oss", 37), ("window", 130), ("gemma2", 130), ("gpt-oss", 300),
+                 ("softcap", -1), ("sinks", -1)]
+DECODE_CASES = [("window", 0), ("gpt-oss", 1), ("gemma2", 63), ("window", 64), ("gpt-oss", 200),
+                ("gemma2", 5000), ("softcap", -1), ("sinks", -1)]
+
+
+# ------------------------------------------------------------------ prefill kernels
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("variant,window", PREFILL_CASES)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_prefill_kernels(group, head_dim, variant, window, causal, seed):
+    """bf16 / fp16 prompts of several hundred queries: windows that skip key
+    tiles at both ends of a row tile's walk (and of each warpgroup's), group 3
+    on the synchronous wgmma kernel, 1 and 8 on the warp-specialized one."""
+    need("prefill")
+    window = max(window, 0)
+    lens = [700, 333, 129, 1, 64 + window]
+    q_lens = [700, 200, 1, 1, 64 + window]
+    page = [16, 64, 128][(group + head_dim // 64) % 3]
+    p = scaled(make_problem(lens, q_lens, 2 * group, 2, head_dim, page, device=DEV, seed=seed))
+    dtype = torch.float16 if (window + group + head_dim // 64) % 2 else torch.bfloat16
+    p = dataclasses.replace(p, q=p.q.to(dtype), k_cache=p.k_cache.to(dtype), v_cache=p.v_cache.to(dtype))
+    run_all(p, causal, kwargs(variant, window, 2 * group, seed), dtype, f"{variant} window {window}",
+            decode=False)
+
+
+@pytest.mark.parametrize("variant", ["gpt-oss", "gemma2"])
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+def test_prefill_large_tile(variant, int8, seed):
+    """2100 queries: the mma.sync kernel's 128-row tile (int8 cache; a bf16
+    cache takes it on GPUs other than Hopper), a window of 500."""
+    need("prefill")
+    p = scaled(make_problem([2100, 600], [2100, 300], 8, 2, 128, 64, device=DEV, seed=seed, int8=int8))
+    run_all(p, True, kwargs(variant, 500, 8, seed), torch.bfloat16, f"large tile {variant}", decode=False,
+            ulps=6.0 if int8 else 4.0)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fp32_kernel(head_dim, variant, causal, seed):
+    """fp32 queries and cache: the CUDA-core kernel, prefill and decode."""
+    need("prefill", "decode", "combine")
+    lens = [300, 65, 1, 40]
+    for q_lens in ([300, 17, 1, 40], [1, 16, 1, 7]):
+        p = scaled(make_problem(lens, q_lens, 8, 2, head_dim, 16, dtype=torch.float32, device=DEV, seed=seed))
+        run_all(p, causal, kwargs(variant, 45, 8, seed), torch.float32, f"fp32 {variant} {q_lens}",
+                decode=max(q_lens) <= 16)
+
+
+# ------------------------------------------------------------------ decode kernels
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("variant,window", DECODE_CASES)
+@pytest.mark.parametrize("n,group", [(1, 4), (4, 8), (16, 4), (16, 16)])
+def test_decode_kernels(n, group, variant, window, causal, seed):
+    """Steps of n queries (up to 16 rows: the small decode tile; more: the
+    large one), split counts 1, 3 and 32 over lengths around the window and
+    the pages (64), with bf16 and fp16."""
+    need("decode", "combine", "prefill")
+    window = max(window, 0)
+    lens = [n, window + n, window + n + 1, 65 + window, 3000]
+    dtype = torch.float16 if window % 2 else torch.bfloat16
+    p = scaled(make_problem(lens, [n] * 5, 2 * group, 2, 128, 64, dtype=dtype, device=DEV, seed=seed))
+    run_all(p, causal, kwargs(variant, window, 2 * group, seed), dtype, f"n={n} {variant} window {window}")
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_int8_decode(n, head_dim, variant, seed):
+    """The int8 decode tiles (the wide one where two blocks fit per SM, the
+    small and the large ones) with each variant."""
+    need("decode", "combine", "prefill")
+    lens = [n, 150, 151, 1000]
+    p = scaled(make_problem(lens, [n] * 4, 8 if n < 16 else 32, 2, head_dim, 16, device=DEV, seed=seed,
+                            int8=True))
+    run_all(p, True, kwargs(variant, 100, p.q.shape[1], seed), torch.bfloat16, f"int8 n={n} {variant}",
+            ulps=6.0)
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_single_split_writes_out(variant, int8, seed):
+    """A batch with one split per (sequence, KV head): the decode kernel
+    writes out itself, the sink in; the same bits as decode with one split +
+    combine, and within the bounds."""
+    need_path("attention")
+    kv_heads, group, n = 4, 4, 2
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    seqs = next(b for b in range(1, 4096) if ops.decode_num_splits(sms, b, kv_heads) == 1)
+    g = torch.Generator().manual_seed(seed)
+    lens = [n, 50, 51, 64, 65] + torch.randint(n, 700, (seqs - 5,), generator=g).tolist()
+    p = make_problem(lens, [n] * seqs, kv_heads * group, kv_heads, 128, 16, device=DEV, seed=seed, int8=int8)
+    kw = kwargs(variant, 48, kv_heads * group, seed)
+    exact, _ = exact_attention(p, True, **kw)
+    poison_unowned_(p, kw.get("window_left", -1))
+    out = run_attention(p, True, **kw)
+    po, pl = run_decode(p, True, 1, **kw)
+    expected, _ = run_combine(po, pl, torch.bfloat16)
+    assert torch.equal(out, expected), "attention (single split) differs from decode + combine"
+    check_out(out, exact, torch.bfloat16, f"single split {variant}", ulps=6.0 if int8 else 4.0)
+
+
+# ------------------------------------------------------------------ CUDA graphs
+@pytest.mark.parametrize("variant", ["gpt-oss", "gemma2"])
+@pytest.mark.parametrize("group,kv_heads,num_seqs", [(4, 2, 3), (3, 2, 3), (4, 8, 40)],
+                         ids=["decode_path", "prefill_path", "decode_path_single_split"])
+def test_cuda_graph_window_as_sequences_grow(variant, group, kv_heads, num_seqs, seed):
+    """One decode step (cache_write + attention with a window of 40) captured
+    once and replayed for 90 steps while the sequences grow from below the
+    window to far past it: every replay equals an eager step bit for bit and,
+    every few steps, float64 attention. The pages that fall wholly behind the
+    window of every sequence are filled with NaN as the sequences move on,
+    in the graph's pools too: a replay that read one would give NaN."""
+    need_path("attention")
+    need("cache_write")
+    g = torch.Generator().manual_seed(seed)
+    dtype, page, d, steps, window = torch.bfloat16, 16, 128, 90, 40
+    hq = group * kv_heads
+    kw = kwargs(variant, window, hq, seed)
+    start = [3, page - 1, 2 * page + 5] + [1 + (7 * i) % 30 for i in range(num_seqs - 3)]
+    max_pages = math.ceil((max(start) + steps) / page) + 1
+    num_pages = num_seqs * max_pages + 3
+    pools = [torch.randn(num_pages, kv_heads, page, d, generator=g).to(dtype).to(DEV) for _ in range(2)]
+    eager_pools = [t.clone() for t in pools]
+    free = torch.randperm(num_pages, generator=g).tolist()
+    table = torch.full((num_seqs, max_pages), -1, dtype=torch.int32)
+    lens = list(start)
+    for s, length in enumerate(lens):
+        for j in range(math.ceil(length / page)):
+            table[s, j] = free.pop()
+    scale = d ** -0.5
+    q = torch.empty(num_seqs, hq, d, dtype=dtype, device=DEV)
+    k = torch.empty(num_seqs, kv_heads, d, dtype=dtype, device=DEV)
+    v = torch.empty_like(k)
+    block_tables = table.to(DEV)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    cu_seqlens_q = torch.arange(num_seqs + 1, dtype=torch.int32, device=DEV)
+    out = torch.empty_like(q)
+    behind = set()  # (sequence, page index) already filled with NaN
+
+    def step(k_pool, v_pool, o, qq, kk, vv, bt, sl):
+        ops.cache_write(k_pool, v_pool, kk, vv, bt, sl, cu_seqlens_q)
+        ops.attention(o, qq, k_pool, v_pool, bt, sl, cu_seqlens_q, 1, scale, True, **kw)
+
+    def next_step_inputs():
+        for s in range(num_seqs):
+            if lens[s] % page == 0:
+                table[s, lens[s] // page] = free.pop()
+            lens[s] += 1
+        for dst in (q, k, v):
+            dst.copy_(torch.randn(dst.shape, generator=g).to(dtype))
+        block_tables.copy_(table)
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        # Pages wholly behind every query's window from now on: NaN (never read).
+        for s in range(num_seqs):
+            for j in range(max(0, lens[s] - 1 - window) // page):
+                if (s, j) not in behind:
+                    behind.add((s, j))
+                    for pool in pools + eager_pools:
+                        pool[int(table[s, j])] = float("nan")
+
+    next_step_inputs()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(*pools, out, q, k, v, block_tables, seq_lens)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(*pools, out, q, k, v, block_tables, seq_lens)
+
+    for i in range(steps):
+        if i > 0:
+            next_step_inputs()
+        poison_(out)
+        graph.replay()
+        eager_out = poison_(torch.empty_like(out))
+        step(*eager_pools, eager_out, q.clone(), k.clone(), v.clone(), block_tables.clone(), seq_lens.clone())
+        assert torch.isfinite(out).all(), f"step {i}: NaN (a page behind the window was read?)"
+        assert torch.equal(out, eager_out), f"step {i}: graph replay differs from eager"
+        if i % 15 == 0 or i == steps - 1:
+            # The oracle on a copy without the NaN pages (it reads every page it gathers).
+            clean = [torch.nan_to_num(t) for t in pools]
+            exact = reference.paged_attention(q, *clean, block_tables, seq_lens, cu_seqlens_q, 1, scale, True,
+                                              **kw, exact=True)
+            check_out(out, exact, dtype, f"graph step {i} (lengths {lens[:3]}...)")
+
+
+# ------------------------------------------------------------------ bad device data (keep last)
+@pytest.mark.parametrize("path", ["prefill", "decode", "attention"])
+def test_adversarial_metadata_with_window(path, seed):
+    """Bad page ids inside and before the window, seq_lens beyond the table
+    and negative, with a window, a soft-cap and sinks: no fault, finite rows,
+    as the reference reads the metadata."""
+    need_path(path)
+    need("decode", "combine")
+    q_lens = [5, 3, 20, 1] if path == "prefill" else [1, 2, 1, 3]
+    p = make_problem([70, 40, 33, 50], q_lens, 8, 2, 64, 16, device=DEV, seed=seed)
+    p.block_tables[0, 4] = p.k_cache.shape[0] + 5  # inside sequence 0's window
+    p.block_tables[1, 0] = -3                      # before sequence 1's window
+    p.seq_lens[2] = p.block_tables.shape[1] * 16 + 1000
+    p.seq_lens[3] = 10**6
+    kw = dict(window_left=20, logits_soft_cap=30.0, sinks=torch.randn(8, device=DEV))
+    exact, _ = exact_attention(p, True, **kw)
+    if path == "prefill":
+        out, _ = run_prefill(p, True, **kw)
+    elif path == "decode":
+        out, _ = run_combine(*run_decode(p, True, 4, **kw), torch.bfloat16)
+    else:
+        out = run_attention(p, True, **kw)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    check_out(out, exact, torch.bfloat16, f"{path} with bad metadata and a window")
