@@ -157,6 +157,13 @@ struct OnlineSoftmax {
 // (masked scores become -inf afterwards), after the int8 key scales (the tanh
 // needs the true product). Runtime branches only: a kernel without a cap pays
 // one uniform test per tile.
+// Two forms of the tanh: tanh_exp2 (exact to ~2^-22, two MUFU operations per
+// score) by default, and tanh.approx.f32 (one MUFU, relative error 2^-11) for
+// the Hopper prefill kernel (kFastTanh), where the MUFU pipe bounds a capped
+// tile: with the softmax's exp2 that is two operations per score against
+// three. On the H200 (1 x 8k causal, cap 50) the capped prefill took 1.12x
+// the plain one's time with it, 1.37x with tanh_exp2, and its outputs stayed
+// within the same ulps of float64 (docs/PERFORMANCE.md).
 struct ScoreMap {
   float pre;  // what x is multiplied by first (scale / cap, or scale * log2(e) when not folded)
   float k;    // update's multiplier
@@ -171,13 +178,13 @@ struct ScoreMap {
     return {scale_log2, 1.f, false, true};
   }
 
-  template <int kRows, int kCols>
+  template <bool kFastTanh = false, int kRows, int kCols>
   __device__ __forceinline__ void apply(float (&s)[kRows][kCols]) const {
     if (cap) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) s[r][c] = tanh_exp2(s[r][c] * pre);
+        for (int c = 0; c < kCols; ++c) s[r][c] = kFastTanh ? tanh_approx(s[r][c] * pre) : tanh_exp2(s[r][c] * pre);
     } else if (mul) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
@@ -215,6 +222,11 @@ struct ScoreMap {
   // of 50, a 2.4% error on that key's probability, several fp16 ulps. This
   // form takes as many registers as tanh.approx (each value in place); the
   // form with |y| and copysign took up to 38 more in the unrolled tiles.
+  __device__ __forceinline__ static float tanh_approx(float y) {
+    float r;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(y));
+    return r;
+  }
   __device__ __forceinline__ static float tanh_exp2(float y) {
     const float e = fast_exp2(y * (2.f * kLog2e));
     float r;

@@ -112,7 +112,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     auto softmax = [&](int i, int stage) {
       wgmma::fence_regs(acc);
       wgmma::acc_to_rows<BN>(acc, s);
-      smap.apply(s);
+      smap.template apply<true>(s);  // the one-MUFU tanh: this loop is bound by the MUFU pipe (softmax.cuh)
       // Lane 0 reads the stage's mask and hands it to its warp: the read is
       // then ordered before the warp's release of the stage by lane 0 itself.
       uint32_t outside = 0;
