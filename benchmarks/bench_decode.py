@@ -47,6 +47,10 @@ CASES = [
     ("llama3-8b 16x8k", 16, 8192, LLAMA3_8B),
     ("d64 32x4k", 32, 4096, dict(hq=32, hkv=8, d=64)),
     ("d256 32x4k", 32, 4096, dict(hq=32, hkv=8, d=256)),
+    # Head dims on head dim 128's kernels (Phi-2-like 80, Phi-3-like 96).
+    ("d80 32x4k", 32, 4096, dict(hq=32, hkv=8, d=80)),
+    ("d96 32x4k", 32, 4096, dict(hq=32, hkv=8, d=96)),
+    ("d96 1x32k", 1, 32768, dict(hq=32, hkv=8, d=96)),
     # Groups that are not powers of two (Qwen2.5-7B 28/4, Qwen2.5-14B 40/8) and MQA.
     ("28/4 32x4k", 32, 4096, dict(hq=28, hkv=4, d=128)),
     ("28/4 1x32k", 1, 32768, dict(hq=28, hkv=4, d=128)),
@@ -55,7 +59,8 @@ CASES = [
     ("MQA 32/1 1x4k", 1, 4096, dict(hq=32, hkv=1, d=128)),
     ("MQA 32/1 1x32k", 1, 32768, dict(hq=32, hkv=1, d=128)),
 ]
-QUICK = {"1x1k", "1x32k", "8x32k", "32x4k", "128x2k", "d64 32x4k", "d256 32x4k", "28/4 32x4k", "28/4 1x32k",
+QUICK = {"1x1k", "1x32k", "8x32k", "32x4k", "128x2k", "d64 32x4k", "d256 32x4k", "d80 32x4k", "d96 32x4k",
+         "d96 1x32k", "28/4 32x4k", "28/4 1x32k",
          "40/8 32x4k", "40/8 1x32k", "MQA 32/1 1x4k", "MQA 32/1 1x32k"}
 EAGER_MAX_POSITIONS = 4096  # batch x context; the eager reference loops in Python
 

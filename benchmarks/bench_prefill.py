@@ -4,7 +4,7 @@ our prefill op against its peers in the same run.
 Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, bf16,
 page 64) at prompt lengths 512 / 2k / 8k / 16k for one sequence, batches of
 4 x 2k, 8 x 512 and 16 x 1k, a mixed batch of 1 x 8k + 31 x 256 (no SDPA
-peer: it needs equal lengths), and head dims 64 and 256. Mixed steps: prompt
+peer: it needs equal lengths), and head dims 64, 80, 96 and 256. Mixed steps: prompt
 chunks beside single-query decodes through the attention op, against the
 same chunks and decodes run alone and the prefill op over the whole step. FLOPs: 2 * 2 * L * L / 2 * d * Hq
 per prompt (half the query-key pairs); TFLOP/s against the bf16 GEMM rate
@@ -46,8 +46,13 @@ CASES = [
     ("1x8k+31x256", [8192] + [256] * 31, QWEN3),
     ("1x8k d64", [8192], dict(hq=32, hkv=8, d=64)),
     ("1x8k d256", [8192], dict(hq=32, hkv=8, d=256)),
+    # Head dims on head dim 128's kernels (Phi-2-like 80, Phi-3-like 96).
+    ("1x8k d80", [8192], dict(hq=32, hkv=8, d=80)),
+    ("1x8k d96", [8192], dict(hq=32, hkv=8, d=96)),
+    ("1x2k d96", [2048], dict(hq=32, hkv=8, d=96)),
 ]
-QUICK = {"1x512", "1x2k", "1x8k", "1x16k", "4x2k", "16x1k", "1x8k+31x256", "1x8k d64", "1x8k d256"}
+QUICK = {"1x512", "1x2k", "1x8k", "1x16k", "4x2k", "16x1k", "1x8k+31x256", "1x8k d64", "1x8k d256", "1x8k d80",
+         "1x8k d96", "1x2k d96"}
 EAGER_MAX_TOKENS = 2048
 OURS = "tileinfer prefill"
 # Our kernels timed in every case: (name, make, role). The op as shipped is

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import tileinfer_attn
-from op_helpers import (ULPS, check_lse, check_out, exact_attention, has_cuda_kernel, need, need_path, run_attention,
-                        run_combine, run_decode, run_prefill)
+from op_helpers import (HEAD_DIMS, ULPS, check_lse, check_out, exact_attention, has_cuda_kernel, need, need_path,
+                        run_attention, run_combine, run_decode, run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_
 
@@ -50,7 +50,7 @@ def with_padding_tokens(p, n):
 # ------------------------------------------------------------------ prefill
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 32, 64, 128])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_prefill(dtype, head_dim, page, causal, seed):
     need("prefill")
@@ -75,6 +75,23 @@ def test_prefill_group_sizes(group, causal, seed):
     exact, exact_lse = exact_attention(p, causal)
     check_out(out, exact, torch.bfloat16, f"prefill group {group}")
     check_lse(lse, exact_lse, torch.bfloat16, f"prefill group {group} lse")
+
+
+@pytest.mark.parametrize("group", [1, 3, 8])
+@pytest.mark.parametrize("head_dim", [80, 96])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_prefill_padded_head_dims(dtype, head_dim, group, seed):
+    """Head dims 80 and 96 (run on head dim 128's kernels, zeros past the row)
+    on each prefill kernel: the Hopper warp-specialized one (groups 1, 8), the
+    synchronous wgmma one (group 3), fp32's; a prompt of 2100 queries for the
+    larger tiles."""
+    need("prefill")
+    p = make_problem([2100, 200, 64, 1], [2100, 100, 17, 1], 2 * group, 2, head_dim, 64, dtype=dtype, device=DEV,
+                     seed=seed)
+    out, lse = run_prefill(p, True)
+    exact, exact_lse = exact_attention(p, True)
+    check_out(out, exact, dtype, f"prefill d {head_dim} group {group}")
+    check_lse(lse, exact_lse, dtype, f"prefill d {head_dim} group {group} lse")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -126,7 +143,7 @@ def test_prefix_suffix_merged_by_combine(dtype, page, seed):
 
 # ------------------------------------------------------------------ decode + combine
 @pytest.mark.parametrize("page", [16, 32, 64, 128])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_decode_combine(dtype, head_dim, page, seed):
     """Plain decode (one query per sequence) through decode + combine."""
@@ -190,7 +207,7 @@ def test_decode_split_counts(dtype, splits, seed):
 @pytest.mark.parametrize("misaligned_out", [False, True], ids=["out", "misaligned-out"])
 @pytest.mark.parametrize("n", [1, 4])
 @pytest.mark.parametrize("int8", [False, True], ids=["cache", "int8-cache"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_attention_single_split_writes_out(dtype, head_dim, int8, n, misaligned_out, seed):
     """A batch large enough for one decode split per (sequence, KV head): the
@@ -244,7 +261,7 @@ def random_partials(splits, tokens, heads, head_dim, g):
 
 
 @pytest.mark.parametrize("splits", [1, 2, 7, 32, 33, 100])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_combine(dtype, head_dim, splits, seed):
     """combine against the float64 merge: only its own rounding is allowed (the

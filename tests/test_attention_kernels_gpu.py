@@ -13,7 +13,7 @@ Outputs are poisoned with NaN first; inputs are fresh random data.
 import pytest
 import torch
 
-from op_helpers import (check_lse, check_neutral_splits, check_out, exact_attention, has_cuda_kernel, need,
+from op_helpers import (HEAD_DIMS, check_lse, check_neutral_splits, check_out, exact_attention, has_cuda_kernel, need,
                         run_decode, run_prefill, split_exact, split_pages)
 from tileinfer_attn import reference, testing
 
@@ -29,7 +29,7 @@ DEV = "cuda"
 # and elsewhere (64-row tiles below 2048 queries).
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 32, 64, 128])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_prefill_matches_exact(dtype, head_dim, page, causal):
     need("prefill")
@@ -120,7 +120,7 @@ def test_prefill_lse_merges_two_halves(dtype):
 DECODE_CASES = []
 _i = 0
 for dtype in (torch.bfloat16, torch.float16, torch.float32):
-    for d in (64, 128, 256):
+    for d in HEAD_DIMS:
         for page in (16, 64, 128):
             for group, n in ((1, 1), (4, 1), (16, 1), (2, 3), (4, 4), (8, 16), (3, 2)):
                 if dtype != torch.bfloat16 and (group, n) not in ((4, 1), (4, 4), (8, 16)):

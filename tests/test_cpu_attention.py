@@ -15,7 +15,7 @@ from op_helpers import exact_attention
 ops = torch.ops.tileinfer_attn
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-HEAD_DIMS = [64, 128, 256]
+HEAD_DIMS = [64, 80, 96, 128, 256]
 PAGE_SIZES = [16, 32, 64, 128]
 # (num_q_heads, num_kv_heads): MHA, GQA 4, GQA 3 (not a power of two), MQA 8, GQA 5 with 2 KV heads.
 GQA = [(4, 4), (8, 2), (6, 2), (8, 1), (10, 2)]
@@ -62,7 +62,7 @@ def test_prefill_matches_exact(dtype, head_dim, page_size, heads):
 def test_decode_combine_matches_exact(n):
     """Steps of n = 1..16 queries (decode, speculative verify), causal within the step."""
     dtype = DTYPES[n % 3]
-    head_dim = HEAD_DIMS[(n // 3) % 3]
+    head_dim = HEAD_DIMS[(n // 3) % len(HEAD_DIMS)]
     page_size = PAGE_SIZES[n % 4]
     hq, hkv = GQA[n % len(GQA)]
     lens = [max(n, L) for L in boundary_lens(page_size, n)]

@@ -40,7 +40,7 @@ def randn(*shape, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
 def test_rms_norm(dtype, head_dim):
     x = randn(37, 6, head_dim, dtype=dtype) * 3
     w = (randn(head_dim, dtype=torch.float32, seed=1) * 0.5 + 1).to(dtype)

@@ -35,7 +35,7 @@ pytestmark = [
 ops = torch.ops.tileinfer_attn
 DEV = "cuda"
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-HEAD_DIMS = [64, 128, 256]
+HEAD_DIMS = [64, 80, 96, 128, 256]
 PAGE_SIZES = [16, 32, 64, 128]
 EPS = 1e-6
 

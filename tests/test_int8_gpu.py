@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import op_helpers
-from op_helpers import (check_neutral_splits, exact_attention, kernel_queries, need, need_path, run_attention,
+from op_helpers import (HEAD_DIMS, check_neutral_splits, exact_attention, kernel_queries, need, need_path, run_attention,
                         run_combine, run_decode, run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
@@ -96,7 +96,7 @@ SMOOTH_IDS = ["smooth", "plain"]
 @pytest.mark.parametrize("smooth", SMOOTH, ids=SMOOTH_IDS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 64, 128])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_int8_prefill(dtype, head_dim, page, causal, smooth, seed):
     """Lengths 1, page - 1, page, page + 1 and several pages in one batch; full
@@ -113,7 +113,8 @@ def test_int8_prefill(dtype, head_dim, page, causal, smooth, seed):
     check_lse(lse, exact_lse, p, causal, f"int8 prefill lse (group {group})")
 
 
-@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float16, 64)], ids=["bf16-128", "fp16-64"])
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float16, 64), (torch.bfloat16, 80)],
+                         ids=["bf16-128", "fp16-64", "bf16-80"])
 def test_int8_prefill_long(dtype, head_dim, seed):
     """A 3000-position prompt next to a chunk of 200 queries at the end of 2500
     positions: many key tiles, several query tiles per sequence, in the
@@ -134,7 +135,7 @@ def test_int8_prefill_long(dtype, head_dim, seed):
 GROUP_N = [(g, n) for g in (1, 4, 8) for n in (1, 4, 16)]
 DECODE_CASES = []
 for _dtype in DTYPES:
-    for _j, (_d, _page) in enumerate((d, pg) for d in (64, 128, 256) for pg in (16, 64, 128)):
+    for _j, (_d, _page) in enumerate((d, pg) for d in HEAD_DIMS for pg in (16, 64, 128)):
         for _g, _n in GROUP_N[(3 * _j) % 9: (3 * _j) % 9 + 3]:
             _c = len(DECODE_CASES)
             _splits, _causal, _smooth = (1, 5, 32)[_c % 3], _c % 4 != 3, (_c // 3) % 2 == 0
@@ -186,7 +187,7 @@ def test_int8_decode_tile_shapes(dtype, head_dim, n, tile, seed):
 
 # ------------------------------------------------------------------ decode + combine
 @pytest.mark.parametrize("page", [16, 64, 128])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_int8_decode_combine(dtype, head_dim, page, seed):
     """Plain decode (one query per sequence) through decode + combine, lengths

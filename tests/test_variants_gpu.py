@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-from op_helpers import (check_lse, check_out, exact_attention, kernel_queries, need, need_path, poison_unowned_,
+from op_helpers import (HEAD_DIMS, check_lse, check_out, exact_attention, kernel_queries, need, need_path, poison_unowned_,
                         run_attention, run_combine, run_decode, run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_
@@ -93,7 +93,7 @@ DECODE_CASES = [("window", 0), ("gpt-oss", 1), ("gemma2", 63), ("window", 64), (
 # ------------------------------------------------------------------ prefill kernels
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("variant,window", PREFILL_CASES)
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("group", [1, 3, 8])
 def test_prefill_kernels(group, head_dim, variant, window, causal, seed):
     """bf16 / fp16 prompts of several hundred queries: windows that skip key
@@ -124,7 +124,7 @@ def test_prefill_large_tile(variant, int8, seed):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_fp32_kernel(head_dim, variant, causal, seed):
     """fp32 queries and cache: the CUDA-core kernel, prefill and decode."""
     need("prefill", "decode", "combine")
@@ -152,7 +152,7 @@ def test_decode_kernels(n, group, variant, window, causal, seed):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("n", [1, 4, 16])
 def test_int8_decode(n, head_dim, variant, seed):
     """The int8 decode tiles (the wide one where two blocks fit per SM, the

@@ -398,13 +398,13 @@ def validate(**kw):
 
 def test_capabilities_through_vllm_validation():
     """vLLM's own selection check (validate_configuration) on our flags."""
-    for head_size in (64, 128, 256):
+    for head_size in (64, 80, 96, 128, 256):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             for block_size in (16, 32, 64, 128, 256):
                 assert validate(head_size=head_size, dtype=dtype, block_size=block_size) == []
     assert validate(device_capability=DeviceCapability(8, 0)) == []
     refused = {
-        "head_size not supported": dict(head_size=96),
+        "head_size not supported": dict(head_size=72),
         "dtype not supported": dict(dtype=torch.float64),
         "kv_cache_dtype not supported": dict(kv_cache_dtype="fp8"),
         "block_size not supported": dict(block_size=8),

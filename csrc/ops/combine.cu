@@ -59,8 +59,8 @@ void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool programmatic = programmatic_launch(partial_out.get_device());
   TILEINFER_DISPATCH_FLOAT(out.scalar_type(), op, [&] {
-    TILEINFER_DISPATCH_HEAD_DIM(p.kv.head_dim, op, [&] {
-      const cudaError_t err = launch_combine<scalar_t, HEAD_DIM>(p, stream, programmatic);  // (commas: not in the macro)
+    TILEINFER_DISPATCH_TILE_DIM(p.kv.head_dim, op, [&] {
+      const cudaError_t err = launch_combine<scalar_t, TILE_DIM>(p, stream, programmatic);  // (commas: not in the macro)
       C10_CUDA_CHECK(err);
     });
   });
@@ -85,8 +85,8 @@ void combine_slots(at::Tensor& out, const at::Tensor& partial_out, const at::Ten
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool programmatic = programmatic_launch(partial_out.get_device());
   TILEINFER_DISPATCH_FLOAT(out.scalar_type(), "attention", [&] {
-    TILEINFER_DISPATCH_HEAD_DIM(p.kv.head_dim, "attention", [&] {
-      const cudaError_t err = launch_combine<scalar_t, HEAD_DIM>(p, stream, programmatic);  // (commas: not in the macro)
+    TILEINFER_DISPATCH_TILE_DIM(p.kv.head_dim, "attention", [&] {
+      const cudaError_t err = launch_combine<scalar_t, TILE_DIM>(p, stream, programmatic);  // (commas: not in the macro)
       C10_CUDA_CHECK(err);
     });
   });

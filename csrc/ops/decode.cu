@@ -42,19 +42,19 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
-    TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, op, [&] {
+    TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
       if constexpr (std::is_same_v<scalar_t, float>) {
-        launch_fp32<HEAD_DIM, DecodeWork>(op, p, stream);
+        launch_fp32<TILE_DIM, DecodeWork>(op, p, stream);
       } else if (s.int8) {
-        if constexpr (HEAD_DIM <= 128) {
-          if (small && two_per_sm) return launch_tile<DecodeTileInt8Wide<scalar_t, HEAD_DIM>, DecodeWork>(op, p, stream);
+        if constexpr (TILE_DIM <= 128) {
+          if (small && two_per_sm) return launch_tile<DecodeTileInt8Wide<scalar_t, TILE_DIM>, DecodeWork>(op, p, stream);
         }
-        if (small) return launch_tile<DecodeTileSmall<scalar_t, HEAD_DIM, int8_t>, DecodeWork>(op, p, stream);
-        launch_tile<DecodeTileLarge<scalar_t, HEAD_DIM, int8_t>, DecodeWork>(op, p, stream);
+        if (small) return launch_tile<DecodeTileSmall<scalar_t, TILE_DIM, int8_t>, DecodeWork>(op, p, stream);
+        launch_tile<DecodeTileLarge<scalar_t, TILE_DIM, int8_t>, DecodeWork>(op, p, stream);
       } else if (small) {
-        launch_tile<DecodeTileSmall<scalar_t, HEAD_DIM>, DecodeWork>(op, p, stream);
+        launch_tile<DecodeTileSmall<scalar_t, TILE_DIM>, DecodeWork>(op, p, stream);
       } else {
-        launch_tile<DecodeTileLarge<scalar_t, HEAD_DIM>, DecodeWork>(op, p, stream);
+        launch_tile<DecodeTileLarge<scalar_t, TILE_DIM>, DecodeWork>(op, p, stream);
       }
     });
   });

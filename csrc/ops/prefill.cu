@@ -94,15 +94,18 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   const uint32_t group = a.group_size;
   // The copy engine takes strides that step past whole rows: a view whose
   // heads or tokens overlap (or repeat, stride 0) goes through a copy.
-  const bool rows_apart = q.stride(1) >= D && q.stride(0) >= q.size(1) * q.stride(1);
+  // The maps span the head dim; a tile dim D above it (tile_table.h) reads
+  // its last box partly outside them, and the copy engine fills zeros there.
+  const int64_t hd = a.kv.head_dim;
+  const bool rows_apart = q.stride(1) >= hd && q.stride(0) >= q.size(1) * q.stride(1);
   const at::Tensor qm = rows_apart ? q : q.contiguous();
-  p.q_map = make_tensor_map<3>(qm.data_ptr(), type, {uint64_t(D), uint64_t(a.num_q_heads), uint64_t(a.num_tokens)},
+  p.q_map = make_tensor_map<3>(qm.data_ptr(), type, {uint64_t(hd), uint64_t(a.num_q_heads), uint64_t(a.num_tokens)},
                                {uint64_t(qm.stride(1)) * 2, uint64_t(qm.stride(0)) * 2},
                                {64u, group, uint32_t(Cfg::kBlockM) / group});
   const int page = a.kv.page_size;
   p.box_rows = page < Cfg::kBlockN ? page : Cfg::kBlockN;
-  const uint64_t sizes[4] = {uint64_t(D), uint64_t(page), uint64_t(a.kv.num_kv_heads), uint64_t(a.kv.num_pages)};
-  const uint64_t row = uint64_t(D) * 2;
+  const uint64_t sizes[4] = {uint64_t(hd), uint64_t(page), uint64_t(a.kv.num_kv_heads), uint64_t(a.kv.num_pages)};
+  const uint64_t row = uint64_t(hd) * 2;
   const uint64_t strides[3] = {row, row * page, row * page * a.kv.num_kv_heads};
   const uint32_t box[4] = {64u, uint32_t(p.box_rows), 1u, 1u};
   p.k_map = make_tensor_map<4>(a.kv.k_cache, type, sizes, strides, box);
@@ -163,11 +166,11 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (use_hopper_prefill(s, q.scalar_type(), q.get_device())) {
     TILEINFER_DISPATCH_HALF(q.scalar_type(), op, [&] {
-      TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, op, [&] {
+      TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
         if (use_warp_specialized(p.group_size)) {
-          launch_warp_specialized<sm90::PrefillTile<scalar_t, HEAD_DIM>>(op, p, q_c, stream);
+          launch_warp_specialized<sm90::PrefillTile<scalar_t, TILE_DIM>>(op, p, q_c, stream);
         } else {
-          launch_wgmma<WgmmaPrefill<scalar_t, HEAD_DIM>>(op, p, stream);
+          launch_wgmma<WgmmaPrefill<scalar_t, TILE_DIM>>(op, p, stream);
         }
       });
     });
@@ -175,22 +178,22 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
     return;
   }
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
-    TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, op, [&] {
+    TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
       if constexpr (std::is_same_v<scalar_t, float>) {
-        launch_fp32<HEAD_DIM, PrefillWork>(op, p, stream);
+        launch_fp32<TILE_DIM, PrefillWork>(op, p, stream);
       } else if (s.int8) {
-        if constexpr (HEAD_DIM <= 128) {
+        if constexpr (TILE_DIM <= 128) {
           if (large) {
-            return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM, int8_t>, PrefillWork>(op, p,
+            return launch_tile<PrefillTileLarge<scalar_t, TILE_DIM, int8_t>, PrefillWork>(op, p,
                                                                                                      stream);
           }
         }
-        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM, int8_t>, PrefillWork>(op, p, stream);
+        launch_tile<PrefillTileSmall<scalar_t, TILE_DIM, int8_t>, PrefillWork>(op, p, stream);
       } else {
-        if constexpr (HEAD_DIM <= 128) {
-          if (large) return launch_tile<PrefillTileLarge<scalar_t, HEAD_DIM>, PrefillWork>(op, p, stream);
+        if constexpr (TILE_DIM <= 128) {
+          if (large) return launch_tile<PrefillTileLarge<scalar_t, TILE_DIM>, PrefillWork>(op, p, stream);
         }
-        launch_tile<PrefillTileSmall<scalar_t, HEAD_DIM>, PrefillWork>(op, p, stream);
+        launch_tile<PrefillTileSmall<scalar_t, TILE_DIM>, PrefillWork>(op, p, stream);
       }
     });
   });

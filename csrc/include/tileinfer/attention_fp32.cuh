@@ -71,6 +71,9 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
   const float* v_pool = static_cast<const float*>(p.kv.v_cache);
   const float* q_ptr = static_cast<const float*>(p.q);
   const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
+  // Head dims below the tile's (tile_table.h): zeros past the row in shared
+  // memory, nothing stored past it.
+  const int hd = p.kv.head_dim;
 
   write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
   __syncthreads();
@@ -79,7 +82,7 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
     const int ch = c % (D / 4);
     const int token = row_token_s[r];
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (token >= 0)
+    if (token >= 0 && ch * 4 < hd)
       x = *reinterpret_cast<const float4*>(q_ptr + token * p.q_stride_token + row_head_s[r] * p.q_stride_head + ch * 4);
     *reinterpret_cast<float4*>(q_s + r * kStride + ch * 4) = x;
   }
@@ -106,9 +109,9 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
       const int pr = key_rows_s[key];
       float4 kx = make_float4(0.f, 0.f, 0.f, 0.f);
       float4 vx = kx;
-      if (pr >= 0) {
-        kx = *reinterpret_cast<const float4*>(k_pool + static_cast<int64_t>(pr) * D + ch * 4);
-        vx = *reinterpret_cast<const float4*>(v_pool + static_cast<int64_t>(pr) * D + ch * 4);
+      if (pr >= 0 && ch * 4 < hd) {
+        kx = *reinterpret_cast<const float4*>(k_pool + static_cast<int64_t>(pr) * hd + ch * 4);
+        vx = *reinterpret_cast<const float4*>(v_pool + static_cast<int64_t>(pr) * hd + ch * 4);
       }
       *reinterpret_cast<float4*>(k_s + key * kStride + ch * 4) = kx;
       *reinterpret_cast<float4*>(v_s + key * D + ch * 4) = vx;
@@ -175,7 +178,7 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
   for (int i = 0; i < Cfg::kChunksPerLane; ++i) {
     const float4 x = make_float4(acc[i].x * res.inv_sum, acc[i].y * res.inv_sum, acc[i].z * res.inv_sum,
                                  acc[i].w * res.inv_sum);
-    *reinterpret_cast<float4*>(out + 4 * (j + 8 * i)) = x;
+    if (4 * (j + 8 * i) < hd) *reinterpret_cast<float4*>(out + 4 * (j + 8 * i)) = x;
   }
   if (j == 0) {
     float* lse = Work::lse_at(p, w, token, row_head_s[row]);

@@ -238,7 +238,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   WorkItem w;
   int num_tiles = 0;
   int first_entries[S];  // block-table entries of this thread's keys of the first tiles
-  const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, key_rows_s, flags_s, entries_s};
+  const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, key_rows_s, flags_s, entries_s,
+                                     p.kv.head_dim * static_cast<int>(sizeof(typename Cfg::CacheT))};
   // The work item, row table and first lookups from `meta` (barrier after).
   auto start = [&] {
     w = Work::template make<BM>(p, meta);
@@ -283,16 +284,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   };
   // Chunk c of the block's queries and its smoothing factors (zeros for padding rows).
   auto load_q_chunk = [&](int c, QChunk& qc) {
-    const float* smooth = p.kv.k_smooth == nullptr ? nullptr : p.kv.k_smooth + static_cast<int64_t>(w.kv_head) * D;
+    const float* smooth =
+        p.kv.k_smooth == nullptr ? nullptr : p.kv.k_smooth + static_cast<int64_t>(w.kv_head) * p.kv.head_dim;
     const RowQuery rq = row_query(w, c / Cfg::kChunks);  // as the row table has it, without its barrier
     const int ch = c % Cfg::kChunks;
+    const bool valid = rq.token >= 0 && ch * 8 < p.kv.head_dim;  // zeros past the head dim (tile_table.h)
 #pragma unroll
     for (int e = 0; e < 8; ++e) qc.v.v[e] = from_float<QT>(0.f);
-    if (rq.token >= 0)
+    if (valid)
       qc.v = *reinterpret_cast<const Vec16<QT>*>(q_ptr + rq.token * p.q_stride_token + rq.head * p.q_stride_head +
                                                  ch * 8);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) qc.s[e] = rq.token < 0 ? 0.f : smooth == nullptr ? 1.f : smooth[ch * 8 + e];
+    for (int e = 0; e < 8; ++e) qc.s[e] = !valid ? 0.f : smooth == nullptr ? 1.f : smooth[ch * 8 + e];
   };
   QChunk q_ahead[kQAhead ? kQIters : 1];
   if constexpr (kQAhead) {
@@ -851,7 +854,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // 16-byte stores of whole rows of elements O at row_ptr(token, head); the
   // key-slice warps' parts add up in a fixed order.
   auto store_rows = [&](auto row_ptr) {
-    store_output_rows<BM, D, Cfg::kThreads, Cfg::kWarpsN, Cfg::kOStride>(o_s, row_token_s, row_head_s, tid, row_ptr);
+    store_output_rows<BM, D, Cfg::kThreads, Cfg::kWarpsN, Cfg::kOStride>(o_s, row_token_s, row_head_s, tid,
+                                                                          p.kv.head_dim, row_ptr);
   };
   bool partials = false;
   if constexpr (Work::kPartials) partials = Work::writes_partials(p);

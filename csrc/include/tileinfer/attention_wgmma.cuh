@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
 
   // Key lookups and copies: as in attention_tile_kernel (tile_io.cuh).
-  const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, key_rows_s, flags_s, entries_s};
+  const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, key_rows_s, flags_s, entries_s, p.kv.head_dim * 2};
   auto load_tile = [&](int tile) {
     uint8_t* k_dst = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
     keys.template copy_kv<Cfg::kThreads, Cfg::kChunks, Cfg::kRowBytes, false>(
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   __syncthreads();
 
   store_output_rows<BM, D, Cfg::kThreads, 1, Cfg::kOStride>(
-      o_s, row_token_s, row_head_s, tid, [&](int token, int head) { return output_row<T>(p, token, head); });
+      o_s, row_token_s, row_head_s, tid, p.kv.head_dim, [&](int token, int head) { return output_row<T>(p, token, head); });
   if (tid < BM && row_token_s[tid] >= 0) {
     float* lse = Work::lse_at(p, w, row_token_s[tid], row_head_s[tid]);
     if (lse != nullptr) *lse = lse_s[tid];

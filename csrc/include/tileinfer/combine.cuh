@@ -129,9 +129,13 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   }
   const int64_t safe_row = active ? row : num_rows - 1;
   const int S = p.num_splits;
-  const float* lse_in = p.partial_lse + row;                            // split s at [s * num_rows]
-  const float* out_in = p.partial_out + safe_row * HEAD_DIM + lane * C;  // split s at [s * split_stride]
-  const int64_t split_stride = num_rows * HEAD_DIM;
+  // A head dim below HEAD_DIM (tile_table.h): partial rows of head_dim
+  // floats; the lanes past it load nothing and store nothing.
+  const int hd = p.kv.head_dim;
+  const bool lane_on = lane * C < hd;
+  const float* lse_in = p.partial_lse + row;                                 // split s at [s * num_rows]
+  const float* out_in = p.partial_out + safe_row * hd + (lane_on ? lane * C : 0);  // split s at [s * split_stride]
+  const int64_t split_stride = num_rows * hd;
 
   float acc[C];
 #pragma unroll
@@ -158,7 +162,8 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
 #pragma unroll
     for (int u = 0; u < B; ++u) {
 #pragma unroll
-      for (int k = 0; k < V; ++k) v[u][k] = active && s0 + u < S ? __ldg(src + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int k = 0; k < V; ++k)
+        v[u][k] = active && lane_on && s0 + u < S ? __ldg(src + k) : make_float4(0.f, 0.f, 0.f, 0.f);
       src += split_stride / 4;
     }
   };
@@ -204,7 +209,7 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   for (int i = 0; i < C; ++i) acc[i] = den > 0.f ? acc[i] * inv : 0.f;
   const int64_t h = row % p.num_q_heads;
   scalar_t* dst = static_cast<scalar_t*>(p.out) + token * p.o_stride_token + h * p.o_stride_head + lane * C;
-  store_channels<scalar_t, C>(dst, acc);
+  if (lane_on) store_channels<scalar_t, C>(dst, acc);
   if (p.lse != nullptr && lane == 0) p.lse[token * p.num_q_heads + h] = den > 0.f ? run_max + logf(den) : -INFINITY;
 }
 

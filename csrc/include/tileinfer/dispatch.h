@@ -55,19 +55,40 @@
   }()
 
 // Head dims of the support table (tile_table.h: TILEINFER_HEAD_DIMS), one case
-// each, with `constexpr int HEAD_DIM` in scope of the lambda.
+// each, with `constexpr int HEAD_DIM` in scope of the lambda: the row kernels
+// of the attention inputs, instantiated per head dim.
 #define TILEINFER_HEAD_DIM_CASE_(v, ...)                                             \
   case v: {                                                                         \
     constexpr int HEAD_DIM = v;                                                     \
     return __VA_ARGS__();                                                           \
   }
+#define TILEINFER_UNSUPPORTED_HEAD_DIM_(d, NAME)                                     \
+  TILEINFER_CHECK(false, NAME, ": unsupported head_dim ", d, " (expected ",         \
+                  ::tileinfer::expected(::tileinfer::kHeadDims), ")")
 #define TILEINFER_DISPATCH_HEAD_DIM(d, NAME, ...)                                    \
   [&] {                                                                             \
     switch (d) {                                                                    \
       TILEINFER_HEAD_DIMS(TILEINFER_HEAD_DIM_CASE_, __VA_ARGS__)                    \
       default:                                                                      \
-        TILEINFER_CHECK(false, NAME, ": unsupported head_dim ", d, " (expected ",   \
-                        ::tileinfer::expected(::tileinfer::kHeadDims), ")");        \
+        TILEINFER_UNSUPPORTED_HEAD_DIM_(d, NAME);                                   \
+    }                                                                               \
+  }()
+
+// The attention kernels' tile dim of head dim d (tile_table.h: tile_head_dim),
+// with `constexpr int TILE_DIM` in scope of the lambda; the kernels read the
+// head dim itself from their params (kv.head_dim).
+#define TILEINFER_TILE_DIM_CASE_(v, ...)                                             \
+  case v: {                                                                         \
+    constexpr int TILE_DIM = v;                                                     \
+    return __VA_ARGS__();                                                           \
+  }
+#define TILEINFER_DISPATCH_TILE_DIM(d, NAME, ...)                                    \
+  [&] {                                                                             \
+    if (!::tileinfer::supported_head_dim(d)) TILEINFER_UNSUPPORTED_HEAD_DIM_(d, NAME); \
+    switch (::tileinfer::tile_head_dim(d)) {                                        \
+      TILEINFER_TILE_HEAD_DIMS(TILEINFER_TILE_DIM_CASE_, __VA_ARGS__)               \
+      default:                                                                      \
+        TILEINFER_UNSUPPORTED_HEAD_DIM_(d, NAME);                                   \
     }                                                                               \
   }()
 

@@ -87,16 +87,20 @@ struct KVWriteParams {
   bool after_queries;         // launched right behind attention_inputs' rows_kernel (see kv_write_kernel)
 };
 
-// How a row of D elements of T spreads over a group of threads: at least two
-// vectors per lane, so that lane l holds column c of the first half and
-// c + D / 2 of the second (its rotary partner, for a full-width rotation: no
-// exchange through shared memory), and the per-row work (metadata, sums,
+// How a row of D elements of T spreads over a group of threads: an even
+// number of vectors per lane, so that lane l holds column c of the first half
+// and c + D / 2 of the second (its rotary partner, for a full-width rotation:
+// no exchange through shared memory), and the per-row work (metadata, sums,
 // addresses) is repeated by half as many lanes as with one vector per lane.
+// The lanes of a group: the largest power of two (at most 32) that divides
+// half the row's vectors (d 128 bf16: 8 lanes of 2 vectors; d 80 bf16: one
+// lane of 10, as 5 is odd).
 template <typename T, int D>
 struct RowLayout {
   static constexpr int kVec = 16 / sizeof(T);          // elements per 16-byte vector
   static constexpr int kRowVecs = D / kVec;            // vectors per row
-  static constexpr int kLanes = kRowVecs / 2 < 32 ? kRowVecs / 2 : 32;
+  static constexpr int kHalfVecs = kRowVecs / 2;
+  static constexpr int kLanes = (kHalfVecs & -kHalfVecs) < 32 ? (kHalfVecs & -kHalfVecs) : 32;
   static constexpr int kVecs = kRowVecs / kLanes;      // vectors per lane
   static constexpr int kElems = kVecs * kVec;          // elements per lane
   static constexpr int kPairs = kElems / 2;            // pairs of adjacent elements per lane (ElemPair)

@@ -38,6 +38,7 @@ struct KeyTiles {
   int* key_rows;
   int* flags;
   int* entries;
+  int row_bytes;  // bytes of a cached row (head_dim elements): kRowBytes of copy_kv, or fewer (tile_table.h)
 
   // Pool rows of the keys of tile `tile` into its slot, and the slot's flags,
   // from the entries fetch_entries copied kStages tiles earlier.
@@ -79,7 +80,9 @@ struct KeyTiles {
   // The K and V rows of tile `tile` (pool rows from its lookup, -1: zeros) into
   // the stage buffers k_dst / v_dst, kChunks 16-byte chunks per row, chunk ch
   // of key row r at byte offset(r, ch); consecutive threads copy consecutive
-  // 16 bytes of a row. Then the block-table entries kStages tiles ahead.
+  // 16 bytes of a row. A head dim below the tile's (row_bytes < kRowBytes)
+  // gets zeros in the chunks past its row. Then the block-table entries
+  // kStages tiles ahead.
   // kPageRuns: tiles on one page take the path below (see there).
   template <int kThreads, int kChunks, int kRowBytes, bool kPageRuns, class Offset>
   __device__ __forceinline__ void copy_kv(int tile, const uint8_t* k_pool, const uint8_t* v_pool, uint8_t* k_dst,
@@ -96,7 +99,7 @@ struct KeyTiles {
     // registers, spilled with it.
     const int pos = tile_start(tile);
     const int row0 = rows[0];
-    if (kPageRuns && (pos >> page_shift) == ((pos + kBlockN - 1) >> page_shift) && pos + kBlockN <= w.key_end &&
+    if (kPageRuns && row_bytes == kRowBytes && (pos >> page_shift) == ((pos + kBlockN - 1) >> page_shift) && pos + kBlockN <= w.key_end &&
         row0 >= 0) {
       const int64_t src = static_cast<int64_t>(row0) * kRowBytes + tid * 16;
 #pragma unroll
@@ -114,10 +117,11 @@ struct KeyTiles {
       const int row = c / kChunks;
       const int ch = c % kChunks;
       const int pr = rows[row];
-      const int64_t src = static_cast<int64_t>(pr < 0 ? 0 : pr) * kRowBytes + ch * 16;
+      const bool valid = pr >= 0 && ch * 16 < row_bytes;
+      const int64_t src = valid ? static_cast<int64_t>(pr) * row_bytes + ch * 16 : 0;
       const int dst = offset(row, ch);
-      cp_async_16(k_dst + dst, k_pool + src, pr >= 0);
-      cp_async_16(v_dst + dst, v_pool + src, pr >= 0);
+      cp_async_16(k_dst + dst, k_pool + src, valid);
+      cp_async_16(v_dst + dst, v_pool + src, valid);
     }
     fetch_entries(tile + kStages);  // lands with this tile, kStages tiles before its lookup
   }
@@ -150,7 +154,7 @@ struct KeyTiles {
 
 // The block's query rows (row_token / row_head: write_row_table) into shared
 // memory, kChunks 16-byte chunks per row, chunk ch of row r at byte offset(r,
-// ch); rows of no query get zeros.
+// ch); rows of no query, and the chunks past the head dim, get zeros.
 template <int kRows, int kThreads, int kChunks, typename T, class Offset>
 __device__ __forceinline__ void copy_query_rows(const AttentionParams& p, const int* row_token, const int* row_head,
                                                 void* q_s, int tid, Offset offset) {
@@ -159,26 +163,27 @@ __device__ __forceinline__ void copy_query_rows(const AttentionParams& p, const 
     const int row = c / kChunks;
     const int ch = c % kChunks;
     const int token = row_token[row];
-    const T* src = q_ptr + ch * 8;
-    if (token >= 0) src += token * p.q_stride_token + row_head[row] * p.q_stride_head;
-    cp_async_16(static_cast<uint8_t*>(q_s) + offset(row, ch), src, token >= 0);  // padding rows: zeros
+    const bool valid = token >= 0 && ch * 8 < p.kv.head_dim;
+    const T* src = q_ptr;
+    if (valid) src += token * p.q_stride_token + row_head[row] * p.q_stride_head + ch * 8;
+    cp_async_16(static_cast<uint8_t*>(q_s) + offset(row, ch), src, valid);
   }
 }
 
 // The block's normalized fp32 output rows, staged in shared memory (o_s: kParts
 // slices of [kRows][kOStride], summed in slice order: the tile kernel's key-slice
 // warps), as 16-byte stores of elements O at row_ptr(token, head); rows of no
-// query are skipped.
+// query are skipped, and so are the columns past the head dim d (<= kD).
 template <int kRows, int kD, int kThreads, int kParts, int kOStride, class RowPtr>
 __device__ __forceinline__ void store_output_rows(const float* o_s, const int* row_token, const int* row_head, int tid,
-                                                  RowPtr row_ptr) {
+                                                  int d, RowPtr row_ptr) {
   using O = std::remove_pointer_t<decltype(row_ptr(0, 0))>;
   constexpr int kVec = Vec16<O>::kSize;
   for (int idx = tid; idx < kRows * (kD / kVec); idx += kThreads) {
     const int row = idx / (kD / kVec);
     const int col = (idx % (kD / kVec)) * kVec;
     const int token = row_token[row];
-    if (token < 0) continue;
+    if (token < 0 || col >= d) continue;
     float v[kVec];
 #pragma unroll
     for (int x = 0; x < kVec; x += 4) {

@@ -4,10 +4,12 @@
 // the CPU ops and the op `supported` (which hands these lists to Python, where
 // tileinfer_attn/cache.py reads them) all read this file; nothing else lists them.
 //
-// Adding a head dim: add it to TILEINFER_HEAD_DIMS. Every kernel that the
-// dispatch reaches is then instantiated for it (the dispatch switches are the
-// instantiation list); check the tile shapes below (shared memory per stage
-// grows with the head dim) and the kernels' static_asserts.
+// Adding a head dim: add it to TILEINFER_HEAD_DIMS (a multiple of 16 that a
+// tile dim holds runs on that tile's kernels), or, for a new tile dim, to
+// TILEINFER_TILE_HEAD_DIMS and tile_head_dim as well: every attention kernel
+// that the dispatch reaches is then instantiated for it (the dispatch switches
+// are the instantiation list); check the tile shapes below (shared memory per
+// stage grows with the head dim) and the kernels' static_asserts.
 //
 // Host-side C++ only (c10's ScalarType, no CUDA), so the CPU-only build uses it too.
 #pragma once
@@ -18,18 +20,32 @@
 
 #include <c10/core/ScalarType.h>
 
-// Head dims with kernels, as an X-macro: TILEINFER_DISPATCH_HEAD_DIM (dispatch.h)
-// expands each entry into a switch case with a compile-time HEAD_DIM, kHeadDims
-// below into the values checked at run time.
-// X(v, args...) is expanded once per head dim; the extra arguments let a
-// dispatch switch pass its lambda to every case.
-#define TILEINFER_HEAD_DIMS(X, ...) X(64, __VA_ARGS__) X(128, __VA_ARGS__) X(256, __VA_ARGS__)
+// Head dims, as X-macros: X(v, args...) is expanded once per head dim; the
+// extra arguments let a dispatch switch pass its lambda to every case.
+//   TILEINFER_HEAD_DIMS: the head dims the ops take (kHeadDims below), each
+//     instantiated as it is by the row kernels of the attention inputs
+//     (TILEINFER_DISPATCH_HEAD_DIM, dispatch.h).
+//   TILEINFER_TILE_HEAD_DIMS: the head dims the attention kernels are built
+//     for (TILEINFER_DISPATCH_TILE_DIM). A head dim runs on the smallest tile
+//     dim that holds it (tile_head_dim): 80 and 96 on 128's kernels, whose
+//     tiles in shared memory and registers get zeros past the head dim (the
+//     copies read only the row's own bytes, zero-filling the rest, and the
+//     stores write only its columns). Zero columns add nothing to a score,
+//     and the output columns past the head dim are never stored. That costs
+//     tensor-core time (128 / 80 of d 80's products) but no new
+//     instantiation of any attention kernel: a native d 80 tile would need
+//     rows that are not whole 128-byte swizzle blocks.
+#define TILEINFER_HEAD_DIMS(X, ...) \
+  X(64, __VA_ARGS__) X(80, __VA_ARGS__) X(96, __VA_ARGS__) X(128, __VA_ARGS__) X(256, __VA_ARGS__)
+#define TILEINFER_TILE_HEAD_DIMS(X, ...) X(64, __VA_ARGS__) X(128, __VA_ARGS__) X(256, __VA_ARGS__)
 
 namespace tileinfer {
 
 #define TILEINFER_TABLE_ENTRY(v, ...) v,
 inline constexpr int64_t kHeadDims[] = {TILEINFER_HEAD_DIMS(TILEINFER_TABLE_ENTRY, )};
 #undef TILEINFER_TABLE_ENTRY
+// The attention kernels' head dim (tile dim) that runs head dim d (one of kHeadDims).
+constexpr int64_t tile_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 // Page sizes (positions per page). A run-time value in every kernel; powers of
 // two, because the kernels find a position's page and slot with a shift and a mask.
 inline constexpr int64_t kPageSizes[] = {16, 32, 64, 128};

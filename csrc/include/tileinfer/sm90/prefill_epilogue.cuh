@@ -25,8 +25,9 @@ __device__ __forceinline__ void prefill_store(const PrefillParams& p, const Work
     T* dst = output_row<T>(p.a, rq.token, rq.head) + 2 * quad;
 #pragma unroll
     for (int j = 0; j < Cfg::D / 8; ++j)
-      *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-          pack2<T>(o[4 * j + 2 * R] * res.inv_sum, o[4 * j + 2 * R + 1] * res.inv_sum);
+      if (8 * j < p.a.kv.head_dim)  // a head dim below the tile's: its own columns only (tile_table.h)
+        *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+            pack2<T>(o[4 * j + 2 * R] * res.inv_sum, o[4 * j + 2 * R + 1] * res.inv_sum);
     float* lse = output_lse(p.a, rq.token, rq.head);
     if (quad == 0 && lse != nullptr) *lse = res.lse;
   }
