@@ -10,7 +10,8 @@
 //
 // Layout: a row (one head of one token, head_dim elements) is held by a group
 // of kLanes threads, each with kVecs 16-byte vectors; lane l holds vectors
-// l, l + kLanes, ... so that a group's loads are contiguous and coalesced. A
+// l, l + kLanes, ... of each half of the row, so that a group's loads are
+// contiguous and coalesced (RowLayout). A
 // group works on one row at a time (rows_kernel: several consecutive rows in
 // turn). Groups never leave early: a row that is skipped (bad metadata, past
 // the end) still takes part in the warp shuffles and __syncwarp of its warp,
@@ -87,30 +88,39 @@ struct KVWriteParams {
   bool after_queries;         // launched right behind attention_inputs' rows_kernel (see kv_write_kernel)
 };
 
-// How a row of D elements of T spreads over a group of threads: an even
-// number of vectors per lane, so that lane l holds column c of the first half
-// and c + D / 2 of the second (its rotary partner, for a full-width rotation:
-// no exchange through shared memory), and the per-row work (metadata, sums,
-// addresses) is repeated by half as many lanes as with one vector per lane.
-// The lanes of a group: the largest power of two (at most 32) that divides
-// half the row's vectors (d 128 bf16: 8 lanes of 2 vectors; d 80 bf16: one
-// lane of 10, as 5 is odd).
+// How a row of D elements of T spreads over a group of threads: lane l holds
+// vector v of the first half of the row and vector v of the second half
+// together (column c and c + D / 2: rotary partners, for a full-width
+// rotation, with no exchange through shared memory), and the per-row work
+// (metadata, sums, addresses) is repeated by half as many lanes as with one
+// vector per lane. A group has a power-of-two number of lanes (a group never
+// straddles warps) of up to 32: half the row's vectors rounded up, so a head
+// dim whose half is not a power of two of vectors (80, 96) leaves the last
+// lanes of its group without a vector (d 80 bf16: 5 of 8 lanes hold one);
+// their vectors read as zeros and are never stored (active()).
+constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
+
 template <typename T, int D>
 struct RowLayout {
   static constexpr int kVec = 16 / sizeof(T);          // elements per 16-byte vector
   static constexpr int kRowVecs = D / kVec;            // vectors per row
-  static constexpr int kHalfVecs = kRowVecs / 2;
-  static constexpr int kLanes = (kHalfVecs & -kHalfVecs) < 32 ? (kHalfVecs & -kHalfVecs) : 32;
-  static constexpr int kVecs = kRowVecs / kLanes;      // vectors per lane
+  static constexpr int kHalfVecs = kRowVecs / 2;       // vectors per half row
+  static constexpr int kLanes = kHalfVecs >= 32 ? 32 : pow2_at_least(kHalfVecs);
+  static constexpr int kHalfSlots = (kHalfVecs + kLanes - 1) / kLanes;  // vectors per lane per half
+  static constexpr int kVecs = 2 * kHalfSlots;         // vectors per lane
   static constexpr int kElems = kVecs * kVec;          // elements per lane
   static constexpr int kPairs = kElems / 2;            // pairs of adjacent elements per lane (ElemPair)
   static constexpr int kGroups = kInputsThreads / kLanes;           // groups per block
-  static_assert(D % kVec == 0 && kRowVecs % kLanes == 0, "head_dim must be a multiple of the vector width");
+  static_assert(D % (2 * kVec) == 0, "head_dim must be a multiple of two vector widths");
+  static_assert(kHalfVecs <= 32 || kHalfVecs % 32 == 0, "whole lanes past 32 vectors per half");
   static_assert(32 % kLanes == 0, "a group must not straddle warps");
-  static_assert(kVecs % 2 == 0, "vector i + kVecs / 2 holds the rotary partners of vector i");
 
-  // First column of the lane's i-th vector.
-  __device__ static int col(int lane, int i) { return (lane + i * kLanes) * kVec; }
+  // Index of the lane's i-th vector in its half, and whether the row has it.
+  // Vector i + kVecs / 2 (second half) is the rotary partner of vector i.
+  __device__ static int half_index(int lane, int i) { return lane + (i % kHalfSlots) * kLanes; }
+  __device__ static bool active(int lane, int i) { return half_index(lane, i) < kHalfVecs; }
+  // First column of the lane's i-th vector (meaningful when active).
+  __device__ static int col(int lane, int i) { return (half_index(lane, i) + (i / kHalfSlots) * kHalfVecs) * kVec; }
 };
 
 // The place of a token in its sequence and in the cache.
@@ -203,7 +213,13 @@ __device__ __forceinline__ void load_row(Pair<T> (&x)[RowLayout<T, D>::kPairs], 
   constexpr int kN = L::kVec / 2;
 #pragma unroll
   for (int i = 0; i < L::kVecs; ++i) {
-    const PairVec<T> v = PairVec<T>::load(row + L::col(lane, i));
+    PairVec<T> v;
+    if (L::active(lane, i)) {
+      v = PairVec<T>::load(row + L::col(lane, i));
+    } else {
+#pragma unroll
+      for (int e = 0; e < kN; ++e) v.p[e] = ElemPair<T>::round(0.f, 0.f);
+    }
 #pragma unroll
     for (int e = 0; e < kN; ++e) x[i * kN + e] = v.p[e];
   }
@@ -218,7 +234,7 @@ __device__ __forceinline__ void store_row(T* row, const Pair<T> (&x)[RowLayout<T
     PairVec<T> v;
 #pragma unroll
     for (int e = 0; e < kN; ++e) v.p[e] = x[i * kN + e];
-    v.store(row + L::col(lane, i));
+    if (L::active(lane, i)) v.store(row + L::col(lane, i));
   }
 }
 
@@ -269,7 +285,8 @@ __device__ __forceinline__ void rms_norm_stage(Pair<T> (&x)[RowLayout<T, D>::kPa
     ss = fmaf(v.y, v.y, ss);
   }
   ss = warp_sum<L::kLanes>(ss);
-  // D is a power of two: the mean is exact as a product.
+  // The mean as a product by 1 / D, as PyTorch's mean reduction takes it
+  // (exact for a power-of-two D).
   const float inv = rsqrtf(__fadd_rn(__fmul_rn(ss, 1.f / D), eps));
 #pragma unroll
   for (int k = 0; k < L::kPairs; ++k) {
@@ -295,8 +312,10 @@ struct LaneCosSin {
     for (int i = 0; i < H; ++i)
 #pragma unroll
       for (int e = 0; e < L::kVec; e += 4) {
-        const float4 cv = __ldg(reinterpret_cast<const float4*>(cs + L::col(lane, i) + e));
-        const float4 sv = __ldg(reinterpret_cast<const float4*>(cs + D / 2 + L::col(lane, i) + e));
+        const bool on = L::active(lane, i);  // else zeros: the lane's vectors past the row are zeros too
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 cv = on ? __ldg(reinterpret_cast<const float4*>(cs + L::col(lane, i) + e)) : zero;
+        const float4 sv = on ? __ldg(reinterpret_cast<const float4*>(cs + D / 2 + L::col(lane, i) + e)) : zero;
         const int j = i * L::kVec + e;
         c[j] = cv.x, c[j + 1] = cv.y, c[j + 2] = cv.z, c[j + 3] = cv.w;
         s[j] = sv.x, s[j + 1] = sv.y, s[j + 2] = sv.z, s[j + 3] = sv.w;
@@ -351,7 +370,8 @@ __device__ __forceinline__ void rope_stage(Pair<T> (&xp)[RowLayout<T, D>::kPairs
 #pragma unroll
     for (int e = 0; e < L::kVec; e += 4) {
       const int j = i * L::kVec + e;
-      *reinterpret_cast<float4*>(row + L::col(lane, i) + e) = make_float4(x[j], x[j + 1], x[j + 2], x[j + 3]);
+      if (L::active(lane, i))
+        *reinterpret_cast<float4*>(row + L::col(lane, i) + e) = make_float4(x[j], x[j + 1], x[j + 2], x[j + 3]);
     }
   __syncwarp();
   if (cs != nullptr) {
@@ -359,7 +379,7 @@ __device__ __forceinline__ void rope_stage(Pair<T> (&xp)[RowLayout<T, D>::kPairs
 #pragma unroll
     for (int i = 0; i < L::kVecs; ++i) {
       const int c0 = L::col(lane, i);
-      if (c0 >= rt.rotary_dim) continue;
+      if (!L::active(lane, i) || c0 >= rt.rotary_dim) continue;
       float cosv[L::kVec], sinv[L::kVec], other[L::kVec];
       if (rt.vec_ok) {
         // The vector lies wholly in one half: cos/sin/partner are 16-byte runs.
@@ -418,7 +438,7 @@ __device__ __forceinline__ float quantize_stage(const Pair<T> (&xp)[RowLayout<T,
 #pragma unroll
     for (int e = 0; e < L::kVec; ++e) {
       const int j = i * L::kVec + e;
-      src[j] = smooth != nullptr ? __fdiv_rn(x[j], __ldg(smooth + L::col(lane, i) + e)) : x[j];
+      src[j] = smooth != nullptr && L::active(lane, i) ? __fdiv_rn(x[j], __ldg(smooth + L::col(lane, i) + e)) : x[j];
       amax = fmaxf(amax, fabsf(src[j]));
     }
   amax = warp_max<L::kLanes>(amax);
@@ -436,7 +456,7 @@ __device__ __forceinline__ float quantize_stage(const Pair<T> (&xp)[RowLayout<T,
         const float q = rintf(__fdiv_rn(src[i * L::kVec + e], scale));
         pack.b[e] = static_cast<int8_t>(fminf(127.f, fmaxf(-127.f, q)));
       }
-      *reinterpret_cast<decltype(pack.w)*>(dst + L::col(lane, i)) = pack.w;
+      if (L::active(lane, i)) *reinterpret_cast<decltype(pack.w)*>(dst + L::col(lane, i)) = pack.w;
     }
   }
   return scale;
