@@ -73,11 +73,13 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
                const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q,
                int64_t max_q_len, double scale, bool causal, const std::optional<at::Tensor>& k_scale,
                const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth,
-               int64_t window_left, double logits_soft_cap, const std::optional<at::Tensor>& sinks) {
+               int64_t window_left, double logits_soft_cap, const std::optional<at::Tensor>& sinks,
+               const std::optional<at::Tensor>& tree_mask) {
   const char* op = "attention";
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
   check_variants(op, window_left, logits_soft_cap, sinks, q.size(1), q.device());
+  check_tree_mask(op, tree_mask, q.size(0), max_q_len, q.device());  // only on the decode path's steps
   check_token_tensor(op, "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
   const bool on_cuda = q.is_cuda();
 
@@ -86,7 +88,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
 #ifdef TILEINFER_WITH_CUDA
     if (splits == 1 && on_cuda) {  // nothing to merge: no partials, no combine launch
       cuda::decode_single_split(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
-                                causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
+                                causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask);
       return;
     }
 #endif
@@ -96,13 +98,15 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
 #ifdef TILEINFER_WITH_CUDA
     if (on_cuda) {
       cuda::decode_as(op, partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
-                      max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
+                      max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks,
+                      tree_mask);
       cuda::combine_as(op, out, std::nullopt, partial_out, partial_lse);
       return;
     }
 #endif
     cpu::decode_as(op, partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
-                   max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
+                   max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks,
+                   tree_mask);
     cpu::combine_as(op, out, std::nullopt, partial_out, partial_lse);
 #ifdef TILEINFER_WITH_CUDA
   } else if (on_cuda) {

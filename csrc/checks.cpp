@@ -232,6 +232,26 @@ void check_variants(const char* op, int64_t window_left, double logits_soft_cap,
                   sinks->device());
 }
 
+void check_tree_mask(const char* op, const std::optional<at::Tensor>& tree_mask, int64_t num_tokens,
+                     int64_t max_q_len, const at::Device& device) {
+  if (!tree_mask.has_value()) return;
+  TILEINFER_CHECK(max_q_len <= kMaxDecodeQueries, op, ": tree_mask is for steps of at most ", kMaxDecodeQueries,
+                  " queries per sequence (tree verify), got max_q_len = ", max_q_len);
+  check_not_meta(op, "tree_mask", *tree_mask);
+  TILEINFER_CHECK(tree_mask->scalar_type() == at::kInt, op, ": tree_mask must be int32, got ",
+                  tree_mask->scalar_type());
+  TILEINFER_CHECK(tree_mask->dim() == 1 && tree_mask->size(0) == num_tokens, op, ": tree_mask must have shape [",
+                  num_tokens, "] (num_tokens), got ", tree_mask->sizes());
+  TILEINFER_CHECK(tree_mask->is_contiguous(), op, ": tree_mask must be contiguous");
+  TILEINFER_CHECK(tree_mask->device() == device, op, ": tree_mask must be on ", device,
+                  " (the device of the cache), got ", tree_mask->device());
+}
+
+void check_no_tree_mask(const char* op, const std::optional<at::Tensor>& tree_mask) {
+  TILEINFER_CHECK(!tree_mask.has_value(), op, ": tree_mask is not supported here: tree verify steps (at most ",
+                  kMaxDecodeQueries, " queries per sequence) run on decode or attention");
+}
+
 void check_decode_max_q_len(const char* op, int64_t max_q_len) {
   TILEINFER_CHECK(max_q_len <= kMaxDecodeQueries, op, ": max_q_len must be at most ", kMaxDecodeQueries,
                   " (decode serves steps of 1-16 queries per sequence; use prefill), got ", max_q_len);
@@ -339,7 +359,8 @@ InputsShape check_attention_inputs(const char* op, const at::Tensor& q_out, cons
                                    int64_t rotary_dim, const std::optional<at::Tensor>& q_norm_weight,
                                    const std::optional<at::Tensor>& k_norm_weight,
                                    const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                                   const std::optional<at::Tensor>& k_smooth) {
+                                   const std::optional<at::Tensor>& k_smooth,
+                                   const std::optional<at::Tensor>& positions) {
   const PagedShape s =
       check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
   const at::ScalarType dtype = check_kv_inputs(op, s, k, v, k_cache);
@@ -349,6 +370,10 @@ InputsShape check_attention_inputs(const char* op, const at::Tensor& q_out, cons
   if (q_norm_weight.has_value()) check_weight(op, "q_norm_weight", *q_norm_weight, d, dtype, k_cache.device());
   if (k_norm_weight.has_value()) check_weight(op, "k_norm_weight", *k_norm_weight, d, dtype, k_cache.device());
   check_rotary(op, cos_sin_cache, rotary_dim, d, k_cache.device());
+  if (positions.has_value()) {
+    check_positions(op, *positions, q);
+    TILEINFER_CHECK(positions->is_contiguous(), op, ": positions must be contiguous");
+  }
   return {s, dtype};
 }
 

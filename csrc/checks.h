@@ -50,6 +50,16 @@ PagedShape check_paged_attention(const char* op, const at::Tensor& q, const at::
 void check_variants(const char* op, int64_t window_left, double logits_soft_cap,
                     const std::optional<at::Tensor>& sinks, int64_t num_q_heads, const at::Device& device);
 
+// A tree mask (EAGLE-style tree verify): None, or int32 [num_tokens],
+// contiguous, on `device`, and only on a step of at most kMaxDecodeQueries
+// queries per sequence (max_q_len; trees are for verify steps). Its bits are
+// never checked here (that would sync): tileinfer_attn.metadata.tree_mask_words
+// builds and validates them on the host, and the kernels read any bits safely.
+void check_tree_mask(const char* op, const std::optional<at::Tensor>& tree_mask, int64_t num_tokens,
+                     int64_t max_q_len, const at::Device& device);
+// prefill takes no tree mask (its steps are longer than a tree's).
+void check_no_tree_mask(const char* op, const std::optional<at::Tensor>& tree_mask);
+
 // An lse output [num_tokens, num_q_heads] fp32, contiguous.
 void check_lse(const char* op, const char* name, const at::Tensor& lse, int64_t num_tokens, int64_t heads,
                const at::Device& device);
@@ -112,6 +122,7 @@ InputsShape check_attention_inputs(const char* op, const at::Tensor& q_out, cons
                                    int64_t rotary_dim, const std::optional<at::Tensor>& q_norm_weight,
                                    const std::optional<at::Tensor>& k_norm_weight,
                                    const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                                   const std::optional<at::Tensor>& k_smooth);
+                                   const std::optional<at::Tensor>& k_smooth,
+                                   const std::optional<at::Tensor>& positions);
 
 }  // namespace tileinfer

@@ -18,7 +18,8 @@
                const std::optional<at::Tensor>& k_scale,                                    \
                const std::optional<at::Tensor>& v_scale,                                    \
                const std::optional<at::Tensor>& k_smooth, int64_t window_left,              \
-               double logits_soft_cap, const std::optional<at::Tensor>& sinks);              \
+               double logits_soft_cap, const std::optional<at::Tensor>& sinks,              \
+               const std::optional<at::Tensor>& tree_mask);                                 \
   void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q,        \
               const at::Tensor& k_cache, const at::Tensor& v_cache,                         \
               const at::Tensor& block_tables, const at::Tensor& seq_lens,                   \
@@ -26,7 +27,8 @@
               const std::optional<at::Tensor>& k_scale,                                     \
               const std::optional<at::Tensor>& v_scale,                                     \
               const std::optional<at::Tensor>& k_smooth, int64_t window_left,               \
-              double logits_soft_cap, const std::optional<at::Tensor>& sinks);               \
+              double logits_soft_cap, const std::optional<at::Tensor>& sinks,               \
+              const std::optional<at::Tensor>& tree_mask);                                  \
   void combine(at::Tensor& out, const std::optional<at::Tensor>& lse,                       \
                const at::Tensor& partial_out, const at::Tensor& partial_lse);               \
   void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps); \
@@ -46,7 +48,8 @@
                         const std::optional<at::Tensor>& k_norm_weight, double eps,         \
                         const std::optional<at::Tensor>& k_scale,                           \
                         const std::optional<at::Tensor>& v_scale,                           \
-                        const std::optional<at::Tensor>& k_smooth);
+                        const std::optional<at::Tensor>& k_smooth,                          \
+                        const std::optional<at::Tensor>& positions);
 
 // prefill, decode and combine under the caller's op name (`op`, first in every
 // error message): the attention op runs them as "attention", so that an error
@@ -67,7 +70,8 @@
                  bool causal, const std::optional<at::Tensor>& k_scale,                     \
                  const std::optional<at::Tensor>& v_scale,                                  \
                  const std::optional<at::Tensor>& k_smooth, int64_t window_left,            \
-                 double logits_soft_cap, const std::optional<at::Tensor>& sinks);            \
+                 double logits_soft_cap, const std::optional<at::Tensor>& sinks,            \
+                 const std::optional<at::Tensor>& tree_mask);                               \
   void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse,    \
                   const at::Tensor& partial_out, const at::Tensor& partial_lse);
 
@@ -91,7 +95,8 @@ void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor&
                          double scale, bool causal, const std::optional<at::Tensor>& k_scale,
                          const std::optional<at::Tensor>& v_scale,
                          const std::optional<at::Tensor>& k_smooth, int64_t window_left,
-                         double logits_soft_cap, const std::optional<at::Tensor>& sinks);
+                         double logits_soft_cap, const std::optional<at::Tensor>& sinks,
+                         const std::optional<at::Tensor>& tree_mask);
 // A mixed step (attention_work.cuh, "Mixed steps"; max_q_len > 16): the
 // decode kernel over the sequences of at most kMaxDecodeQueries queries,
 // writing their rows of out itself (splits == 1) or through slot partials and
@@ -120,7 +125,8 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len,
                double scale, bool causal, const std::optional<at::Tensor>& k_scale,
                const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth,
-               int64_t window_left, double logits_soft_cap, const std::optional<at::Tensor>& sinks);
+               int64_t window_left, double logits_soft_cap, const std::optional<at::Tensor>& sinks,
+               const std::optional<at::Tensor>& tree_mask);
 
 // Multiprocessors of a CUDA device (read once per device), 0 for the CPU.
 int64_t sm_count(const at::Device& device);

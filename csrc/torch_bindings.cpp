@@ -24,7 +24,11 @@
 //   scale) become cap * tanh(s / cap) before masking, 0: off. sinks
 //   [num_q_heads] fp32 or None: a per-head logit that joins each row's softmax
 //   denominator once (lse includes it; decode: in split 0's partial only, so
-//   combine counts it once), never a key.
+//   combine counts it once), never a key. tree_mask [num_tokens] int32 or
+//   None (decode and attention; steps of <= 16 queries per sequence, prefill
+//   rejects it): bit j of the word of a sequence's step token i says whether it
+//   sees step token j (the key at seq_lens[s] - n_s + j); positions before the
+//   step are all visible; under causal a bit at j > i is ignored.
 //
 // Implementations: csrc/cpu/ (CPU), csrc/ops/ (CUDA), csrc/attention.cpp (the
 // decode-vs-prefill dispatcher, both devices). Fakes: tileinfer_attn/_fake.py.
@@ -51,7 +55,7 @@ TORCH_LIBRARY(tileinfer_attn, m) {
       "prefill(Tensor(a!) out, Tensor(b!)? lse, Tensor q, Tensor k_cache, Tensor v_cache, "
       "Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, int max_q_len, float scale, "
       "bool causal, Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_smooth=None, "
-      "int window_left=-1, float logits_soft_cap=0.0, Tensor? sinks=None) -> ()");
+      "int window_left=-1, float logits_soft_cap=0.0, Tensor? sinks=None, Tensor? tree_mask=None) -> ()");
 
   // Split-KV decode for steps of 1-16 queries per sequence, GQA-packed.
   // partial_out [num_splits, num_tokens, num_q_heads, head_dim] fp32,
@@ -61,7 +65,8 @@ TORCH_LIBRARY(tileinfer_attn, m) {
       "decode(Tensor(a!) partial_out, Tensor(b!) partial_lse, Tensor q, Tensor k_cache, "
       "Tensor v_cache, Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, int max_q_len, "
       "float scale, bool causal, Tensor? k_scale=None, Tensor? v_scale=None, "
-      "Tensor? k_smooth=None, int window_left=-1, float logits_soft_cap=0.0, Tensor? sinks=None) -> ()");
+      "Tensor? k_smooth=None, int window_left=-1, float logits_soft_cap=0.0, Tensor? sinks=None, "
+      "Tensor? tree_mask=None) -> ()");
 
   // Merges partial results (decode splits, or prefill outputs with lse over
   // disjoint page ranges). out [num_tokens, num_q_heads, head_dim] (bf16/fp16/fp32);
@@ -75,7 +80,7 @@ TORCH_LIBRARY(tileinfer_attn, m) {
       "attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor cu_seqlens_q, int max_q_len, float scale, bool causal, "
       "Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_smooth=None, int window_left=-1, "
-      "float logits_soft_cap=0.0, Tensor? sinks=None) -> ()");
+      "float logits_soft_cap=0.0, Tensor? sinks=None, Tensor? tree_mask=None) -> ()");
 
   // The split count attention gives decode on a device of num_sms multiprocessors
   // (<= 0: the CPU path). Shapes only, never context length; the same for every
@@ -113,8 +118,10 @@ TORCH_LIBRARY(tileinfer_attn, m) {
       "Tensor(d!)? v_scale=None, Tensor? k_smooth=None) -> ()");
 
   // Fused: optional q/k RMSNorm, RoPE at each token's position (from the
-  // sequence metadata), queries written to q_out, keys and values into the
-  // cache. Bit-identical to rms_norm + rope + cache_write.
+  // sequence metadata, or positions [num_tokens] int32/int64 when given: a
+  // tree verify step rotates by tree depth while its cache slots stay
+  // consecutive), queries written to q_out, keys and values into the cache.
+  // Bit-identical to rms_norm + rope + cache_write.
   // q, q_out [num_tokens, num_q_heads, head_dim]; k, v [num_tokens, num_kv_heads, head_dim];
   // q_norm_weight / k_norm_weight [head_dim] or None.
   m.def(
@@ -122,5 +129,5 @@ TORCH_LIBRARY(tileinfer_attn, m) {
       "Tensor k, Tensor v, Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, "
       "Tensor cos_sin_cache, int rotary_dim, Tensor? q_norm_weight, Tensor? k_norm_weight, "
       "float eps, Tensor(d!)? k_scale=None, Tensor(e!)? v_scale=None, "
-      "Tensor? k_smooth=None) -> ()");
+      "Tensor? k_smooth=None, Tensor? positions=None) -> ()");
 }

@@ -68,7 +68,7 @@ def _check_cache(op: str, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q
 
 
 def _check_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
-                     window_left=-1, logits_soft_cap=0.0, sinks=None) -> None:
+                     window_left=-1, logits_soft_cap=0.0, sinks=None, tree_mask=None, max_q_len=0) -> None:
     _check_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale)
     _check_token(op, "q", q)
     _check(q.dtype in _FLOAT, f"{op}: q must be bfloat16, float16 or float32, got {q.dtype}")
@@ -80,13 +80,24 @@ def _check_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens
                f"{op}: sinks must be 1-D float32 [num_q_heads], got {sinks.dtype} of shape {tuple(sinks.shape)}")
         _check(sinks.shape[0] == q.shape[1], f"{op}: sinks must have shape [{q.shape[1]}] (num_q_heads), "
                                               f"got {tuple(sinks.shape)}")
+    if tree_mask is not None:
+        _check(op != "prefill", "prefill: tree_mask is not supported here: tree verify steps (at most 16 queries "
+                                "per sequence) run on decode or attention")
+        _check(max_q_len <= 16, f"{op}: tree_mask is for steps of at most 16 queries per sequence (tree verify), "
+                                f"got max_q_len = {max_q_len}")
+        _check(tree_mask.dim() == 1 and tree_mask.dtype == torch.int32,
+               f"{op}: tree_mask must be 1-D int32 [num_tokens], got {tree_mask.dtype} of shape "
+               f"{tuple(tree_mask.shape)}")
+        _check(tree_mask.shape[0] == q.shape[0], f"{op}: tree_mask must have shape [{q.shape[0]}] (num_tokens), "
+                                                 f"got {tuple(tree_mask.shape)}")
 
 
 @_register_fake("prefill")
 def _prefill(out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, causal,
-             k_scale=None, v_scale=None, k_smooth=None, window_left=-1, logits_soft_cap=0.0, sinks=None):
+             k_scale=None, v_scale=None, k_smooth=None, window_left=-1, logits_soft_cap=0.0, sinks=None,
+             tree_mask=None):
     _check_attention("prefill", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
-                     window_left, logits_soft_cap, sinks)
+                     window_left, logits_soft_cap, sinks, tree_mask, max_q_len)
     _check_token("prefill", "out", out, like=q, dtype=q.dtype)
     if lse is not None:
         _check(lse.dim() == 2 and lse.dtype == torch.float32, "prefill: lse must be 2-D float32")
@@ -95,9 +106,10 @@ def _prefill(out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q
 
 @_register_fake("decode")
 def _decode(partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
-            causal, k_scale=None, v_scale=None, k_smooth=None, window_left=-1, logits_soft_cap=0.0, sinks=None):
+            causal, k_scale=None, v_scale=None, k_smooth=None, window_left=-1, logits_soft_cap=0.0, sinks=None,
+            tree_mask=None):
     _check_attention("decode", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
-                     window_left, logits_soft_cap, sinks)
+                     window_left, logits_soft_cap, sinks, tree_mask, max_q_len)
     _check(partial_out.dim() == 4 and partial_out.dtype == torch.float32,
            "decode: partial_out must be 4-D float32 [num_splits, num_tokens, num_q_heads, head_dim]")
     _check(partial_lse.dim() == 3 and partial_lse.dtype == torch.float32,
@@ -120,9 +132,10 @@ def _combine(out, lse, partial_out, partial_lse):
 
 @_register_fake("attention")
 def _attention(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, causal,
-               k_scale=None, v_scale=None, k_smooth=None, window_left=-1, logits_soft_cap=0.0, sinks=None):
+               k_scale=None, v_scale=None, k_smooth=None, window_left=-1, logits_soft_cap=0.0, sinks=None,
+               tree_mask=None):
     _check_attention("attention", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
-                     window_left, logits_soft_cap, sinks)
+                     window_left, logits_soft_cap, sinks, tree_mask, max_q_len)
     _check_token("attention", "out", out, like=q, dtype=q.dtype)
     return None
 
@@ -156,11 +169,18 @@ def _cache_write(k_cache, v_cache, k, v, block_tables, seq_lens, cu_seqlens_q, k
 
 @_register_fake("attention_inputs")
 def _attention_inputs(q_out, k_cache, v_cache, q, k, v, block_tables, seq_lens, cu_seqlens_q, cos_sin_cache,
-                      rotary_dim, q_norm_weight, k_norm_weight, eps, k_scale=None, v_scale=None, k_smooth=None):
+                      rotary_dim, q_norm_weight, k_norm_weight, eps, k_scale=None, v_scale=None, k_smooth=None,
+                      positions=None):
     _check_cache("attention_inputs", k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale)
     _check_token("attention_inputs", "q", q)
     _check_token("attention_inputs", "q_out", q_out, like=q, dtype=q.dtype)
     _check_token("attention_inputs", "k", k)
     _check_token("attention_inputs", "v", v, like=k, dtype=k.dtype)
     _check(cos_sin_cache.dim() == 2, "attention_inputs: cos_sin_cache must be 2-D [max_position, rotary_dim]")
+    if positions is not None:
+        _check(positions.dim() == 1 and positions.dtype in (torch.int32, torch.int64),
+               f"attention_inputs: positions must be 1-D int32 or int64 [num_tokens], got {positions.dtype} of "
+               f"shape {tuple(positions.shape)}")
+        _check(positions.shape[0] == q.shape[0], f"attention_inputs: positions must have shape [{q.shape[0]}] "
+                                                 f"(num_tokens), got {tuple(positions.shape)}")
     return None

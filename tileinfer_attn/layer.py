@@ -11,7 +11,10 @@ comparisons.
 The per-layer attention variants are constants of the module, the same on
 every step (so a captured CUDA graph keeps them): ``window_left`` (Mistral,
 Gemma 2 / 3 and gpt-oss local layers), ``logits_soft_cap`` (Gemma 2) and
-``sinks`` (gpt-oss: a learned logit per query head, a parameter here).
+``sinks`` (gpt-oss: a learned logit per query head, a parameter here). A tree
+verify step comes with the metadata instead (``AttentionMetadata.tree_mask``
+and ``rope_positions``, from ``AttentionMetadata.build(tree_parents=...)``):
+the tree mask goes to attention, the positions (tree depths) to RoPE.
 """
 from __future__ import annotations
 
@@ -106,14 +109,14 @@ class PagedAttention(nn.Module):
             q = torch.empty_like(q_in, memory_format=torch.contiguous_format)
             ops.attention_inputs(q, k_cache, v_cache, q_in, k, v, m.block_tables, m.seq_lens, m.cu_seqlens_q,
                                  self.cos_sin_cache, self.rotary_dim, self.q_norm, self.k_norm, self.eps,
-                                 k_scale, v_scale, k_smooth)
+                                 k_scale, v_scale, k_smooth, m.rope_positions)
         else:
             ops.cache_write(k_cache, v_cache, k, v, m.block_tables, m.seq_lens, m.cu_seqlens_q,
                             k_scale, v_scale, k_smooth)
         out = torch.empty(t, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         ops.attention(out, q, k_cache, v_cache, m.block_tables, m.seq_lens, m.cu_seqlens_q, m.max_q_len,
                       self.scale, m.causal, k_scale, v_scale, k_smooth, self.window_left, self.logits_soft_cap,
-                      self._sinks())
+                      self._sinks(), m.tree_mask)
         return out.view(t, self.num_heads * self.head_dim)  # explicit: -1 is ambiguous for t = 0
 
     def _sinks(self) -> Optional[torch.Tensor]:
@@ -125,7 +128,8 @@ class PagedAttention(nn.Module):
             q = reference.rms_norm(q, self.q_norm.to(q.dtype), self.eps)
             k = reference.rms_norm(k, self.k_norm.to(k.dtype), self.eps)
         if self.cos_sin_cache is not None:
-            pos = m.positions(q.shape[0]).clamp_min(0)
+            pos = m.positions(q.shape[0]) if m.rope_positions is None else m.rope_positions
+            pos = pos.clamp_min(0)
             q = reference.rope(q, pos, self.cos_sin_cache, self.rotary_dim)
             k = reference.rope(k, pos, self.cos_sin_cache, self.rotary_dim)
         reference.cache_write(k_cache, v_cache, k, v, m.block_tables, m.seq_lens, m.cu_seqlens_q,
@@ -133,4 +137,5 @@ class PagedAttention(nn.Module):
         return reference.paged_attention(q, k_cache, v_cache, m.block_tables, m.seq_lens, m.cu_seqlens_q,
                                          m.max_q_len, self.scale, m.causal, k_scale=k_scale, v_scale=v_scale,
                                          k_smooth=k_smooth, window_left=self.window_left,
-                                         logits_soft_cap=self.logits_soft_cap, sinks=self._sinks())
+                                         logits_soft_cap=self.logits_soft_cap, sinks=self._sinks(),
+                                         tree_mask=m.tree_mask)

@@ -122,6 +122,7 @@ def prefill(
     window_left: int = -1,
     logits_soft_cap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
+    tree_mask: Optional[torch.Tensor] = None,
 ):
     """FlashAttention-2-style attention of a varlen batch over the paged cache.
 
@@ -145,6 +146,8 @@ def prefill(
             masking (Gemma 2); 0: off.
         sinks: ``[num_q_heads]`` fp32 learned sink logits (gpt-oss), or None: each one joins its
             rows' softmax denominator as ``exp(sink)`` and nothing else; lse includes it.
+        tree_mask: not taken by prefill (an error if given): tree verify steps run on
+            :func:`decode` / :func:`attention`.
 
     Returns ``out``, or ``(out, lse)`` with ``return_lse`` or a given ``lse``.
     Rows that see no position give 0 (lse -inf, or the sink with ``sinks``);
@@ -153,7 +156,7 @@ def prefill(
     _check_tensor("prefill", "q", q, 3)
     _check_not_meta_mixed("prefill", q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                           seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, out=out, lse=lse, k_scale=k_scale,
-                          v_scale=v_scale, k_smooth=k_smooth, sinks=sinks)
+                          v_scale=v_scale, k_smooth=k_smooth, sinks=sinks, tree_mask=tree_mask)
     max_q_len = _check_max_q_len("prefill", max_q_len)
     window_left, logits_soft_cap, sinks = _variants("prefill", window_left, logits_soft_cap, sinks)
     scale = _scale("prefill", q, scale)
@@ -162,7 +165,7 @@ def prefill(
     if lse is None and return_lse:
         lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
     _ops.prefill(out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
-                 bool(causal), k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks)
+                 bool(causal), k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask)
     return (out, lse) if lse is not None else out
 
 
@@ -197,6 +200,7 @@ def decode(
     window_left: int = -1,
     logits_soft_cap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
+    tree_mask: Optional[torch.Tensor] = None,
 ):
     """Split-KV decode for steps of 1-16 queries per sequence: partial results only.
 
@@ -209,6 +213,13 @@ def decode(
 
     Args:
         num_splits: ``S``; default :func:`decode_num_splits` (what ``attention`` uses).
+        tree_mask: ``[num_tokens]`` int32 or None: tree verify (EAGLE-style). Bit ``j`` of
+            the word of a sequence's step token ``i`` says whether it sees step token ``j``
+            (the key at ``seq_lens[s] - n_s + j``); every position before the step is
+            visible. Under ``causal`` a bit at ``j > i`` is ignored, as are bits at
+            ``j >= n_s``. :func:`tileinfer_attn.metadata.tree_mask_words` builds (and
+            checks) the words from a parent list; RoPE then takes the tree depths as
+            positions (:func:`attention_inputs`' ``positions``).
         partial_out: ``[S, num_tokens, num_q_heads, head_dim]`` fp32, outputs normalized per split.
         partial_lse: ``[S, num_tokens, num_q_heads]`` fp32 natural-log lse per split.
 
@@ -218,7 +229,7 @@ def decode(
     _check_not_meta_mixed("decode", q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                           seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, partial_out=partial_out,
                           partial_lse=partial_lse, k_scale=k_scale, v_scale=v_scale, k_smooth=k_smooth,
-                          sinks=sinks)
+                          sinks=sinks, tree_mask=tree_mask)
     max_q_len = _check_max_q_len("decode", max_q_len)
     window_left, logits_soft_cap, sinks = _variants("decode", window_left, logits_soft_cap, sinks)
     scale = _scale("decode", q, scale)
@@ -235,7 +246,7 @@ def decode(
     if partial_lse is None:
         partial_lse = torch.empty(num_splits, t, h, dtype=torch.float32, device=q.device)
     _ops.decode(partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
-                scale, bool(causal), k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks)
+                scale, bool(causal), k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask)
     return partial_out, partial_lse
 
 
@@ -287,6 +298,7 @@ def attention(
     window_left: int = -1,
     logits_soft_cap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
+    tree_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Attention for a step over the paged cache: decode + combine for steps of
     1-16 queries per sequence with a power-of-two number of query heads per KV
@@ -294,7 +306,8 @@ def attention(
     head counts), so a captured CUDA graph takes the same path every step.
 
     Arguments as :func:`prefill` (the per-layer variants ``window_left``,
-    ``logits_soft_cap`` and ``sinks`` included, on both paths). Returns
+    ``logits_soft_cap`` and ``sinks`` included, on both paths; ``tree_mask`` as
+    :func:`decode`, only with ``max_q_len <= 16``). Returns
     ``out [num_tokens, num_q_heads, head_dim]``.
     Rows of tokens past ``cu_seqlens_q[-1]`` (padding) are 0 on the decode path
     and left untouched on the prefill path.
@@ -302,14 +315,14 @@ def attention(
     _check_tensor("attention", "q", q, 3)
     _check_not_meta_mixed("attention", q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                           seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, out=out, k_scale=k_scale, v_scale=v_scale,
-                          k_smooth=k_smooth, sinks=sinks)
+                          k_smooth=k_smooth, sinks=sinks, tree_mask=tree_mask)
     max_q_len = _check_max_q_len("attention", max_q_len)
     window_left, logits_soft_cap, sinks = _variants("attention", window_left, logits_soft_cap, sinks)
     scale = _scale("attention", q, scale)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     _ops.attention(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, bool(causal),
-                   k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks)
+                   k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask)
     return out
 
 
@@ -414,6 +427,7 @@ def attention_inputs(
     k_scale: Optional[torch.Tensor] = None,
     v_scale: Optional[torch.Tensor] = None,
     k_smooth: Optional[torch.Tensor] = None,
+    positions: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Fused inputs of attention: optional per-head RMSNorm of q and k, RoPE at
     each token's position (from the step's metadata), queries into ``q_out``,
@@ -426,6 +440,10 @@ def attention_inputs(
         q_norm_weight, k_norm_weight: ``[head_dim]`` of q's dtype, or None (no norm).
         q_out: like q, written in place if given. Rows of tokens past ``cu_seqlens_q[-1]``
             are not written.
+        positions: ``[num_tokens]`` int32/int64 rotary positions, or None (each token's
+            position in its sequence). A tree verify step rotates its drafts by their
+            depth in the tree while their cache slots stay consecutive
+            (:func:`tileinfer_attn.metadata.tree_positions`).
 
     Returns ``q_out``.
     """
@@ -433,14 +451,15 @@ def attention_inputs(
     _check_not_meta_mixed("attention_inputs", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache,
                           block_tables=block_tables, seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q,
                           cos_sin_cache=cos_sin_cache, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
-                          q_out=q_out, k_scale=k_scale, v_scale=v_scale, k_smooth=k_smooth)
+                          q_out=q_out, k_scale=k_scale, v_scale=v_scale, k_smooth=k_smooth, positions=positions)
     _check_tensor("attention_inputs", "cos_sin_cache", cos_sin_cache, 2)
     if rotary_dim is None:
         rotary_dim = cos_sin_cache.shape[1]
     if q_out is None:
         q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
     _ops.attention_inputs(q_out, k_cache, v_cache, q, k, v, block_tables, seq_lens, cu_seqlens_q, cos_sin_cache,
-                          int(rotary_dim), q_norm_weight, k_norm_weight, float(eps), k_scale, v_scale, k_smooth)
+                          int(rotary_dim), q_norm_weight, k_norm_weight, float(eps), k_scale, v_scale, k_smooth,
+                          positions)
     return q_out
 
 

@@ -14,7 +14,10 @@ outside the pool are skipped (their positions contribute nothing). The
 per-layer variants: a window (a query at p sees keys from p - window_left
 on), a soft-cap (scaled scores s become cap * tanh(s / cap) before masking)
 and sinks (a logit per query head that joins the softmax denominator; lse
-includes it, and a row that sees no position then has lse = its sink).
+includes it, and a row that sees no position then has lse = its sink). A
+tree mask (tree verify): bit j of the word of a sequence's step token i says
+whether it sees step token j (position seq_lens[s] - n_s + j); the positions
+before the step stay visible, and under causal j <= i holds as well.
 """
 from __future__ import annotations
 
@@ -101,6 +104,7 @@ def paged_attention(
     window_left: int = -1,
     logits_soft_cap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
+    tree_mask: Optional[torch.Tensor] = None,
     *,
     exact: bool = False,
     return_lse: bool = False,
@@ -135,7 +139,8 @@ def paged_attention(
         raise RuntimeError(f"reference.paged_attention: logits_soft_cap must be a number >= 0, "
                            f"got {logits_soft_cap!r}")
     result = _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, float(scale), bool(causal),
-                              k_scale, v_scale, k_smooth, exact, window_left, float(logits_soft_cap), sinks)
+                              k_scale, v_scale, k_smooth, exact, window_left, float(logits_soft_cap), sinks,
+                              tree_mask)
     if out is not None:
         if tuple(out.shape) != tuple(result[0].shape):
             raise RuntimeError(f"reference.paged_attention: out must have shape {tuple(result[0].shape)}, "
@@ -146,7 +151,7 @@ def paged_attention(
 
 
 def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, causal, k_scale, v_scale,
-                     k_smooth, exact, window_left=-1, soft_cap=0.0, sinks=None):
+                     k_smooth, exact, window_left=-1, soft_cap=0.0, sinks=None, tree_mask=None):
     """(out, lse) of paged_attention."""
     num_tokens, hq, d = q.shape
     hkv = k_cache.shape[1]
@@ -176,6 +181,11 @@ def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
             mask = mask & (kpos[None, :] <= qpos[:, None])
         if window_left >= 0:
             mask = mask & (kpos[None, :] >= qpos[:, None] - window_left)
+        if tree_mask is not None:  # step token j at position length - n + j: bit j of the query's word
+            j = kpos - (length - n)
+            words = tree_mask[b:e].to(q.device, torch.int64)[:, None]
+            bit = (words >> j.clamp(0, 31)[None, :]) & 1
+            mask = mask & ((j[None, :] < 0) | (bit == 1))
         # [hq, 1, 1] sink logits, or None
         sink = None if sinks is None else sinks.to(q.device, torch.float64 if exact else torch.float32)[:, None, None]
         if exact:

@@ -6,7 +6,8 @@
 // sequence's pages through the block table with an online softmax. The
 // per-layer variants as on CUDA: a window (which keys a row sees, and from
 // which page the walk starts), a soft-cap on the scaled scores (std::tanh), a
-// sink per query head in the denominator (prefill; decode: split 0).
+// sink per query head in the denominator (prefill; decode: split 0), and on
+// decode a tree mask over the step's own tokens.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -80,6 +81,7 @@ struct Variants {
   int64_t window_left = -1;
   float soft_cap = 0.f;
   const float* sinks = nullptr;  // [num_q_heads]
+  const int32_t* tree_mask = nullptr;  // [num_tokens] (decode only)
 
   // First key position a query at qpos sees (0 without a window).
   int64_t first_key(int64_t qpos) const {
@@ -96,6 +98,8 @@ struct RowTile {
   int64_t d = 0;
   std::vector<float> q;        // [rows, d] queries, pre-multiplied by the softmax scale
   std::vector<int64_t> qpos;   // [rows] position of each row's query
+  std::vector<uint32_t> tree;  // [rows] tree-mask word of each row's query (all ones: no mask)
+  int64_t step_begin = 0;      // position of the step's first token (tree bit 0)
   std::vector<float> m;        // [rows] running max of the scaled scores
   std::vector<float> l;        // [rows] running sum of exp(score - m)
   std::vector<float> acc;      // [rows, d] running sum of exp(score - m) * v
@@ -105,6 +109,7 @@ struct RowTile {
     d = d_;
     q.assign(rows * d, 0.f);
     qpos.assign(rows, 0);
+    tree.assign(rows, ~0u);
     m.assign(rows, kNegInf);
     l.assign(rows, 0.f);
     acc.assign(rows * d, 0.f);
@@ -139,10 +144,12 @@ struct Scratch {
 };
 
 // Loads the queries of tokens [tok_begin, tok_end) of a sequence (its tokens
-// start at seq_begin, it has n queries and len positions) for one KV head.
+// start at seq_begin, it has n queries and len positions) for one KV head,
+// with their tree-mask words (tree_mask null: none).
 template <typename scalar_t>
 void load_queries(RowTile& t, const at::Tensor& q, int64_t kv_head, int64_t group, int64_t seq_begin,
-                  int64_t tok_begin, int64_t tok_end, int64_t n, int64_t len, float scale) {
+                  int64_t tok_begin, int64_t tok_end, int64_t n, int64_t len, float scale,
+                  const int32_t* tree_mask = nullptr) {
   const int64_t d = q.size(2);
   t.reset((tok_end - tok_begin) * group, d);
   const scalar_t* qp = q.data_ptr<scalar_t>();
@@ -152,8 +159,10 @@ void load_queries(RowTile& t, const at::Tensor& q, int64_t kv_head, int64_t grou
       const scalar_t* src = qp + tok * q.stride(0) + (kv_head * group + h) * q.stride(1);
       for (int64_t i = 0; i < d; ++i) t.q[r * d + i] = to_float(src[i]) * scale;
       t.qpos[r] = len - n + (tok - seq_begin);
+      if (tree_mask) t.tree[r] = static_cast<uint32_t>(tree_mask[tok]);
     }
   }
+  t.step_begin = len - n;
 }
 
 // Attends every row of the tile to pages [page_begin, page_end) of a sequence
@@ -176,20 +185,34 @@ void attend_pages(const HostKV& kv, int64_t seq, int64_t kv_head, int64_t len, i
       const int64_t visible = causal ? std::min(count, t.qpos[r] - pos0 + 1) : count;
       const int64_t first = std::max<int64_t>(0, var.first_key(t.qpos[r]) - pos0);
       if (visible <= first) continue;
+      // Tree: the step's token j (position step_begin + j) is seen when bit j
+      // of the row's word is set (bits past 31 do not exist: seen).
+      auto tree_hides = [&](int64_t pos) {
+        const int64_t j = pos - t.step_begin;
+        return j >= 0 && j < 32 && !((t.tree[r] >> j) & 1u);
+      };
       const float* qr = &t.q[r * d];
       float mx = kNegInf;
+      bool any = false;
       for (int64_t c = first; c < visible; ++c) {
+        if (tree_hides(pos0 + c)) {
+          sc.scores[c] = kNegInf;
+          continue;
+        }
         float sc_c = dot(qr, &sc.kf[c * d], d);  // scale * q . k
         if (var.soft_cap > 0.f) sc_c = var.soft_cap * std::tanh(sc_c / var.soft_cap);
         sc.scores[c] = sc_c;
         mx = std::max(mx, sc_c);
+        any = true;
       }
+      if (!any) continue;  // the tree hid every key of the page from this row
       const float m_new = std::max(t.m[r], mx);
       const float alpha = std::exp(t.m[r] - m_new);  // 0 on the first page the row sees
       float* acc = &t.acc[r * d];
       float l = t.l[r] * alpha;
       for (int64_t i = 0; i < d; ++i) acc[i] *= alpha;
       for (int64_t c = first; c < visible; ++c) {
+        if (sc.scores[c] == kNegInf) continue;  // hidden by the tree
         const float p = std::exp(sc.scores[c] - m_new);
         l += p;
         const float* vr = &sc.vf[c * d];
@@ -278,7 +301,8 @@ void decode_impl(float* partial_out, float* partial_lse, int64_t num_splits, con
       const int64_t per_split = (num_pages - first_page + num_splits - 1) / num_splits;
       const int64_t pb = std::min(num_pages, first_page + it.split * per_split);
       const int64_t pe = std::min(num_pages, pb + per_split);
-      load_queries<scalar_t>(t, q, it.kv_head, group, it.tok_begin, it.tok_begin, it.tok_end, n, len, scale);
+      load_queries<scalar_t>(t, q, it.kv_head, group, it.tok_begin, it.tok_begin, it.tok_end, n, len, scale,
+                             var.tree_mask);
       attend_pages<cache_t>(kv, it.seq, it.kv_head, len, pb, pe, causal, var, t, sc);
       for (int64_t tok = it.tok_begin; tok < it.tok_end; ++tok)
         for (int64_t h = 0; h < group; ++h) {
@@ -302,8 +326,10 @@ void decode_impl(float* partial_out, float* partial_lse, int64_t num_splits, con
       }
 }
 
-Variants variants(int64_t window_left, double logits_soft_cap, const std::optional<at::Tensor>& sinks) {
-  return {window_left, static_cast<float>(logits_soft_cap), sinks.has_value() ? sinks->data_ptr<float>() : nullptr};
+Variants variants(int64_t window_left, double logits_soft_cap, const std::optional<at::Tensor>& sinks,
+                  const std::optional<at::Tensor>& tree_mask = std::nullopt) {
+  return {window_left, static_cast<float>(logits_soft_cap), sinks.has_value() ? sinks->data_ptr<float>() : nullptr,
+          tree_mask.has_value() ? tree_mask->data_ptr<int32_t>() : nullptr};
 }
 
 // Runs fn.template operator()<scalar_t, cache_t>() for q's element type and the pool's.
@@ -346,18 +372,19 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
-               const std::optional<at::Tensor>& sinks) {
+               const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
   check_variants(op, window_left, logits_soft_cap, sinks, q.size(1), q.device());
   check_decode_max_q_len(op, max_q_len);
+  check_tree_mask(op, tree_mask, q.size(0), max_q_len, q.device());
   check_decode_partials(op, partial_out, partial_lse, q, s.head_dim);
   check_metadata_values_on_host(op, s, seq_lens, cu_seqlens_q, q.size(0), max_q_len);
   const HostKV kv = detail::host_kv(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
                                     k_smooth);
   float* po = partial_out.data_ptr<float>();
   float* pl = partial_lse.data_ptr<float>();
-  const Variants var = variants(window_left, logits_soft_cap, sinks);
+  const Variants var = variants(window_left, logits_soft_cap, sinks, tree_mask);
   dispatch_q_and_cache(op, q, s.int8, [&]<typename scalar_t, typename cache_t>() {
     decode_impl<scalar_t, cache_t>(po, pl, partial_out.size(0), q, kv, static_cast<float>(scale), causal, var);
   });
@@ -412,7 +439,8 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
              const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
              const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
              const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
-             const std::optional<at::Tensor>& sinks) {
+             const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask) {
+  check_no_tree_mask("prefill", tree_mask);
   prefill_as("prefill", out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
              causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
 }
@@ -422,9 +450,9 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
             const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
-            const std::optional<at::Tensor>& sinks) {
+            const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask) {
   decode_as("decode", partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
-            max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
+            max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask);
 }
 
 void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,

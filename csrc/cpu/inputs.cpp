@@ -226,11 +226,11 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
                       int64_t rotary_dim, const std::optional<at::Tensor>& q_norm_weight,
                       const std::optional<at::Tensor>& k_norm_weight, double eps,
                       const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                      const std::optional<at::Tensor>& k_smooth) {
+                      const std::optional<at::Tensor>& k_smooth, const std::optional<at::Tensor>& positions) {
   const char* op = "attention_inputs";
   const InputsShape in = check_attention_inputs(op, q_out, k_cache, v_cache, q, k, v, block_tables, seq_lens,
                                                 cu_seqlens_q, cos_sin_cache, rotary_dim, q_norm_weight,
-                                                k_norm_weight, k_scale, v_scale, k_smooth);
+                                                k_norm_weight, k_scale, v_scale, k_smooth, positions);
   const PagedShape& s = in.cache;
   const at::ScalarType dtype = in.dtype;
   const int64_t d = s.head_dim;
@@ -239,7 +239,19 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
       detail::host_kv(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
   std::vector<int64_t> seq_of;
   const std::vector<int64_t> pos = token_positions(kv, q.size(0), &seq_of);
-  check_positions_in_cache(op, pos, cos_sin_cache.size(0));
+  // RoPE at the explicit positions when given (tree verify: depths), else at
+  // the slot positions; the cache slots are pos either way.
+  std::vector<int64_t> rot = pos;
+  if (positions.has_value()) {
+    const at::Tensor given = positions->to(at::kLong).contiguous();
+    const int64_t* gp = given.data_ptr<int64_t>();
+    for (int64_t t = 0; t < q.size(0); ++t) {
+      if (seq_of[t] < 0) continue;  // a token of no sequence is skipped, whatever its position
+      TILEINFER_CHECK(gp[t] >= 0, op, ": positions[", t, "] = ", gp[t], " is negative");
+      rot[t] = gp[t];
+    }
+  }
+  check_positions_in_cache(op, rot, cos_sin_cache.size(0));
   const float* cs = cos_sin_cache.data_ptr<float>();
   const float feps = static_cast<float>(eps);
   const int64_t num_tokens = q.size(0), hkv = s.num_kv_heads;
@@ -263,7 +275,7 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
             rms_norm_row(tmp.data(), src, w, d, feps);
             src = tmp.data();
           }
-          rope_row(dst(t, h), src, cs + pos[t] * rotary_dim, rotary_dim, d);
+          rope_row(dst(t, h), src, cs + rot[t] * rotary_dim, rotary_dim, d);
         }
       });
     };

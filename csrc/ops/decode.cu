@@ -22,6 +22,11 @@
 namespace tileinfer::cuda {
 namespace {
 
+// The tree mask's words for the kernels (checked: int32 [num_tokens]), or null.
+const uint32_t* tree_words(const std::optional<at::Tensor>& tree_mask) {
+  return tree_mask.has_value() ? reinterpret_cast<const uint32_t*>(tree_mask->data_ptr<int32_t>()) : nullptr;
+}
+
 // Launches the decode kernel for p (partials or, with p.partial_out null, `out`
 // itself); q is made 16-byte aligned here.
 void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, const at::Tensor& q,
@@ -84,11 +89,12 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
-               const std::optional<at::Tensor>& sinks) {
+               const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
   check_variants(op, window_left, logits_soft_cap, sinks, q.size(1), q.device());
   check_decode_max_q_len(op, max_q_len);
+  check_tree_mask(op, tree_mask, q.size(0), max_q_len, q.device());
   const int64_t T = q.size(0), H = q.size(1);
   check_decode_partials(op, partial_out, partial_lse, q, s.head_dim);
   TILEINFER_CHECK(partial_out.size(0) <= (int64_t(1) << 31) - 1 && partial_out.numel() < (int64_t(1) << 62),
@@ -99,6 +105,7 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
   AttentionParams p = make_attention_params(op, s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
                                             k_smooth, window_left, logits_soft_cap, sinks);
+  p.tree_mask = tree_words(tree_mask);
   if (T == 0 || H == 0) return;
   if (s.num_seqs == 0 || max_q_len == 0) {
     // No block runs, so no block marks the (all-padding) tokens: give them the
@@ -117,9 +124,9 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
             const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
-            const std::optional<at::Tensor>& sinks) {
+            const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask) {
   decode_as("decode", partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
-            max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
+            max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask);
 }
 
 void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
@@ -127,11 +134,13 @@ void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor&
                          const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
                          const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                          const std::optional<at::Tensor>& k_smooth, int64_t window_left,
-                         double logits_soft_cap, const std::optional<at::Tensor>& sinks) {
+                         double logits_soft_cap, const std::optional<at::Tensor>& sinks,
+                         const std::optional<at::Tensor>& tree_mask) {
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionParams p = make_attention_params("attention", s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
                                             k_smooth, window_left, logits_soft_cap, sinks);
+  p.tree_mask = tree_words(tree_mask);
   if (q.size(0) == 0 || q.size(1) == 0) return;
   if (s.num_seqs == 0 || max_q_len == 0) {  // every token is padding: combine would write 0
     out.zero_();

@@ -61,7 +61,9 @@ void check_kv_aligned(const char* op, const PagedShape& s, const at::Tensor& k, 
 
 // The float4 path of the rotation needs rotary_dim / 2 to be a multiple of the
 // element vector and 16-byte aligned table rows.
-RopeTable rope_table(const at::Tensor& cos_sin_cache, int64_t rotary_dim, int64_t vec) {
+// positions: attention_inputs' explicit rotary positions (checked), if any.
+RopeTable rope_table(const at::Tensor& cos_sin_cache, int64_t rotary_dim, int64_t vec,
+                     const std::optional<at::Tensor>& positions = std::nullopt) {
   RopeTable t{};
   t.cos_sin = cos_sin_cache.data_ptr<float>();
   t.stride = cos_sin_cache.stride(0);
@@ -69,6 +71,8 @@ RopeTable rope_table(const at::Tensor& cos_sin_cache, int64_t rotary_dim, int64_
   t.rotary_dim = static_cast<int>(rotary_dim);
   t.vec_ok = (rotary_dim / 2) % vec == 0 && reinterpret_cast<uintptr_t>(t.cos_sin) % 16 == 0 &&
              (t.stride * 4) % 16 == 0;
+  t.positions = positions.has_value() ? positions->data_ptr() : nullptr;
+  t.positions64 = positions.has_value() && positions->scalar_type() == at::kLong;
   return t;
 }
 
@@ -241,7 +245,9 @@ void cache_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, 
 // head_dim] (q, k, v may be views of one packed qkv tensor); pools and
 // metadata as cache_write; cos_sin_cache [max_position, rotary_dim] fp32;
 // q_norm_weight / k_norm_weight [head_dim] or None.
-// A token of no sequence, or whose position lies outside [0, max_position),
+// positions [num_tokens] int32/int64 or None: the rotary positions (else the
+// slot positions); the cache slots stay those of the metadata.
+// A token of no sequence, or whose rotary position lies outside [0, max_position),
 // is skipped entirely: neither its q_out rows nor its cache slots are written.
 // A token whose slot is not in the cache (position past the block table, page
 // id outside the pool) still gets its q_out rows; its keys are not written.
@@ -251,11 +257,11 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
                       int64_t rotary_dim, const std::optional<at::Tensor>& q_norm_weight,
                       const std::optional<at::Tensor>& k_norm_weight, double eps,
                       const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                      const std::optional<at::Tensor>& k_smooth) {
+                      const std::optional<at::Tensor>& k_smooth, const std::optional<at::Tensor>& positions) {
   const char* op = "attention_inputs";
   const InputsShape in = check_attention_inputs(op, q_out, k_cache, v_cache, q, k, v, block_tables, seq_lens,
                                                 cu_seqlens_q, cos_sin_cache, rotary_dim, q_norm_weight,
-                                                k_norm_weight, k_scale, v_scale, k_smooth);
+                                                k_norm_weight, k_scale, v_scale, k_smooth, positions);
   const PagedShape& s = in.cache;
   const at::ScalarType dtype = in.dtype;
   const int64_t d = s.head_dim;
@@ -286,7 +292,7 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
   // on the element width.)
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TILEINFER_DISPATCH_FLOAT(dtype, op, [&] {
-    qp.rope = kp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t));
+    qp.rope = kp.rope = rope_table(cos_sin_cache, rotary_dim, 16 / sizeof(scalar_t), positions);
     TILEINFER_DISPATCH_HEAD_DIM(d, op, [&] {
       TILEINFER_BOOL_SWITCH(q_norm_weight.has_value(), QNORM, [&] {
         launch_rows<scalar_t, HEAD_DIM, QNORM, PosFrom::kMetadata>(qp, stream);

@@ -240,7 +240,8 @@ void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Te
              const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
              bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
              const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
-             const std::optional<at::Tensor>& sinks) {
+             const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask) {
+  check_no_tree_mask("prefill", tree_mask);
   prefill_as("prefill", out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
              causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
 }

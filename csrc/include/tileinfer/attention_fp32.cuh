@@ -97,6 +97,9 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
   // with the library's tanh: softmax.cuh), and this row's window.
   const ScoreMap smap = ScoreMap::make(p.scale, p.soft_cap);
   const int lo = window_first_key(qpos, p.window_left);
+  // Tree verify: this row's word, and the first key it can hide (INT_MAX: no tree).
+  const int tree_from = Work::kTree ? tree_first_key(p, w) : INT_MAX;
+  const uint32_t tree = Work::kTree ? tree_word(p, row_token_s[row]) : ~0u;
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int tile_pos = w.key_begin + tile * BN;
@@ -136,7 +139,8 @@ __global__ void __launch_bounds__(128) attention_fp32_kernel(const __grid_consta
 #pragma unroll
     for (int i = 0; i < Cfg::kKeysPerLane; ++i) {
       const int key = j + 8 * i;
-      const bool visible = key_rows_s[key] >= 0 && !(p.causal && tile_pos + key > qpos) && tile_pos + key >= lo;
+      const bool visible = key_rows_s[key] >= 0 && !(p.causal && tile_pos + key > qpos) && tile_pos + key >= lo &&
+                           !tree_hides(tree, tile_pos + key, tree_from);
       s[0][i] = visible ? smap.log2_score_precise(s[0][i]) : kNegInf;
     }
     float factor[1];

@@ -130,7 +130,7 @@ struct TileConfig {
   static constexpr int kIntBytes = ((kRowSlots * kBlockN          // key rows
                                      + kStages * kBlockN           // their block-table entries
                                      + kRowSlots * (kBlockN / 32)  // "tile has skipped keys" flags
-                                     + 3 * kBlockM                 // row token / head / position
+                                     + 4 * kBlockM                 // row token / head / position / tree word
                                      + (kInt8 ? kBlockM : 0))      // int8: each row's max |q * smooth|
                                         * 4 +
                                     15) / 16 * 16;                 // the floats after it take float2 loads
@@ -198,7 +198,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   int* row_token_s = flags_s + kSlots * kFlags;  // [BM] token of each row, -1: padding
   int* row_head_s = row_token_s + BM;            // [BM] query head of each row
   int* row_qpos_s = row_head_s + BM;             // [BM] position of each row's query
-  int* entries_s = row_qpos_s + BM;              // [S][BN] block-table entry of each key's page
+  uint32_t* row_tree_s = reinterpret_cast<uint32_t*>(row_qpos_s + BM);  // [BM] tree-mask word of each row
+  int* entries_s = reinterpret_cast<int*>(row_tree_s + BM);  // [S][BN] block-table entry of each key's page
   int* row_qmax_s = entries_s + S * BN;          // int8: [BM] max |q * smooth| of each row, float bits (inf: non-finite)
   // [kWarpsN][BM][m, l], then the lse and the int8 scales (float2 loads: kIntBytes keeps 16-byte alignment)
   float* merge_s = reinterpret_cast<float*>(smem + Cfg::kMainBytes + Cfg::kQBytes + Cfg::kIntBytes);
@@ -351,6 +352,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // load of its own would have waited for the copies, or delayed them).
   Work::template mark_padding_rows<QT>(p, meta.padding_begin);
   if (!w.active) return;  // block-uniform
+  // Tree verify: each row's word, read once, after the wait (the mask may come
+  // from the previous kernel); the barrier before the key loop publishes it.
+  if constexpr (Work::kTree) {
+    for (int r = tid; r < BM; r += Cfg::kThreads) row_tree_s[r] = tree_word(p, row_token_s[r]);
+  }
   // int8: 2^e of query row `row`, which puts its largest |q * smooth| in
   // [2^13, 2^14) (1 for a row of zeros or with a non-finite value). The
   // exponent is capped so that tiny (even subnormal) rows get a finite scale.
@@ -431,6 +437,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     qmax = max(qmax, __shfl_xor_sync(0xffffffffu, qmax, o));
   }
   const bool warp_has_rows = qmax != INT_MIN;
+  // First key a tree mask can hide (INT_MAX: none): tiles before it skip the test.
+  const int tree_from = Work::kTree ? tree_first_key(p, w) : INT_MAX;
 
   cp_async_wait<S - 1>();  // the Q group (committed first) has landed
   __syncthreads();
@@ -669,7 +677,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     }
 
     // Masks: only on tiles with skipped keys, overlapping the causal diagonal,
-    // or reaching before some row's window.
+    // reaching before some row's window, or reaching a tree's step tokens.
     const int slot = i % kSlots;
     bool skipped = false;
 #pragma unroll
@@ -680,7 +688,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     constexpr bool kEdgeTest = !(Cfg::kInt8 && Cfg::kRowTiles == 2);
     const bool window_edge = kEdgeTest ? tile_pos + key0 < window_first_key(qpos[kR - 1], p.window_left)
                                        : p.window_left != INT_MAX;
-    if (skipped || (p.causal && tile_pos + key0 + WN - 1 > qmin) || window_edge) {
+    const bool tree_tile = tile_pos + key0 + WN - 1 >= tree_from;
+    if (skipped || (p.causal && tile_pos + key0 + WN - 1 > qmin) || window_edge || tree_tile) {
+      uint32_t tree[kR];  // the rows' tree words (all ones: no tree, or a tile before the step)
+#pragma unroll
+      for (int R = 0; R < kR; ++R) tree[R] = tree_tile ? row_tree_s[row_of(R)] : ~0u;
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j)
 #pragma unroll
@@ -690,7 +702,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
           const int kpos = tile_pos + key;
 #pragma unroll
           for (int R = 0; R < kR; ++R)
-            if (!present || (p.causal && kpos > qpos[R]) || kpos < window_first_key(qpos[R], p.window_left))
+            if (!present || (p.causal && kpos > qpos[R]) || kpos < window_first_key(qpos[R], p.window_left) ||
+                tree_hides(tree[R], kpos, tree_from))
               s[R][2 * j + e] = kNegInf;
         }
     }

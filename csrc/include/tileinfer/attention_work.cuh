@@ -113,6 +113,25 @@ __device__ __forceinline__ float sink_log2(const AttentionParams& p, int head, b
   return p.sinks != nullptr && with_sink ? p.sinks[head] * kLog2e : -INFINITY;
 }
 
+// Tree verify (p.tree_mask; decode only, steps of <= 16 queries): bit j of a
+// query token's word says whether it sees token j of its sequence's step, the
+// key at seq_len - q_count + j; every position before the step is visible, so
+// only the key tiles that reach tree_first_key test the bits (INT_MAX without
+// a tree: no tile). Any bits are safe: a bit past the step's tokens names a key
+// past seq_len (not there) or, under causal, after the query (masked anyway);
+// a j >= 32, which only malformed metadata gives, hides nothing.
+__device__ __forceinline__ int tree_first_key(const AttentionParams& p, const WorkItem& w) {
+  return p.tree_mask == nullptr ? INT_MAX : w.seq_len - w.q_count;
+}
+// The word of a row's query token (all ones without a tree or for no query).
+__device__ __forceinline__ uint32_t tree_word(const AttentionParams& p, int token) {
+  return p.tree_mask == nullptr || token < 0 ? ~0u : p.tree_mask[token];
+}
+__device__ __forceinline__ bool tree_hides(uint32_t word, int kpos, int first_key) {
+  const unsigned j = static_cast<unsigned>(kpos) - static_cast<unsigned>(first_key);  // before the step: >= 2^31
+  return j < 32u && !((word >> j) & 1u);
+}
+
 // Last key position (exclusive) that a causal query tile can see: its last query
 // sits at seq_len - q_count + last_t. Malformed metadata (more queries than
 // positions) gives 0, never a negative bound.
@@ -181,6 +200,7 @@ __host__ __device__ __forceinline__ int partial_rows(const AttentionParams& p) {
 // every head and sequence (less tail at the end of the launch).
 struct PrefillWork {
   static constexpr bool kPartials = false;  // always writes `out` itself
+  static constexpr bool kTree = false;      // no tree masks (the ops reject them on prefill)
   // Waits for the previous kernel before reading the metadata (see
   // attention_kernel.cuh): prefill is compute-bound, and with the check and
   // restart of early reads the int8 prefill kernel spilled registers.
@@ -259,6 +279,7 @@ struct PrefillWork {
 // need no split, and this saves them the combine launch and the partial traffic.
 struct DecodeWork {
   static constexpr bool kPartials = true;  // partials, or `out` when p.partial_out is null
+  static constexpr bool kTree = true;      // p.tree_mask, if set (tree verify steps)
   static constexpr bool kReadsAhead = true;  // metadata read before the wait (attention_kernel.cuh)
   __device__ static bool writes_partials(const AttentionParams& p) { return p.partial_out != nullptr; }
 

@@ -46,6 +46,10 @@ struct RopeTable {
   int rotary_dim;        // even, <= head_dim
   bool vec_ok;           // rotary_dim / 2 is a multiple of the vector width and
                          // rows are 16-byte aligned: cos/sin load as float4
+  // attention_inputs' explicit rotary positions [num_tokens] (int64 when
+  // positions64, else int32), or null: rotate at the slot position.
+  const void* positions;
+  bool positions64;
 };
 
 // Token rows in, token rows out: rms_norm, rope, and the queries half of
@@ -163,6 +167,15 @@ __device__ __forceinline__ int64_t token_position(const PagedKVParams& p, int to
   *seq_out = seq;
   if (seq < 0) return -1;
   return static_cast<int64_t>(len) - (end - begin) + (token - begin);
+}
+
+// The rotary position of a token at slot position `pos` (-1: a token of no
+// sequence, which stays -1): the table's explicit position when it has them
+// (tree verify: the token's depth in the tree), else pos itself.
+__device__ __forceinline__ int64_t rotary_position(const RopeTable& t, int token, int64_t pos) {
+  if (pos < 0 || t.positions == nullptr) return pos;
+  return t.positions64 ? static_cast<const int64_t*>(t.positions)[token]
+                       : static_cast<const int32_t*>(t.positions)[token];
 }
 
 // Where a token goes in the cache: a position outside what the block table
@@ -509,7 +522,7 @@ __global__ void __launch_bounds__(kInputsThreads, kRowsMinBlocks<T, D>) rows_ker
       return static_cast<const int64_t*>(p.positions)[token];
     } else if constexpr (POS == PosFrom::kMetadata) {
       int seq;
-      return token_position(p.kv, token, &seq);  // -1 for no sequence
+      return rotary_position(p.rope, token, token_position(p.kv, token, &seq));  // -1 for no sequence
     }
     return 0;
   };
@@ -601,10 +614,12 @@ __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteP
 
   __shared__ __align__(16) float rows[ROPE ? L::kGroups : 1][ROPE ? D : 4];
   bool write = place.page >= 0;
-  if constexpr (ROPE) write = write && place.pos < p.rope.max_position;  // pos >= 0 when page >= 0
+  // The rotation's position: the slot's, or the explicit one (attention_inputs' positions).
+  const int64_t rot_pos = ROPE ? rotary_position(p.rope, token, place.pos) : place.pos;
+  if constexpr (ROPE) write = write && rot_pos >= 0 && rot_pos < p.rope.max_position;
   if constexpr (NORM) rms_norm_stage<T, D>(k, static_cast<const T*>(p.k_weight), p.eps, lane);
   if constexpr (ROPE) {
-    const float* cs = write ? p.rope.cos_sin + place.pos * p.rope.stride : nullptr;
+    const float* cs = write ? p.rope.cos_sin + rot_pos * p.rope.stride : nullptr;
     rope_stage<T, D>(k, rows[group], cs, p.rope, lane);
   }
   const int64_t at = write ? scale_offset(p.kv, place.page, head, place.slot) : 0;  // vector index

@@ -63,6 +63,10 @@ struct AttentionParams {
   int window_left = INT_MAX;    // a query at p sees keys >= p - window_left; INT_MAX: no window
   float soft_cap = 0.f;         // scores become soft_cap * tanh(score / soft_cap); 0: off
   const float* sinks = nullptr; // [num_q_heads] sink logits (natural-log units), or null
+  // [num_tokens] tree-mask words (decode only): bit j of a token's word lets it
+  // see token j of its sequence's step; positions before the step are all
+  // visible (attention_work.cuh, tree_first_key). Null: no tree.
+  const uint32_t* tree_mask = nullptr;
   bool programmatic;            // launched as a programmatic dependent launch (set by the launcher; see
                                 // attention_kernel.cuh: values read before the wait are read again)
 };
