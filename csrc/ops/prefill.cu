@@ -5,7 +5,6 @@
 //                               cannot copy as one box (attention_wgmma.cuh)
 //   int8 cache, other GPUs      the mma.sync tile kernel (attention_kernel.cuh)
 //   fp32                        the CUDA-core kernel (attention_fp32.cuh)
-#include <numeric>
 #include <optional>
 #include <type_traits>
 
@@ -82,33 +81,22 @@ void launch_wgmma(const char* op, const AttentionParams& p, cudaStream_t stream)
   launch_attention<attention_wgmma_kernel<Cfg, PrefillWork>, Cfg, PrefillWork>(op, p, stream);
 }
 
-// How the warp-specialized kernel numbers a row tile's items
-// (sm90/prefill_scheduler.cuh): one per (sequence, KV head), or, in a mixed
-// step whose items outnumber the blocks, the next count coprime with the grid,
-// so that the chunks' active items do not recur on a subset of the blocks.
-int row_tile_items(const AttentionParams& a, int num_row_tiles, int sms) {
-  const int64_t per = int64_t(a.kv.num_seqs) * a.kv.num_kv_heads;
-  if (a.mixed_queries == 0 || per * num_row_tiles <= sms) return static_cast<int>(per);
-  int64_t n = per;
-  while (std::gcd(n, int64_t(sms)) != 1) ++n;
-  return static_cast<int>(n);
-}
-
 // Tensor maps and a persistent grid (at most one block per SM) for the
 // warp-specialized kernel. The maps depend on pointers and shapes only.
 template <class Cfg>
 void launch_warp_specialized(const char* op, const AttentionParams& a, const at::Tensor& q, cudaStream_t stream) {
   using T = typename Cfg::T;
+  constexpr int D = Cfg::D;
   const CUtensorMapDataType type =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   sm90::PrefillParams p{};
   p.a = a;
   const uint32_t group = a.group_size;
-  // The maps span the head dim; a tile dim (Cfg::D) above it (tile_table.h) reads
-  // its last box partly outside them, and the copy engine fills zeros there.
-  const int64_t hd = a.kv.head_dim;
   // The copy engine takes strides that step past whole rows: a view whose
   // heads or tokens overlap (or repeat, stride 0) goes through a copy.
+  // The maps span the head dim; a tile dim D above it (tile_table.h) reads
+  // its last box partly outside them, and the copy engine fills zeros there.
+  const int64_t hd = a.kv.head_dim;
   const bool rows_apart = q.stride(1) >= hd && q.stride(0) >= q.size(1) * q.stride(1);
   const at::Tensor qm = rows_apart ? q : q.contiguous();
   p.q_map = make_tensor_map<3>(qm.data_ptr(), type, {uint64_t(hd), uint64_t(a.num_q_heads), uint64_t(a.num_tokens)},
@@ -123,12 +111,11 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   p.k_map = make_tensor_map<4>(a.kv.k_cache, type, sizes, strides, box);
   p.v_map = make_tensor_map<4>(a.kv.v_cache, type, sizes, strides, box);
   p.num_row_tiles = static_cast<int>(ceil_div<int64_t>(int64_t(a.group_size) * a.max_q_len, Cfg::kBlockM));
-  const int sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>(c10::cuda::current_device());
-  p.row_tile_items = row_tile_items(a, p.num_row_tiles, sms);
-  const int64_t items = int64_t(p.num_row_tiles) * p.row_tile_items;
+  const int64_t items = int64_t(p.num_row_tiles) * a.kv.num_seqs * a.kv.num_kv_heads;
   // Rounds are looked at 32 at a time past the last item (sm90/prefill_scheduler.cuh): margin for int32.
   TILEINFER_CHECK(items < (int64_t(1) << 31) - (int64_t(1) << 16), op,
                   ": too many work items (row tiles x sequences x KV heads)");
+  const int sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>(c10::cuda::current_device());
   const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));
 
   constexpr auto kernel = sm90::prefill_kernel<Cfg>;

@@ -11,15 +11,6 @@
 // every round). Row tiles past a sequence's queries, and a mixed step's decode
 // sequences, are inactive: next_active skips them 32 rounds at a time. The
 // order is a function of shapes only; positions are read on the device.
-//
-// In a mixed step most items are inactive, and the active ones (the prompt
-// chunks' few sequences) recur once per row tile: with 9 sequences x 8 KV
-// heads = 72 items per row tile on 132 blocks, item 72 k + h went to block
-// (72 k + h) mod 132, a multiple of gcd(72, 132) = 12 plus h < 8, so only 88
-// of the 132 blocks ever took chunk work. There the host numbers each row
-// tile's items with row_tile_items >= num_seqs * num_kv_heads, the next count
-// coprime with the grid (the items past the real ones are inactive), so that
-// the active items of successive row tiles go around every block.
 #pragma once
 
 #include "../attention_work.cuh"
@@ -30,10 +21,11 @@ namespace sm90 {
 
 struct PrefillScheduler {
   int num_items;
-  int per_row_tile;  // items of one row tile: row_tile_items
+  int per_row_tile;  // items of one row tile: num_seqs * num_kv_heads
 
   __device__ explicit PrefillScheduler(const PrefillParams& p)
-      : num_items(p.num_row_tiles * p.row_tile_items), per_row_tile(p.row_tile_items) {}
+      : num_items(p.num_row_tiles * p.a.kv.num_seqs * p.a.kv.num_kv_heads),
+        per_row_tile(p.a.kv.num_seqs * p.a.kv.num_kv_heads) {}
 
   // This block's item of round r; items grow with r, so once one is past
   // the end, so are all later ones.
@@ -54,8 +46,8 @@ struct PrefillScheduler {
     for (;; round += 32) {
       const int item = item_at(round + lane);
       bool take = false;
-      const Pos pos = at(p, item);
-      if (item < num_items && pos.seq < p.a.kv.num_seqs) {  // (numbering past the sequences: none)
+      if (item < num_items) {
+        const Pos pos = at(p, item);
         const QueryRange qr =
             clamp_query_range(p.a.kv.cu_seqlens_q[pos.seq], p.a.kv.cu_seqlens_q[pos.seq + 1], p.a.num_tokens);
         take = prefill_takes(p.a, qr.count, pos.row_tile * kBlockM);

@@ -18,7 +18,6 @@ struct PrefillParams {
   CUtensorMap k_map;  // a pool as [num_pages][num_kv_heads][page_size][head_dim], box {64, rows, 1, 1}
   CUtensorMap v_map;
   int num_row_tiles;  // ceil(group * max_q_len / kBlockM)
-  int row_tile_items; // items numbered per row tile: num_seqs * num_kv_heads, or more (prefill_scheduler.cuh)
   int box_rows;       // keys per box: min(page_size, kBlockN)
 };
 
