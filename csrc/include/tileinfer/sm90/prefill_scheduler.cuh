@@ -11,6 +11,16 @@
 // every round). Row tiles past a sequence's queries, and a mixed step's decode
 // sequences, are inactive: next_active skips them 32 rounds at a time. The
 // order is a function of shapes only; positions are read on the device.
+//
+// A mixed step (p.a.mixed_queries > 0: the attention op) numbers its items
+// sequence by sequence instead (each sequence's row tiles heaviest first).
+// Its active items are a few prompt chunks among many decode sequences; in
+// row-tile order a chunk's items recur once per row tile, every
+// num_seqs * num_kv_heads items, and with a stride that shares factors with
+// the grid they land on a subset of the blocks (9 sequences x 8 KV heads =
+// 72 on 132 blocks: 88 blocks took all of a 1k chunk's items, three rounds
+// where two would do). Sequence by sequence, a chunk's items are consecutive,
+// so they go around the blocks as densely as a lone prompt's.
 #pragma once
 
 #include "../attention_work.cuh"
@@ -70,8 +80,14 @@ struct PrefillScheduler {
     int row_tile, seq, kv_head;
   };
   __device__ Pos at(const PrefillParams& p, int item) const {
+    const int heads = p.a.kv.num_kv_heads;
+    if (p.a.mixed_queries > 0) {  // sequence by sequence
+      const int per_seq = p.num_row_tiles * heads;
+      const int rest = item % per_seq;
+      return {p.num_row_tiles - 1 - rest / heads, item / per_seq, rest % heads};
+    }
     const int rest = item % per_row_tile;
-    return {p.num_row_tiles - 1 - item / per_row_tile, rest / p.a.kv.num_kv_heads, rest % p.a.kv.num_kv_heads};
+    return {p.num_row_tiles - 1 - item / per_row_tile, rest / heads, rest % heads};
   }
 };
 
