@@ -223,7 +223,7 @@ SHAPES = [  # (num_heads, num_kv_heads, head_size, block_size)
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
-def run_step(batch_name, shape, dtype, device, seed, num_layers=1):
+def run_step(batch_name, shape, dtype, device, seed, num_layers=1, **impl_kwargs):
     num_heads, num_kv_heads, head_size, block_size = shape
     gen = torch.Generator().manual_seed(seed)
     attn_spec, raw, views = layer_caches(64, num_kv_heads, block_size, head_size, dtype, device, num_layers=num_layers)
@@ -234,7 +234,8 @@ def run_step(batch_name, shape, dtype, device, seed, num_layers=1):
     builder = Builder(attn_spec, ["layer.0"], vllm_config(), torch.device(device), block_table_width=64)
     md = builder.build(0, batch.cm)
     scale = head_size ** -0.5
-    impl = Impl(num_heads, head_size, scale, num_kv_heads, None, None, "auto", None, AttentionType.DECODER, None)
+    impl = Impl(num_heads, head_size, scale, num_kv_heads, None, None, "auto", None, AttentionType.DECODER, None,
+                **impl_kwargs)
     out = torch.full((batch.num_tokens, num_heads, head_size), float("nan"), dtype=dtype, device=device)
     ret = impl.forward(None, batch.q, batch.k, batch.v, kv_cache, md, output=out)
     assert ret is out
@@ -264,6 +265,31 @@ def test_forward(batch_name, shape, dtype, device, seed):
                                         r.md.query_start_loc, r.md.max_query_len, r.scale, True, exact=True)
     check_out(r.out[rows], exact_b[rows], dtype, f"{batch_name} vs reference.paged_attention(exact=True)")
     assert torch.allclose(exact_a[rows], exact_b[rows].double().cpu(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch_name", ["decode", "chunked_prefill_mixed", "spec_verify"])
+def test_forward_variants(batch_name, device, seed):
+    """A gpt-oss-like layer (sliding window of 16 + learned sinks, the sinks
+    in bf16 as the model holds them) and a Gemma-2-like one (window + logits
+    soft-cap): vLLM's sliding_window w is our window_left = w - 1."""
+    shape = (8, 2, 64, 16)
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(device)
+    for kw in (dict(sliding_window=16, sinks=sinks), dict(sliding_window=16, logits_soft_cap=30.0)):
+        r = run_step(batch_name, shape, torch.bfloat16, device, seed, **kw)
+        b = r.batch
+        rows = slice(0, b.num_real)
+        k_cache, v_cache = kv_cache_pools(r.kv_cache, r.num_kv_heads)
+        exact = reference.paged_attention(
+            b.q, k_cache, v_cache, r.md.page_table, r.md.seq_lens, r.md.query_start_loc, r.md.max_query_len,
+            r.scale, True, window_left=15, logits_soft_cap=kw.get("logits_soft_cap", 0.0),
+            sinks=None if "sinks" not in kw else kw["sinks"].float(), exact=True)
+        check_out(r.out[rows], exact[rows], torch.bfloat16, f"{batch_name} with {sorted(kw)}")
+
+
+def test_impl_refuses_sinks_of_the_wrong_shape():
+    with pytest.raises(ValueError, match="one logit per query head"):
+        Impl(num_heads=8, head_size=64, scale=0.125, num_kv_heads=2, sinks=torch.zeros(4))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -403,15 +429,14 @@ def test_capabilities_through_vllm_validation():
             for block_size in (16, 32, 64, 128, 256):
                 assert validate(head_size=head_size, dtype=dtype, block_size=block_size) == []
     assert validate(device_capability=DeviceCapability(8, 0)) == []
+    assert validate(has_sink=True) == [] and validate(has_sliding_window=True) == []
     refused = {
         "head_size not supported": dict(head_size=72),
         "dtype not supported": dict(dtype=torch.float64),
         "kv_cache_dtype not supported": dict(kv_cache_dtype="fp8"),
         "block_size not supported": dict(block_size=8),
         "MLA not supported": dict(use_mla=True),
-        "attention sinks not supported": dict(has_sink=True),
         "compute capability not supported": dict(device_capability=DeviceCapability(7, 5)),
-        "sliding window not supported": dict(has_sliding_window=True),
         "non-causal attention not supported": dict(use_non_causal=True),
         "batch invariance not supported": dict(use_batch_invariant=True),
         "KV connector not supported": dict(use_kv_connector=True),
@@ -433,9 +458,6 @@ def test_capabilities_through_vllm_validation():
 @pytest.mark.parametrize("kwargs,feature", [
     (dict(alibi_slopes=[1.0] * 8), "ALiBi"),
     (dict(use_alibi_sqrt=True), "ALiBi"),
-    (dict(sliding_window=128), "sliding-window"),
-    (dict(logits_soft_cap=30.0), "soft-capping"),
-    (dict(sinks=torch.zeros(8)), "attention sinks"),
     (dict(attn_type=AttentionType.ENCODER), "encoder attention"),
     (dict(attn_type=AttentionType.ENCODER_ONLY), "encoder-only attention"),
     (dict(attn_type=AttentionType.ENCODER_DECODER), "encoder-decoder \\(cross\\) attention"),
@@ -443,7 +465,7 @@ def test_capabilities_through_vllm_validation():
     (dict(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype='fp8_e5m2'"),
     (dict(kv_cache_dtype="int8_per_token_head"), "kv_cache_dtype='int8_per_token_head'"),
     (dict(kv_lora_rank=512, qk_rope_head_dim=64), "MLA"),
-    (dict(head_size=96), "head size 96"),
+    (dict(head_size=72), "head size 72"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_impl_refuses_by_name(kwargs, feature):
     args = dict(num_heads=8, head_size=64, scale=0.125, num_kv_heads=2)

@@ -130,11 +130,14 @@ class TileinferAttentionBackend(AttentionBackend):
       dtype. Our int8 cache has no vLLM name (vLLM's ``int8_per_token_head``
       is its own format), and fp8 / other quantized caches are refused.
     - head sizes and block sizes from the extension's support table
-      (``supported("head_dims")`` = 64, 128, 256; ``supported("page_sizes")``
+      (``supported("head_dims")`` = 64, 80, 96, 128, 256; ``supported("page_sizes")``
       = 16, 32, 64, 128 as kernel block sizes: a larger vLLM block that is a
       multiple of one is split into kernel blocks by vLLM).
-    - causal decoder self-attention only: no attention sinks, no sliding
-      window, no logits soft-cap, no ALiBi, no encoder / encoder-only /
+    - sliding windows (``sliding_window`` w: a query sees its own position
+      and the w - 1 before it, ``window_left = w - 1``), logits soft-capping
+      and learned attention sinks (gpt-oss: one logit per query head, in the
+      model's dtype, taken as fp32 at each call), as the layer passes them.
+    - causal decoder self-attention only: no ALiBi, no encoder / encoder-only /
       encoder-decoder (cross) attention, no MLA, no non-causal (bidirectional)
       decoder attention, no KV connectors, no decode / prefill context
       parallelism, no adaptive verification (device-side draft trimming).
@@ -227,11 +230,11 @@ class TileinferAttentionBackend(AttentionBackend):
     # Stated although they are the base class's defaults: the backend's claims in one place.
     @classmethod
     def supports_sink(cls) -> bool:
-        return False
+        return True
 
     @classmethod
     def supports_sliding_window(cls) -> bool:
-        return False
+        return True
 
     @classmethod
     def supports_non_causal(cls) -> bool:
@@ -364,12 +367,6 @@ class TileinferAttentionImpl(AttentionImpl[TileinferAttentionMetadata]):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if alibi_slopes is not None or use_alibi_sqrt:
             _refuse("ALiBi (alibi_slopes)")
-        if sliding_window is not None and sliding_window > 0:
-            _refuse("sliding-window attention", f"sliding_window={sliding_window}")
-        if logits_soft_cap:
-            _refuse("logits soft-capping", f"logits_soft_cap={logits_soft_cap}")
-        if sinks is not None:
-            _refuse("attention sinks")
         if attn_type != AttentionType.DECODER:
             names = {AttentionType.ENCODER: "encoder attention",
                      AttentionType.ENCODER_ONLY: "encoder-only attention",
@@ -391,6 +388,9 @@ class TileinferAttentionImpl(AttentionImpl[TileinferAttentionMetadata]):
         if num_heads % num_kv_heads:
             raise ValueError(f"{_NAME} vLLM backend: num_heads ({num_heads}) must be a multiple of "
                              f"num_kv_heads ({num_kv_heads})")
+        if sinks is not None and tuple(sinks.shape) != (num_heads,):
+            raise ValueError(f"{_NAME} vLLM backend: sinks must have one logit per query head "
+                             f"([{num_heads}]), got shape {tuple(sinks.shape)}")
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -398,10 +398,12 @@ class TileinferAttentionImpl(AttentionImpl[TileinferAttentionMetadata]):
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
-        self.sliding_window = None
-        self.logits_soft_cap = None
+        # vLLM's sliding_window w: the query's own position and the w - 1 before it.
+        self.sliding_window = sliding_window if sliding_window is not None and sliding_window > 0 else None
+        self.window_left = self.sliding_window - 1 if self.sliding_window is not None else -1
+        self.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
         self.alibi_slopes = None
-        self.sinks = None
+        self.sinks = sinks  # the layer's parameter (weights load after this): converted at each call
 
     def forward(
         self,
@@ -432,6 +434,8 @@ class TileinferAttentionImpl(AttentionImpl[TileinferAttentionMetadata]):
         if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
             _ops.cache_write(k_cache, v_cache, key, value, m.page_table, m.seq_lens, m.query_start_loc,
                              None, None, None)
+        sinks = None if self.sinks is None else self.sinks.to(device=query.device, dtype=torch.float32)
         _ops.attention(output, query, k_cache, v_cache, m.page_table, m.seq_lens, m.query_start_loc,
-                       m.max_query_len, self.scale, True, None, None, None)
+                       m.max_query_len, self.scale, True, None, None, None,
+                       self.window_left, self.logits_soft_cap, sinks)
         return output
