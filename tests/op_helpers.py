@@ -308,3 +308,69 @@ def sample_args(op: str, device: str, int8: bool = False, variants: bool = False
         return dict(q_out=torch.empty_like(p.q), q=p.q, **kv, **cache, cos_sin_cache=cos_sin, rotary_dim=d,
                     q_norm_weight=w, k_norm_weight=w, eps=1e-6)
     raise AssertionError(op)
+
+
+# ------------------------------------------------------------------ decode steps under a CUDA graph
+class GrowingDecodeBatch:
+    """num_seqs sequences (start lengths `start`) decoding one token per step
+    for up to `steps` steps, over two copies of randomly filled pools (one for
+    the graph, one for eager calls), with the static buffers a captured step
+    reads on every replay: q / k / v, block_tables, seq_lens, cu_seqlens_q,
+    out. The host keeps its own copy of the table (-1: no page yet) and the
+    lengths; grow() moves every sequence one position on."""
+
+    def __init__(self, g, num_seqs, kv_heads, group, start, steps, page=16, d=128, dtype=torch.bfloat16,
+                 device="cuda"):
+        self.g, self.num_seqs, self.page, self.dtype = g, num_seqs, page, dtype
+        max_pages = math.ceil((max(start) + steps) / page) + 1
+        num_pages = num_seqs * max_pages + 3
+        self.pools = [torch.randn(num_pages, kv_heads, page, d, generator=g).to(dtype).to(device) for _ in range(2)]
+        self.eager_pools = [t.clone() for t in self.pools]
+        self.free = torch.randperm(num_pages, generator=g).tolist()
+        self.table = torch.full((num_seqs, max_pages), -1, dtype=torch.int32)
+        self.lens = list(start)
+        for s, length in enumerate(self.lens):
+            for j in range(math.ceil(length / page)):
+                self.table[s, j] = self.free.pop()
+        self.scale = d ** -0.5
+        self.q = torch.empty(num_seqs, group * kv_heads, d, dtype=dtype, device=device)
+        self.k = torch.empty(num_seqs, kv_heads, d, dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
+        self.block_tables = self.table.to(device)
+        self.seq_lens = torch.tensor(self.lens, dtype=torch.int32, device=device)
+        self.cu_seqlens_q = torch.arange(num_seqs + 1, dtype=torch.int32, device=device)
+        self.out = torch.empty_like(self.q)
+
+    def grow(self):
+        """Every sequence one position longer (a new page when it crosses a
+        boundary), new random q / k / v: copied into the static buffers."""
+        for s in range(self.num_seqs):
+            if self.lens[s] % self.page == 0:
+                self.table[s, self.lens[s] // self.page] = self.free.pop()
+            self.lens[s] += 1
+        for dst in (self.q, self.k, self.v):
+            dst.copy_(torch.randn(dst.shape, generator=self.g).to(self.dtype))
+        self.block_tables.copy_(self.table)
+        self.seq_lens.copy_(torch.tensor(self.lens, dtype=torch.int32))
+
+    def capture(self, step):
+        """step(k_pool, v_pool, out, q, k, v, block_tables, seq_lens) on the
+        graph's pools and static buffers, warmed up on a side stream, then
+        captured; returns the graph."""
+        args = (*self.pools, self.out, self.q, self.k, self.v, self.block_tables, self.seq_lens)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step(*args)  # warm-up (writes this step's k / v: the same values)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step(*args)
+        return graph
+
+    def eager(self, step):
+        """The same step on the eager pools and copies of the buffers: its out (poisoned first)."""
+        out = poison_(torch.empty_like(self.out))
+        step(*self.eager_pools, out, self.q.clone(), self.k.clone(), self.v.clone(), self.block_tables.clone(),
+             self.seq_lens.clone())
+        return out

@@ -13,7 +13,6 @@ Order matters at the end: the adversarial-metadata tests come last, so that a
 kernel that faults (and kills the CUDA context) cannot hide other results.
 """
 import dataclasses
-import math
 import os
 import re
 import subprocess
@@ -23,7 +22,7 @@ import pytest
 import torch
 
 import tileinfer_attn
-from op_helpers import (HEAD_DIMS, ULPS, check_lse, check_out, exact_attention, has_cuda_kernel, need, need_path,
+from op_helpers import (HEAD_DIMS, ULPS, GrowingDecodeBatch, check_lse, check_out, exact_attention, has_cuda_kernel, need, need_path,
                         run_attention, run_combine, run_decode, run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_
@@ -437,83 +436,40 @@ def test_cuda_graph_decode_steps(group, kv_heads, num_seqs, seed):
     use_cache_write = has_cuda_kernel("cache_write")
     g = torch.Generator().manual_seed(seed)
     dtype, page, d, steps = torch.bfloat16, 16, 128, 70
-    hq = group * kv_heads
     if num_seqs > 3:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         assert ops.decode_num_splits(sms, num_seqs, kv_heads) == 1
     start = [page - 3, 2 * page - 1, 5] + [1 + (7 * i) % 50 for i in range(num_seqs - 3)]
-    max_pages = math.ceil((max(start) + steps) / page) + 1
-    num_pages = num_seqs * max_pages + 3
-    pools = [torch.randn(num_pages, kv_heads, page, d, generator=g).to(dtype).to(DEV) for _ in range(2)]
-    eager_pools = [t.clone() for t in pools]
-    free = torch.randperm(num_pages, generator=g).tolist()
-    table = torch.full((num_seqs, max_pages), -1, dtype=torch.int32)  # host copy; -1: no page yet
-    lens = list(start)
-    for s, length in enumerate(lens):
-        for j in range(math.ceil(length / page)):
-            table[s, j] = free.pop()
-    scale = d ** -0.5
-
-    # Static buffers: the graph reads these addresses on every replay.
-    q = torch.empty(num_seqs, hq, d, dtype=dtype, device=DEV)
-    k = torch.empty(num_seqs, kv_heads, d, dtype=dtype, device=DEV)
-    v = torch.empty_like(k)
-    block_tables = table.to(DEV)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    cu_seqlens_q = torch.arange(num_seqs + 1, dtype=torch.int32, device=DEV)
-    out = torch.empty_like(q)
-
-    def write_kv(k_pool, v_pool, kk, vv, bt, sl):
-        if use_cache_write:
-            ops.cache_write(k_pool, v_pool, kk, vv, bt, sl, cu_seqlens_q)
+    b = GrowingDecodeBatch(g, num_seqs, kv_heads, group, start, steps, page, d, dtype, DEV)
 
     def step(k_pool, v_pool, o, qq, kk, vv, bt, sl):
-        write_kv(k_pool, v_pool, kk, vv, bt, sl)
-        ops.attention(o, qq, k_pool, v_pool, bt, sl, cu_seqlens_q, 1, scale, True)
+        if use_cache_write:
+            ops.cache_write(k_pool, v_pool, kk, vv, bt, sl, b.cu_seqlens_q)
+        ops.attention(o, qq, k_pool, v_pool, bt, sl, b.cu_seqlens_q, 1, b.scale, True)
 
     def next_step_inputs():
-        """Grows every sequence by one position: a new page when it crosses a
-        boundary, new random q / k / v; copies them into the static buffers."""
-        for s in range(num_seqs):
-            if lens[s] % page == 0:
-                table[s, lens[s] // page] = free.pop()
-            lens[s] += 1
-        new = [torch.randn(t.shape, generator=g).to(dtype) for t in (q, k, v)]
-        for dst, src in zip((q, k, v), new):
-            dst.copy_(src)
-        block_tables.copy_(table)
-        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        b.grow()
         if not use_cache_write:  # the host writes the new keys / values itself
-            for pool_k, pool_v in (pools, eager_pools):
+            for pool_k, pool_v in (b.pools, b.eager_pools):
                 for s in range(num_seqs):
-                    pos = lens[s] - 1
-                    page_id = int(table[s, pos // page])
-                    pool_k[page_id, :, pos % page] = k[s]
-                    pool_v[page_id, :, pos % page] = v[s]
+                    pos = b.lens[s] - 1
+                    page_id = int(b.table[s, pos // page])
+                    pool_k[page_id, :, pos % page] = b.k[s]
+                    pool_v[page_id, :, pos % page] = b.v[s]
 
     next_step_inputs()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step(*pools, out, q, k, v, block_tables, seq_lens)  # warm-up (writes this step's k / v: the same values)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step(*pools, out, q, k, v, block_tables, seq_lens)
-
+    graph = b.capture(step)
     for i in range(steps):
         if i > 0:
             next_step_inputs()
-        poison_(out)
+        poison_(b.out)
         graph.replay()
-        eager_out = poison_(torch.empty_like(out))
-        step(*eager_pools, eager_out, q.clone(), k.clone(), v.clone(), block_tables.clone(), seq_lens.clone())
-        assert torch.equal(out, eager_out), f"step {i}: graph replay differs from eager"
+        assert torch.equal(b.out, b.eager(step)), f"step {i}: graph replay differs from eager"
         if i % 10 == 0 or i == steps - 1:
-            assert all(torch.equal(a, b) for a, b in zip(pools, eager_pools)), f"step {i}: caches differ"
-            exact = reference.paged_attention(q, *pools, block_tables, seq_lens, cu_seqlens_q, 1, scale, True,
-                                              exact=True)
-            check_out(out, exact, dtype, f"graph step {i} (lengths {lens})")
+            assert all(torch.equal(x, y) for x, y in zip(b.pools, b.eager_pools)), f"step {i}: caches differ"
+            exact = reference.paged_attention(b.q, *b.pools, b.block_tables, b.seq_lens, b.cu_seqlens_q, 1, b.scale,
+                                              True, exact=True)
+            check_out(b.out, exact, dtype, f"graph step {i} (lengths {b.lens})")
 
 
 # ------------------------------------------------------------------ bad device data (keep last)

@@ -21,7 +21,7 @@ from tileinfer_attn import ops as ti
 from tileinfer_attn import reference
 from tileinfer_attn.layer import PagedAttention
 from tileinfer_attn.metadata import AttentionMetadata, check_tree_mask, tree_mask_words, tree_positions
-from tileinfer_attn.testing import make_problem, poison_
+from tileinfer_attn.testing import make_problem
 
 ops = torch.ops.tileinfer_attn
 

@@ -15,13 +15,12 @@ wherever no result may read (past each sequence's end, and the pages wholly
 before the window, which must never be read).
 """
 import dataclasses
-import math
 
 import pytest
 import torch
 
-from op_helpers import (HEAD_DIMS, check_lse, check_out, exact_attention, kernel_queries, need, need_path, poison_unowned_,
-                        run_attention, run_combine, run_decode, run_prefill)
+from op_helpers import (HEAD_DIMS, GrowingDecodeBatch, check_lse, check_out, exact_attention, kernel_queries, need,
+                        need_path, poison_unowned_, run_attention, run_combine, run_decode, run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_
 
@@ -203,75 +202,40 @@ def test_cuda_graph_window_as_sequences_grow(variant, group, kv_heads, num_seqs,
     need("cache_write")
     g = torch.Generator().manual_seed(seed)
     dtype, page, d, steps, window = torch.bfloat16, 16, 128, 90, 40
-    hq = group * kv_heads
-    kw = kwargs(variant, window, hq, seed)
+    kw = kwargs(variant, window, group * kv_heads, seed)
     start = [3, page - 1, 2 * page + 5] + [1 + (7 * i) % 30 for i in range(num_seqs - 3)]
-    max_pages = math.ceil((max(start) + steps) / page) + 1
-    num_pages = num_seqs * max_pages + 3
-    pools = [torch.randn(num_pages, kv_heads, page, d, generator=g).to(dtype).to(DEV) for _ in range(2)]
-    eager_pools = [t.clone() for t in pools]
-    free = torch.randperm(num_pages, generator=g).tolist()
-    table = torch.full((num_seqs, max_pages), -1, dtype=torch.int32)
-    lens = list(start)
-    for s, length in enumerate(lens):
-        for j in range(math.ceil(length / page)):
-            table[s, j] = free.pop()
-    scale = d ** -0.5
-    q = torch.empty(num_seqs, hq, d, dtype=dtype, device=DEV)
-    k = torch.empty(num_seqs, kv_heads, d, dtype=dtype, device=DEV)
-    v = torch.empty_like(k)
-    block_tables = table.to(DEV)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    cu_seqlens_q = torch.arange(num_seqs + 1, dtype=torch.int32, device=DEV)
-    out = torch.empty_like(q)
+    b = GrowingDecodeBatch(g, num_seqs, kv_heads, group, start, steps, page, d, dtype, DEV)
     behind = set()  # (sequence, page index) already filled with NaN
 
     def step(k_pool, v_pool, o, qq, kk, vv, bt, sl):
-        ops.cache_write(k_pool, v_pool, kk, vv, bt, sl, cu_seqlens_q)
-        ops.attention(o, qq, k_pool, v_pool, bt, sl, cu_seqlens_q, 1, scale, True, **kw)
+        ops.cache_write(k_pool, v_pool, kk, vv, bt, sl, b.cu_seqlens_q)
+        ops.attention(o, qq, k_pool, v_pool, bt, sl, b.cu_seqlens_q, 1, b.scale, True, **kw)
 
     def next_step_inputs():
-        for s in range(num_seqs):
-            if lens[s] % page == 0:
-                table[s, lens[s] // page] = free.pop()
-            lens[s] += 1
-        for dst in (q, k, v):
-            dst.copy_(torch.randn(dst.shape, generator=g).to(dtype))
-        block_tables.copy_(table)
-        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        b.grow()
         # Pages wholly behind every query's window from now on: NaN (never read).
         for s in range(num_seqs):
-            for j in range(max(0, lens[s] - 1 - window) // page):
+            for j in range(max(0, b.lens[s] - 1 - window) // page):
                 if (s, j) not in behind:
                     behind.add((s, j))
-                    for pool in pools + eager_pools:
-                        pool[int(table[s, j])] = float("nan")
+                    for pool in b.pools + b.eager_pools:
+                        pool[int(b.table[s, j])] = float("nan")
 
     next_step_inputs()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step(*pools, out, q, k, v, block_tables, seq_lens)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step(*pools, out, q, k, v, block_tables, seq_lens)
-
+    graph = b.capture(step)
     for i in range(steps):
         if i > 0:
             next_step_inputs()
-        poison_(out)
+        poison_(b.out)
         graph.replay()
-        eager_out = poison_(torch.empty_like(out))
-        step(*eager_pools, eager_out, q.clone(), k.clone(), v.clone(), block_tables.clone(), seq_lens.clone())
-        assert torch.isfinite(out).all(), f"step {i}: NaN (a page behind the window was read?)"
-        assert torch.equal(out, eager_out), f"step {i}: graph replay differs from eager"
+        assert torch.isfinite(b.out).all(), f"step {i}: NaN (a page behind the window was read?)"
+        assert torch.equal(b.out, b.eager(step)), f"step {i}: graph replay differs from eager"
         if i % 15 == 0 or i == steps - 1:
             # The oracle on a copy without the NaN pages (it reads every page it gathers).
-            clean = [torch.nan_to_num(t) for t in pools]
-            exact = reference.paged_attention(q, *clean, block_tables, seq_lens, cu_seqlens_q, 1, scale, True,
-                                              **kw, exact=True)
-            check_out(out, exact, dtype, f"graph step {i} (lengths {lens[:3]}...)")
+            clean = [torch.nan_to_num(t) for t in b.pools]
+            exact = reference.paged_attention(b.q, *clean, b.block_tables, b.seq_lens, b.cu_seqlens_q, 1, b.scale,
+                                              True, **kw, exact=True)
+            check_out(b.out, exact, dtype, f"graph step {i} (lengths {b.lens[:3]}...)")
 
 
 # ------------------------------------------------------------------ bad device data (keep last)
