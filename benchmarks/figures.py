@@ -132,12 +132,19 @@ def plot_int8(data: dict, path: Path):
     rows = [r for r in data.get("rows") or [] if r.get("role") != "dev"]
     cases = _cases(rows)
     copy = (data.get("ceilings") or {}).get("copy_gbps")
-    speedup = [next((r.get("speedup") for r in rows if r["case"] == c and r.get("speedup")), None) for c in cases]
-    # Both caches are ours: the question is int8's gain over bf16, not a peer.
+    bf16 = "tileinfer bf16 (attention op)"
+    quant = {"int8": "tileinfer int8 (attention op)", "fp8 per tensor": "tileinfer fp8 per tensor (attention op)",
+             "fp8 per vector": "tileinfer fp8 per vector (attention op)"}
+
+    def speedup(name):
+        t = {(r["case"], r["impl"]): r["us"] for r in rows}
+        return [t[c, bf16] / t[c, name] if (c, bf16) in t and (c, name) in t else None for c in cases]
+    # Every cache is ours: the question is each quantized cache's gain over bf16, not a peer.
     first = _ceiling_panel([dict(r, role="ours") for r in rows], cases, "gbps", copy, "copy bandwidth", "GB/s")
     first["ylabel"] = first["ylabel"].replace("fraction of", "bytes each cache must read,\nfraction of")
-    return _draw(path, title("Decode on an int8 vs a bf16 paged KV cache (our attention op)", data), cases,
-                 [first, dict(series={"int8 speedup": speedup}, ylabel="t_bf16 / t_int8\n(> 1: int8 faster)",
+    series = {label: speedup(name) for label, name in quant.items() if any(r["impl"] == name for r in rows)}
+    return _draw(path, title("Decode on quantized vs bf16 paged KV caches (our attention op)", data), cases,
+                 [first, dict(series=series, ylabel="t_bf16 / t\n(> 1: faster than bf16)",
                                line=(1.0, "as fast as bf16"))])
 
 

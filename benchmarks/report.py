@@ -144,39 +144,56 @@ def render_decode(data: dict) -> list:
     return out
 
 
+# The quantized caches of bench_int8 (column label, decode row, prefill row).
+QUANT_CACHES = (("int8", "tileinfer int8 (attention op)", "tileinfer int8 prefill"),
+                ("fp8/tensor", "tileinfer fp8 per tensor (attention op)", "tileinfer fp8 per tensor prefill"),
+                ("fp8/vector", "tileinfer fp8 per vector (attention op)", "tileinfer fp8 per vector prefill"))
+# The accuracy table's caches (bench_int8.ACCURACY_CACHES), bf16 first.
+ACCURACY_CACHES = ("bf16", "int8", "int8 + smoothing", "fp8 per tensor", "fp8 per vector",
+                   "fp8 per vector + smoothing")
+
+
 def render_int8(data: dict) -> list:
-    int8, bf16 = "tileinfer int8 (attention op)", "tileinfer bf16 (attention op)"
+    bf16 = "tileinfer bf16 (attention op)"
     rows = data.get("rows") or []
     cases = list(dict.fromkeys(r["case"] for r in rows))
-    out = ["Decode on an int8 vs a bf16 cache holding the same data (our attention op, CUDA-graph replays); "
-           "GB/s of the bytes each cache must read (int8: k + v + fp32 scales).", ""]
-    out += table(["case", "int8 us", "bf16 us", "t_bf16 / t_int8", "int8 GB/s", "int8 % of copy"],
-                 [[c, f(i and i["us"], ".1f"), f(b and b["us"], ".1f"),
-                   f(b["us"] / i["us"], ".2f") if i and b else "-", f(i and i.get("gbps")),
-                   f(i and i.get("pct_copy"))]
-                  for c in cases for i, b in [(_row(rows, c, int8), _row(rows, c, bf16))]])
+    out = ["Decode on quantized caches (int8; fp8 e4m3 with per-tensor or per-vector scales) vs a bf16 cache "
+           "holding the same data (our attention op, CUDA-graph replays): t_bf16 / t of each cache, and GB/s of "
+           "the bytes each must read (k + v, plus fp32 scales per vector).", ""]
+    quant = [(label, name) for label, name, _ in QUANT_CACHES if any(r["impl"] == name for r in rows)]
+    out += table(["case", "bf16 us"] + [h for label, _ in quant for h in (f"{label} us", f"{label} speedup",
+                                                                          f"{label} GB/s")],
+                 [[c, f(b and b["us"], ".1f")] + [x for _, name in quant for i in [_row(rows, c, name)]
+                                                  for x in (f(i and i["us"], ".1f"),
+                                                            f(b["us"] / i["us"], ".2f") if i and b else "-",
+                                                            f(i and i.get("gbps")))]
+                  for c in cases for b in [_row(rows, c, bf16)]])
     prefill = data.get("prefill") or []
     if prefill:
-        pi, pb = "tileinfer int8 prefill", "tileinfer bf16 prefill"
-        out += ["", "Causal prefill on the int8 vs the bf16 cache:", ""]
-        out += table(["case", "int8 TFLOP/s", "bf16 TFLOP/s", "t_bf16 / t_int8"],
-                     [[c, f(i and i.get("tflops")), f(b and b.get("tflops")),
-                       f(b["us"] / i["us"], ".2f") if i and b else "-"]
-                      for c in dict.fromkeys(r["case"] for r in prefill)
-                      for i, b in [(_row(prefill, c, pi), _row(prefill, c, pb))]])
+        pb = "tileinfer bf16 prefill"
+        pq = [(label, name) for label, _, name in QUANT_CACHES if any(r["impl"] == name for r in prefill)]
+        out += ["", "Causal prefill on the quantized caches vs the bf16 cache (TFLOP/s; t_bf16 / t):", ""]
+        out += table(["case", "bf16 TFLOP/s"] + [h for label, _ in pq for h in (f"{label} TFLOP/s",
+                                                                                 f"{label} speedup")],
+                     [[c, f(b and b.get("tflops"))] + [x for _, name in pq for i in [_row(prefill, c, name)]
+                                                       for x in (f(i and i.get("tflops")),
+                                                                 f(b["us"] / i["us"], ".2f") if i and b else "-")]
+                      for c in dict.fromkeys(r["case"] for r in prefill) for b in [_row(prefill, c, pb)]])
     acc = data.get("accuracy") or []
     if acc:
-        out += ["", "Relative error of a decode step against float64 attention on the unquantized bf16 inputs "
-                "(in parentheses: float64 on the dequantized cache, the quantization alone):", ""]
+        out += ["", "Relative error ||out - exact|| / ||exact|| of a decode step against float64 attention on the "
+                "unquantized bf16 inputs (in parentheses: float64 on the dequantized cache, the quantization "
+                "alone). fp8 per tensor: a calibrated scale, amax / 448 of the layer's keys (values).", ""]
         lines = []
         for keys in dict.fromkeys(r.get("keys") for r in acc):
             e = {r.get("impl"): r.get("rel_error") for r in acc if r.get("keys") == keys}
-            lines.append([keys, f(e.get("bf16 cache (attention op)"), ".1e"),
-                          f"{f(e.get('int8 cache (attention op)'), '.1e')} "
-                          f"({f(e.get('int8: float64 on the dequantized cache'), '.1e')})",
-                          f"{f(e.get('int8 smoothed cache (attention op)'), '.1e')} "
-                          f"({f(e.get('int8 smoothed: float64 on the dequantized cache'), '.1e')})"])
-        out += table(["keys", "bf16 cache", "int8 cache", "int8 cache, smoothed keys"], lines)
+            ctx = next((f"{r.get('batch')} x {r.get('ctx')}" for r in acc if r.get("keys") == keys), "")
+            line = [f"{keys} ({ctx})", f(e.get("bf16 cache (attention op)"), ".1e")]
+            for name in ACCURACY_CACHES[1:]:
+                line.append(f"{f(e.get(f'{name} cache (attention op)'), '.1e')} "
+                            f"({f(e.get(f'{name}: float64 on the dequantized cache'), '.1e')})")
+            lines.append(line)
+        out += table(["keys"] + list(ACCURACY_CACHES), lines)
     return out
 
 

@@ -62,9 +62,11 @@ std::vector<std::string> supported_dtypes_op(c10::string_view what) {
     add(kHalfDtypes);
   } else if (what == "cache") {
     add(kCacheDtypes);
+  } else if (what == "quant") {
+    add(kQuantDtypes);
   } else {
     TILEINFER_CHECK(false, "supported_dtypes: unknown list \"", std::string(what),
-                    "\" (expected float, half or cache)");
+                    "\" (expected float, half, cache or quant)");
   }
   return names;
 }

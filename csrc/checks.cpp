@@ -34,15 +34,26 @@ void check_int32_vector(const char* op, const char* name, const at::Tensor& t, i
   check_on(op, name, t, device);
 }
 
+// k_scale / v_scale of a quantized cache: [num_pages, num_kv_heads, page_size]
+// (per vector), or for fp8 one element (per tensor, shape [] or [1]).
 void check_scale(const char* op, const char* name, const std::optional<at::Tensor>& t,
                  const PagedShape& s, const at::Device& device) {
-  TILEINFER_CHECK(t.has_value(), op, ": ", name, " is required with an int8 cache ([num_pages, num_kv_heads, page_size] float32)");
+  const char* cache = dtype_name(s.cache_dtype);
+  TILEINFER_CHECK(t.has_value(), op, ": ", name, " is required with a quantized cache (", cache, ": ",
+                  s.fp8 ? "[1] float32 per tensor or " : "", "[num_pages, num_kv_heads, page_size] float32)");
   TILEINFER_CHECK(t->scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ", t->scalar_type());
-  TILEINFER_CHECK(t->dim() == 3 && t->size(0) == s.num_pages && t->size(1) == s.num_kv_heads &&
-                  t->size(2) == s.page_size,
-              op, ": ", name, " must have shape [", s.num_pages, ", ", s.num_kv_heads, ", ", s.page_size,
-              "] (num_pages, num_kv_heads, page_size), got ", t->sizes());
-  TILEINFER_CHECK(t->is_contiguous(), op, ": ", name, " must be contiguous");
+  if (s.scale_per_tensor) {
+    TILEINFER_CHECK(t->numel() == 1 && t->dim() <= 1, op, ": ", name,
+                    " must have one element (a per-tensor scale, as k_scale), got shape ", t->sizes());
+  } else {
+    TILEINFER_CHECK(t->dim() == 3 && t->size(0) == s.num_pages && t->size(1) == s.num_kv_heads &&
+                        t->size(2) == s.page_size,
+                    op, ": ", name, " must have shape [", s.num_pages, ", ", s.num_kv_heads, ", ", s.page_size,
+                    "] (num_pages, num_kv_heads, page_size)",
+                    !s.fp8 ? "" : std::string(name) == "k_scale" ? " or [1] (per tensor)" : " (per vector, as k_scale)",
+                    ", got ", t->sizes());
+    TILEINFER_CHECK(t->is_contiguous(), op, ": ", name, " must be contiguous");
+  }
   check_on(op, name, *t, device);
 }
 
@@ -147,9 +158,13 @@ PagedShape check_paged_cache(const char* op, const at::Tensor& k_cache, const at
   s.num_kv_heads = k_cache.size(1);
   s.page_size = k_cache.size(2);
   s.head_dim = k_cache.size(3);
-  s.int8 = k_cache.scalar_type() == at::kChar;
-  TILEINFER_CHECK(cache_dtype(k_cache.scalar_type()), op, ": k_cache must be ", expected(kCacheDtypes), ", got ",
-                  k_cache.scalar_type());
+  s.cache_dtype = k_cache.scalar_type();
+  s.quantized = quant_dtype(s.cache_dtype);
+  s.fp8 = s.cache_dtype == at::kFloat8_e4m3fn;
+  TILEINFER_CHECK(s.cache_dtype != at::kFloat8_e5m2, op,
+                  ": k_cache: float8_e5m2 pools are not supported (the fp8 cache is float8_e4m3fn)");
+  TILEINFER_CHECK(cache_dtype(s.cache_dtype), op, ": k_cache must be ", expected(kCacheDtypes), ", got ",
+                  dtype_name(s.cache_dtype));
   TILEINFER_CHECK(s.num_pages > 0, op, ": k_cache must hold at least one page");
   TILEINFER_CHECK(s.num_kv_heads > 0, op, ": k_cache must have at least one KV head");
   TILEINFER_CHECK(supported_head_dim(s.head_dim), op, ": unsupported head_dim ", s.head_dim, " (expected ",
@@ -172,7 +187,9 @@ PagedShape check_paged_cache(const char* op, const at::Tensor& k_cache, const at
   check_int32_vector(op, "seq_lens", seq_lens, s.num_seqs, device);
   check_int32_vector(op, "cu_seqlens_q", cu_seqlens_q, s.num_seqs + 1, device);
 
-  if (s.int8) {
+  if (s.quantized) {
+    // The scale kind is k_scale's: one element (fp8 only) or one per vector.
+    s.scale_per_tensor = s.fp8 && k_scale.has_value() && k_scale->numel() == 1;
     check_scale(op, "k_scale", k_scale, s, device);
     check_scale(op, "v_scale", v_scale, s, device);
     if (k_smooth.has_value()) {
@@ -186,8 +203,8 @@ PagedShape check_paged_cache(const char* op, const at::Tensor& k_cache, const at
     }
   } else {
     TILEINFER_CHECK(!k_scale.has_value() && !v_scale.has_value() && !k_smooth.has_value(), op,
-                ": k_scale, v_scale and k_smooth are for an int8 cache only; k_cache is ",
-                k_cache.scalar_type());
+                ": k_scale, v_scale and k_smooth are for a quantized (int8 or float8_e4m3fn) cache only; k_cache is ",
+                dtype_name(k_cache.scalar_type()));
   }
   return s;
 }
@@ -201,8 +218,8 @@ PagedShape check_paged_attention(const char* op, const at::Tensor& q, const at::
   PagedShape s = check_paged_cache(op, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
                                    k_smooth);
   TILEINFER_CHECK(q.dim() == 3, op, ": q must be 3-D [num_tokens, num_q_heads, head_dim], got shape ", q.sizes());
-  if (s.int8) {
-    TILEINFER_CHECK(half_dtype(q.scalar_type()), op, ": with an int8 cache q must be ", expected(kHalfDtypes),
+  if (s.quantized) {
+    TILEINFER_CHECK(half_dtype(q.scalar_type()), op, ": with a quantized cache (", dtype_name(s.cache_dtype), ") q must be ", expected(kHalfDtypes),
                     ", got ", q.scalar_type());
   } else {
     TILEINFER_CHECK(q.scalar_type() == k_cache.scalar_type(), op, ": q must have the dtype of k_cache (",
@@ -319,13 +336,13 @@ void check_rotary(const char* op, const at::Tensor& cos_sin_cache, int64_t rotar
 }
 
 // k, v [num_tokens, num_kv_heads, head_dim] for the cache: the pool's dtype,
-// or bfloat16 / float16 for an int8 pool (quantized on write).
+// or bfloat16 / float16 for a quantized pool (quantized on write).
 at::ScalarType check_kv_inputs(const char* op, const PagedShape& s, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& k_cache) {
   TILEINFER_CHECK(k.dim() == 3, op, ": k must be 3-D [num_tokens, num_kv_heads, head_dim], got shape ", k.sizes());
   at::ScalarType dtype = k_cache.scalar_type();
-  if (s.int8) {
-    TILEINFER_CHECK(half_dtype(k.scalar_type()), op, ": with an int8 cache k must be ", expected(kHalfDtypes),
+  if (s.quantized) {
+    TILEINFER_CHECK(half_dtype(k.scalar_type()), op, ": with a quantized cache (", dtype_name(s.cache_dtype), ") k must be ", expected(kHalfDtypes),
                     ", got ", k.scalar_type());
     dtype = k.scalar_type();
   }

@@ -18,7 +18,10 @@ struct PagedShape {
   int64_t head_dim = 0;
   int64_t num_seqs = 0;
   int64_t max_pages = 0;
-  bool int8 = false;  // the pools hold int8 with per-vector scales
+  bool quantized = false;         // the pools hold int8 or fp8 (e4m3) with fp32 scales
+  bool fp8 = false;               // quantized as float8 e4m3 (else int8)
+  bool scale_per_tensor = false;  // fp8: one scale per pool (1 element), else one per vector
+  at::ScalarType cache_dtype = at::ScalarType::Undefined;
 };
 
 // A token tensor [num_tokens, heads, head_dim] with a contiguous last dim.
@@ -27,7 +30,7 @@ void check_token_tensor(const char* op, const char* name, const at::Tensor& t,
                         int64_t num_tokens, int64_t heads, int64_t head_dim,
                         at::ScalarType dtype, const at::Device& device);
 
-// Pools, block table, lengths, query offsets and the int8 extras.
+// Pools, block table, lengths, query offsets and the quantized cache's extras.
 PagedShape check_paged_cache(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache,
                              const at::Tensor& block_tables, const at::Tensor& seq_lens,
                              const at::Tensor& cu_seqlens_q,
@@ -101,7 +104,7 @@ void check_weight(const char* op, const char* name, const at::Tensor& w, int64_t
 void check_rotary(const char* op, const at::Tensor& cos_sin_cache, int64_t rotary_dim, int64_t d,
                   const at::Device& device);
 // k, v [num_tokens, num_kv_heads, head_dim] for the cache: the pool's dtype, or
-// bfloat16 / float16 for an int8 pool (quantized on write). Returns their dtype.
+// bfloat16 / float16 for a quantized pool (quantized on write). Returns their dtype.
 at::ScalarType check_kv_inputs(const char* op, const PagedShape& s, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& k_cache);
 // x [num_tokens, num_heads, head_dim] (float dtype, supported head dim) and

@@ -11,9 +11,10 @@
 //   sequence s sits at position seq_lens[s] - n_s + t. All three live on the
 //   device and are read by the kernels: a captured CUDA graph stays valid as
 //   sequences grow.
-// - int8 cache: k_scale / v_scale [num_pages, num_kv_heads,
-//   page_size] fp32, one scale per cached vector; k_smooth [num_kv_heads,
-//   head_dim] fp32 per-channel key smoothing factors (optional).
+// - int8 / fp8 (float8_e4m3fn) cache: k_scale / v_scale [num_pages,
+//   num_kv_heads, page_size] fp32, one scale per cached vector, or (fp8) [1]
+//   / [], one per pool; k_smooth [num_kv_heads, head_dim] fp32 per-channel
+//   key smoothing factors (optional).
 // - lse outputs are natural-log log-sum-exp of the scaled scores, fp32; rows
 //   that see no position get lse = -inf and out = 0.
 // - Per-layer variants of prefill / decode / attention (last, with defaults
@@ -89,9 +90,9 @@ TORCH_LIBRARY(tileinfer_attn, m) {
 
   // The support table (csrc/include/tileinfer/tile_table.h), for Python:
   // supported("head_dims" | "page_sizes") -> the values with kernels;
-  // supported_dtypes("float" | "half" | "cache") -> dtype names as torch spells
-  // them: q / out / a non-int8 cache; the 16-bit ones (q over an int8 cache);
-  // the cache. No tensor arguments: the same answer on every device, in CPU-only
+  // supported_dtypes("float" | "half" | "cache" | "quant") -> dtype names as
+  // torch spells them: q / out / an unquantized cache; the 16-bit ones (q over
+  // a quantized cache); the cache; the quantized cache types (int8, fp8). No tensor arguments: the same answer on every device, in CPU-only
   // builds and under fake tensors.
   m.def("supported(str what) -> int[]", &tileinfer::supported_op);
   m.def("supported_dtypes(str what) -> str[]", &tileinfer::supported_dtypes_op);
@@ -110,8 +111,9 @@ TORCH_LIBRARY(tileinfer_attn, m) {
 
   // Writes this step's keys and values into their pages: token t of sequence s
   // goes to position seq_lens[s] - n_s + t of that sequence. k, v
-  // [num_tokens, num_kv_heads, head_dim]. With an int8 cache, quantizes (keys
-  // divided by k_smooth first) and writes k_scale / v_scale.
+  // [num_tokens, num_kv_heads, head_dim]. With a quantized cache, quantizes
+  // (keys divided by k_smooth first) and writes per-vector k_scale / v_scale
+  // (a per-tensor fp8 scale is only read).
   m.def(
       "cache_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
       "Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, Tensor(c!)? k_scale=None, "

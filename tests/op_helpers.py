@@ -100,12 +100,23 @@ def window_first_page(length, n, page, window_left):
     return max(0, length - n - window_left) // page
 
 
+# Quantized caches of the tests: id -> testing.make_problem's arguments.
+QUANT_KINDS = {
+    "int8": dict(cache_dtype=torch.int8),
+    "fp8-vector": dict(cache_dtype=torch.float8_e4m3fn),
+    "fp8-tensor": dict(cache_dtype=torch.float8_e4m3fn, scale_kind="tensor"),
+}
+# The same, plus the unquantized cache (the queries' dtype): "bf16".
+CACHE_KINDS = {"bf16": {}, **QUANT_KINDS}
+
+
 def poison_unowned_(p, window_left=-1):
     """NaN in every cache slot that no kernel may let into a result: slots of
     no sequence's positions (past a sequence's end, spare pages) and, with a
     window, every slot of the pages before the page of the first key that a
     sequence's first query of the step sees (pages wholly outside every
-    query's window: never read). An int8 cache gets NaN scales there instead.
+    query's window: never read). A quantized cache gets NaN scales there (per
+    vector), and an fp8 one NaN elements too (int8 has no NaN).
     A kernel that reads such a slot into a product (0 * NaN in P V included)
     gives NaN. Compute the oracle first: the reference reads every page it
     gathers."""
@@ -120,21 +131,24 @@ def poison_unowned_(p, window_left=-1):
         ok = (pid >= 0) & (pid < num_pages)
         owned[pid[ok], (pos % page)[ok]] = True
     bad = ~owned.to(p.k_cache.device)[:, None, :].expand(-1, p.k_cache.shape[1], -1)
-    if p.k_cache.dtype == torch.int8:
+    if p.k_scale is not None and p.k_scale.numel() > 1:
         p.k_scale[bad] = float("nan")
         p.v_scale[bad] = float("nan")
-    else:
+    if p.k_cache.dtype == torch.float8_e4m3fn:  # 0x7f: e4m3's NaN (no masked_fill for float8)
+        p.k_cache.view(torch.uint8)[bad] = 0x7F
+        p.v_cache.view(torch.uint8)[bad] = 0x7F
+    elif p.k_cache.dtype != torch.int8:
         p.k_cache[bad] = float("nan")
         p.v_cache[bad] = float("nan")
     return p
 
 
 def kernel_queries(p):
-    """The queries as the int8 kernels' integer products see them, as float64:
-    x = q * k_smooth in fp32 (each query head times its KV head's factors; q
-    alone without k_smooth), then per (token, head) row a 15-bit integer,
-    round-half-even(x * 2^(14 - e)) with the row's max |x| in [2^(e-1), 2^e),
-    times 2^(e - 14)."""
+    """The queries as the quantized-cache kernels' products see them, as
+    float64: x = q * k_smooth in fp32 (each query head times its KV head's
+    factors; q alone without k_smooth), then per (token, head) row x * 2^(14 -
+    e) with the row's max |x| in [2^(e-1), 2^e), rounded half-even to an
+    integer (int8 cache: 15 bits) or to fp16 (fp8 cache), times 2^(e - 14)."""
     group = p.q.shape[1] // p.k_cache.shape[1]
     x = p.q.float()
     if p.k_smooth is not None:
@@ -142,7 +156,10 @@ def kernel_queries(p):
     amax = x.abs().amax(dim=-1, keepdim=True)
     _, e = torch.frexp(amax)
     scale = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), (14 - e).clamp(max=126)), torch.ones_like(amax))
-    q = torch.round(x * scale).clamp(-16384, 16384)
+    if p.k_cache.dtype == torch.int8:
+        q = torch.round(x * scale).clamp(-16384, 16384)
+    else:
+        q = (x * scale).half()
     return q.double() / scale.double()
 
 
@@ -234,7 +251,7 @@ def run_prefill(p, causal, with_lse=True, scale=None, guard=0, **variants):
     big_lse = poison_(torch.empty(t + 2 * guard, h, dtype=torch.float32, device=p.q.device))
     out = big[guard:guard + t]
     lse = big_lse[guard:guard + t] if with_lse else None
-    ops.prefill(out, lse, *p.args(), p.scale if scale is None else scale, causal, **p.int8_kwargs(), **variants)
+    ops.prefill(out, lse, *p.args(), p.scale if scale is None else scale, causal, **p.quant_kwargs(), **variants)
     if guard:
         return out, lse, big, big_lse
     return out, lse
@@ -264,21 +281,23 @@ def run_attention(p, causal, positional=False, **variants):
     if positional:
         ops.attention(out, *p.args(), p.scale, causal, p.k_scale, p.v_scale, p.k_smooth, **variants)
     else:
-        ops.attention(out, *p.args(), p.scale, causal, **p.int8_kwargs(), **variants)
+        ops.attention(out, *p.args(), p.scale, causal, **p.quant_kwargs(), **variants)
     return out
 
 
 # ------------------------------------------------------------------ valid calls of every op
-def sample_args(op: str, device: str, int8: bool = False, variants: bool = False) -> dict:
+def sample_args(op: str, device: str, quant=False, variants: bool = False) -> dict:
     """Keyword arguments of a small valid call of torch.ops.tileinfer_attn.<op>
-    (bf16, 2 sequences, 8 query / 2 KV heads, head_dim 64, page 16); with
+    (bf16, 2 sequences, 8 query / 2 KV heads, head_dim 64, page 16); `quant`:
+    a quantized cache (a QUANT_KINDS name, or True for int8); with
     `variants`, the attention ops also get a window, a soft-cap and sinks."""
-    p = make_problem([20, 5], [3, 1], 8, 2, 64, 16, dtype=torch.bfloat16, device=device, int8=int8)
+    kind = QUANT_KINDS["int8" if quant is True else quant] if quant else {}
+    p = make_problem([20, 5], [3, 1], 8, 2, 64, 16, dtype=torch.bfloat16, device=device, **kind)
     t, hq, d = p.q.shape
     meta = dict(block_tables=p.block_tables, seq_lens=p.seq_lens, cu_seqlens_q=p.cu_seqlens_q)
     cache = dict(k_cache=p.k_cache, v_cache=p.v_cache, **meta)
-    if int8:
-        cache.update(p.int8_kwargs())
+    if quant:
+        cache.update(p.quant_kwargs())
     att = dict(q=p.q, **cache, max_q_len=p.max_q_len, scale=p.scale, causal=True)
     if variants:
         att.update(window_left=5, logits_soft_cap=20.0,

@@ -40,7 +40,7 @@ def call(op, *args, **kwargs):
 def run_attention_ops(p, splits=4, causal=(True, False), with_prefill=True):
     """prefill (with lse; skipped with with_prefill=False), decode + combine, attention."""
     t, h, d = p.q.shape
-    kw = p.int8_kwargs() if p.k_cache.dtype == torch.int8 else {}
+    kw = p.quant_kwargs() if p.k_cache.dtype == torch.int8 else {}
     for c in causal:
         if with_prefill and has_cuda_kernel("prefill"):
             out = poison_(torch.empty_like(p.q))
@@ -65,7 +65,7 @@ def run_input_ops(p):
     k = torch.randn(t, kv_heads, d, device=DEV).to(p.q.dtype)
     v = torch.randn(t, kv_heads, d, device=DEV).to(p.q.dtype)
     meta = (p.block_tables, p.seq_lens, p.cu_seqlens_q)
-    kw = p.int8_kwargs() if p.k_cache.dtype == torch.int8 else {}
+    kw = p.quant_kwargs() if p.k_cache.dtype == torch.int8 else {}
     if has_cuda_kernel("cache_write"):
         call("cache_write", p.k_cache, p.v_cache, k, v, *meta, **kw)
     if has_cuda_kernel("attention_inputs"):

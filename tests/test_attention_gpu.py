@@ -231,11 +231,11 @@ def test_attention_single_split_writes_out(dtype, head_dim, int8, n, misaligned_
         out = poison_(torch.empty(t * h * d + 1, dtype=dtype, device=DEV))[1:].view(t, h, d)
     else:
         out = poison_(torch.empty_like(p.q))
-    ops.attention(out, *p.args(), p.scale, True, **p.int8_kwargs())
+    ops.attention(out, *p.args(), p.scale, True, **p.quant_kwargs())
 
     po = poison_(torch.empty(1, t, h, d, dtype=torch.float32, device=DEV))
     pl = poison_(torch.empty(1, t, h, dtype=torch.float32, device=DEV))
-    ops.decode(po, pl, *p.args(), p.scale, True, **p.int8_kwargs())
+    ops.decode(po, pl, *p.args(), p.scale, True, **p.quant_kwargs())
     expected, _ = run_combine(po, pl, dtype)
     assert torch.equal(out, expected), "attention (single split) differs from decode + combine"
     assert torch.all(out[real_rows(p):] == 0), "padding tokens must get 0"

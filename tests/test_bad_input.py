@@ -38,7 +38,8 @@ def setv(t, idx, value):
 ATT = ["prefill", "decode", "attention"]
 PAGED = ATT + ["cache_write", "attention_inputs"]
 
-# (ops, argument named in the message, change, host_only, int8 problem)
+# (ops, argument named in the message, change, host_only, quantized problem:
+# False, True (int8) or an op_helpers.QUANT_KINDS name)
 # host_only: the metadata *values* are checked only where they live on the host
 # (CPU); on the GPU the kernels clamp and validate_metadata reports.
 CASES = [
@@ -102,6 +103,19 @@ CASES = [
     (PAGED, "k_smooth", lambda kw: kw.update(k_smooth=kw["k_smooth"][:, :32]), False, True),
     (PAGED, "k_scale", lambda kw: kw.update(k_scale=torch.ones(kw["k_cache"].shape[:3],
                                                                device=kw["k_cache"].device)), False, False),
+    (PAGED, "k_scale", lambda kw: kw.update(k_scale=torch.ones(1, device=kw["k_cache"].device)), False, True),
+    # fp8 extras: scales of the wrong shape, dtype or kind; e5m2 pools
+    (ATT, "q", lambda kw: kw.update(q=kw["q"].float()), False, "fp8-tensor"),
+    (PAGED, "k_scale", lambda kw: kw.update(k_scale=kw["k_scale"].bfloat16()), False, "fp8-tensor"),
+    (PAGED, "v_scale", lambda kw: kw.update(v_scale=kw["v_scale"].bfloat16()), False, "fp8-vector"),
+    (PAGED, "k_scale", lambda kw: kw.update(k_scale=torch.ones(2, device=kw["k_cache"].device)), False,
+     "fp8-tensor"),
+    (PAGED, "v_scale", lambda kw: kw.update(v_scale=kw["v_scale"][:1].flatten()[:1]), False, "fp8-vector"),
+    (PAGED, "v_scale", lambda kw: kw.update(v_scale=torch.ones(kw["k_cache"].shape[:3],
+                                                               device=kw["k_cache"].device)), False, "fp8-tensor"),
+    (PAGED, "k_scale", lambda kw: kw.update(k_scale=None), False, "fp8-tensor"),
+    (PAGED, "k_cache", lambda kw: kw.update(k_cache=kw["k_cache"].view(torch.float8_e5m2),
+                                            v_cache=kw["v_cache"].view(torch.float8_e5m2)), False, "fp8-vector"),
     # outputs
     (["prefill", "attention"], "out", lambda kw: kw.update(out=kw["out"][:1]), False, False),
     (["prefill", "attention"], "out", lambda kw: kw.update(out=kw["out"].float()), False, False),
@@ -175,7 +189,7 @@ def check_raises(op, name, change, device, int8):
     assert msg.startswith(f"{op}: "), f"the error of {op} does not name {op}: {msg}"
 
 
-@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("int8", [False, True, "fp8-vector", "fp8-tensor"])
 @pytest.mark.parametrize("op", OPS)
 def test_valid_baseline(op, int8):
     """The unchanged calls succeed, so each failure below is due to its one change."""

@@ -91,20 +91,26 @@ def test_bad_arguments():
         c.free(a)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8])
-def test_fork_shares_full_pages_and_copies_the_partial_one(dtype):
-    c = PagedKVCache(2, 16, 2, 64, page_size=16, dtype=dtype, max_seqs=4)
+# (dtype, scale) of the caches the tests build: unquantized, int8, fp8 per vector and per tensor.
+CACHES = [(torch.bfloat16, "vector"), (torch.int8, "vector"), (torch.float8_e4m3fn, "vector"),
+          (torch.float8_e4m3fn, "tensor")]
+CACHE_IDS = ["bf16", "int8", "fp8-vector", "fp8-tensor"]
+
+
+@pytest.mark.parametrize("dtype,scale", CACHES, ids=CACHE_IDS)
+def test_fork_shares_full_pages_and_copies_the_partial_one(dtype, scale):
+    c = PagedKVCache(2, 16, 2, 64, page_size=16, dtype=dtype, max_seqs=4, scale=scale)
     a = c.add(37)  # 2 full pages + 5 positions
     pa = c.pages(a)
-    c.k_pools.view(torch.uint8).random_() if dtype == torch.int8 else c.k_pools.normal_()
-    if dtype == torch.int8:
+    c.k_pools.view(torch.uint8).random_(0, 0x7f) if c.quantized else c.k_pools.normal_()
+    if c.quantized:
         c.k_scales.uniform_(0.01, 0.02)
     b = c.fork(a)
     pb = c.pages(b)
     assert pb[:2] == pa[:2] and pb[2] != pa[2]
     assert [c.refcount(p) for p in pa] == [2, 2, 1] and c.refcount(pb[2]) == 1
     assert torch.equal(c.k_pools[:, pb[2]], c.k_pools[:, pa[2]])  # every layer
-    if dtype == torch.int8:
+    if scale == "vector" and c.quantized:
         assert torch.equal(c.k_scales[:, pb[2]], c.k_scales[:, pa[2]])
     assert c.seq_len(b) == 37
     check_device_rows(c)
@@ -117,6 +123,22 @@ def test_fork_shares_full_pages_and_copies_the_partial_one(dtype):
     assert c.num_free_pages == free + 2 and [c.refcount(p) for p in pa[:2]] == [1, 1]
     c.free(b)
     assert c.num_free_pages == 16
+
+
+def c_quantized(dtype):
+    return dtype in (torch.int8, torch.float8_e4m3fn)
+
+
+def test_quantized_cache_arguments():
+    c = PagedKVCache(1, 4, 2, 64, page_size=16, dtype=torch.float8_e4m3fn, scale="tensor")
+    assert c.k_scales.shape == (1, 1) and c.quant_kwargs(0)["k_scale"].shape == (1,)
+    assert PagedKVCache(1, 4, 2, 64, page_size=16, dtype=torch.float8_e4m3fn).k_scales.shape == (1, 4, 2, 16)
+    with pytest.raises(ValueError, match="dtype torch.float8_e5m2"):
+        PagedKVCache(1, 4, 2, 64, page_size=16, dtype=torch.float8_e5m2)
+    with pytest.raises(ValueError, match="scale='tensor'"):
+        PagedKVCache(1, 4, 2, 64, page_size=16, dtype=torch.int8, scale="tensor")
+    with pytest.raises(ValueError, match="scale must be"):
+        PagedKVCache(1, 4, 2, 64, page_size=16, dtype=torch.float8_e4m3fn, scale="channel")
 
 
 def test_fork_at_page_boundary_allocates_nothing():
@@ -149,8 +171,8 @@ def test_prepare_step_metadata_and_static_buffers():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8])
-def test_cache_with_ops_matches_reference(device, dtype):
+@pytest.mark.parametrize("dtype,scale", CACHES, ids=CACHE_IDS)
+def test_cache_with_ops_matches_reference(device, dtype, scale):
     """Prefill, then decode steps, then a fork whose branches diverge: every step
     through cache_write + attention on the cache's pools matches exact attention."""
     if device == "cuda":
@@ -158,10 +180,13 @@ def test_cache_with_ops_matches_reference(device, dtype):
     qdt = torch.bfloat16
     # ulps of bf16 against float64 (op_helpers.ULPS); the CUDA int8 kernels also
     # round q * k_smooth and p * v_scale to bf16: 6 (tests/test_int8_gpu.py says why).
-    tol = 6 if dtype == torch.int8 and device == "cuda" else 4
-    c = PagedKVCache(2, 40, 2, 64, page_size=16, dtype=dtype, device=device, max_seqs=4)
-    if dtype == torch.int8:
+    tol = 6 if c_quantized(dtype) and device == "cuda" else 4
+    c = PagedKVCache(2, 40, 2, 64, page_size=16, dtype=dtype, device=device, max_seqs=4, scale=scale)
+    if c.quantized:
         c.k_smooth.uniform_(0.5, 2.0)
+    if scale == "tensor":  # the caller's scales (vLLM's k_scale / v_scale): keys up to ~10 in units of 448
+        c.k_scales.fill_(0.025)
+        c.v_scales.fill_(0.01)
     g = torch.Generator().manual_seed(0)
     seqs = [c.add(), c.add()]
     schedule = [(seqs, [23, 9]), (seqs, [1, 1]), (seqs, [3, 1])]
@@ -180,7 +205,7 @@ def test_cache_with_ops_matches_reference(device, dtype):
             ref = R.paged_attention(q, k_cache, v_cache, md.block_tables, md.seq_lens, md.cu_seqlens_q,
                                     md.max_q_len, 0.125, exact=True, **kw)
             assert ulp_error(out, ref, qdt) <= tol
-            if dtype != torch.int8:
+            if not c.quantized:
                 # the keys just written sit at the end of each sequence
                 last = md.cu_seqlens_q[1:].long() - 1
                 for i, s in enumerate(seqs):

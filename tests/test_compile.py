@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import tileinfer_attn as ti
-from op_helpers import need
+from op_helpers import QUANT_KINDS, need
 from tileinfer_attn.testing import make_problem
 
 
@@ -80,24 +80,32 @@ def test_reduce_overhead_cuda_graphs():
 
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(step, fullgraph=True, mode="reduce-overhead")
-    static = clone(inputs("cuda", [1, 1, 1], seed=0))
+    replay_as_sequences_grow(step, lambda seed: inputs("cuda", [1, 1, 1], seed=seed), 6, slice(3, 5))
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+def replay_as_sequences_grow(fn, make_inputs, lens_at, written):
+    """fn compiled with mode="reduce-overhead" on static inputs, replayed for 4
+    steps whose seq_lens (argument lens_at) grow and whose contents are fresh:
+    eager's bits, and eager's contents in the arguments `written` (the caches)."""
+    compiled = torch.compile(fn, fullgraph=True, mode="reduce-overhead")
+    static = clone(make_inputs(0))
     for t in tensors(static):
         # Buffers that live across steps, like a model's cache and metadata:
         # static addresses let the graph mutate the caches in place.
         torch._dynamo.mark_static_address(t)
     for seed in range(4):
-        fresh = inputs("cuda", [1, 1, 1], seed=seed)
-        fresh[6].add_(seed)  # seq_lens grow step by step (the tables have spare pages)
+        fresh = make_inputs(seed)
+        fresh[lens_at].add_(seed)  # seq_lens grow step by step (the tables have spare pages)
         for dst, src in zip(tensors(static), tensors(fresh)):
             dst.copy_(src)
         eager_args = clone(static)
-        expect = step(*eager_args)
+        expect = fn(*eager_args)
         got = compiled(*static)
         torch.testing.assert_close(got, expect, rtol=0, atol=0)
-        for a, b in zip(tensors(static[3:5]), tensors(eager_args[3:5])):
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
-    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+        for a, b in zip(tensors(static[written]), tensors(eager_args[written])):
+            assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
+                               b.view(torch.uint8) if b.element_size() == 1 else b)
 
 
 def variant_step(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, sinks, max_q_len: int):
@@ -126,3 +134,48 @@ def test_variants_compile_without_graph_breaks_cpu(backend, q_lens):
     expect = variant_step(*args)
     got = torch.compile(variant_step, fullgraph=True, backend=backend)(*args)
     assert all(torch.equal(g, e) for g, e in zip(got, expect))
+
+
+def quant_step(q, k, v, k_cache, v_cache, k_scale, v_scale, k_smooth, block_tables, seq_lens, cu_seqlens_q,
+               max_q_len: int):
+    """A step on a quantized cache: the quantizing cache_write, then attention."""
+    kw = dict(k_scale=k_scale, v_scale=v_scale, k_smooth=k_smooth)
+    ti.cache_write(k_cache, v_cache, k, v, block_tables, seq_lens, cu_seqlens_q, **kw)
+    return ti.attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, **kw)
+
+
+def quant_inputs(kind, device, q_lens, seed=0):
+    p = make_problem([30, 17, 64], q_lens, 8, 2, 64, 16, device=device, seed=seed, **QUANT_KINDS[kind])
+    g = torch.Generator().manual_seed(seed)
+    t = p.q.shape[0]
+    k = torch.randn(t, 2, 64, generator=g).bfloat16().to(device)
+    v = torch.randn(t, 2, 64, generator=g).bfloat16().to(device)
+    return (p.q, k, v, p.k_cache, p.v_cache, p.k_scale, p.v_scale, p.k_smooth, p.block_tables, p.seq_lens,
+            p.cu_seqlens_q, p.max_q_len)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("kind", list(QUANT_KINDS))
+def test_quantized_cache_compiles_cpu(kind, backend):
+    """int8 / fp8 (per-vector and per-tensor scales): no graph break, eager's
+    bits, and the same pools and scales written."""
+    torch._dynamo.reset()
+    args = quant_inputs(kind, "cpu", [3, 1, 2])
+    explain = torch._dynamo.explain(quant_step)(*clone(args))
+    assert explain.graph_break_count == 0, explain.break_reasons
+    eager_args, comp_args = clone(args), clone(args)
+    expect = quant_step(*eager_args)
+    got = torch.compile(quant_step, fullgraph=True, backend=backend)(*comp_args)
+    assert torch.equal(got, expect)
+    assert all(torch.equal(a, b) for a, b in zip(comp_args[3:7], eager_args[3:7]))  # pools and scales
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", list(QUANT_KINDS))
+def test_quantized_cache_reduce_overhead_cuda_graphs(kind):
+    """mode="reduce-overhead" over a quantized cache's step, replayed as the
+    sequences grow: eager's bits, pools and scales."""
+    need("cache_write", "attention", "decode", "combine")
+    torch._dynamo.reset()
+    replay_as_sequences_grow(quant_step, lambda seed: quant_inputs(kind, "cuda", [1, 1, 1], seed=seed), 9,
+                             slice(3, 7))

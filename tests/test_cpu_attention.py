@@ -2,7 +2,7 @@
 (<= 4 ulps for bf16/fp16, 1e-5 relative for fp32: the Numerics section of
 docs/CONTRACT.md), over dtypes, head dims, page sizes, GQA ratios (incl. not a
 power of two), lengths around page boundaries, several sequences of different
-lengths, causal and not, 1-16 query steps, int8 pools."""
+lengths, causal and not, 1-16 query steps, int8 and fp8 pools."""
 import itertools
 
 import pytest
@@ -10,7 +10,7 @@ import torch
 
 from tileinfer_attn import reference as R
 from tileinfer_attn.testing import make_problem, poison_, rel_error, ulp_error
-from op_helpers import exact_attention
+from op_helpers import QUANT_KINDS, exact_attention
 
 ops = torch.ops.tileinfer_attn
 
@@ -162,24 +162,26 @@ def test_attention_dispatch_matches_exact(n, heads, dtype):
 @pytest.mark.parametrize("qdtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("smooth", [True, False])
 @pytest.mark.parametrize("page_size,head_dim", [(16, 64), (64, 128), (128, 256)])
-def test_int8_cache_matches_dequantized_exact(qdtype, smooth, page_size, head_dim):
+@pytest.mark.parametrize("quant", list(QUANT_KINDS))
+def test_quantized_cache_matches_dequantized_exact(quant, qdtype, smooth, page_size, head_dim):
     lens = boundary_lens(page_size, 5)
-    p = make_problem(lens, [page_size - 1, 1, 3, 16, 1], 8, 2, head_dim, page_size, dtype=qdtype, int8=True,
-                     seed=page_size)
+    p = make_problem(lens, [page_size - 1, 1, 3, 16, 1], 8, 2, head_dim, page_size, dtype=qdtype,
+                     seed=page_size, **QUANT_KINDS[quant])
     if not smooth:
         p.k_smooth = None
-    kw = p.int8_kwargs()
+    kw = p.quant_kwargs()
     for causal in (True, False):
         ref = exact_attention(p, causal)[0]
         out = poison_(torch.empty_like(p.q))
         ops.prefill(out, None, *p.args(), p.scale, causal, **kw)
         assert ulp_error(out, ref, qdtype) <= 4
         # decode + combine on the decode-shaped part of the batch
-        d = make_problem(lens, [1, 1, 3, 16, 1], 8, 2, head_dim, page_size, dtype=qdtype, int8=True, seed=page_size)
+        d = make_problem(lens, [1, 1, 3, 16, 1], 8, 2, head_dim, page_size, dtype=qdtype, seed=page_size,
+                         **QUANT_KINDS[quant])
         if not smooth:
             d.k_smooth = None
         out = poison_(torch.empty_like(d.q))
-        ops.attention(out, *d.args(), d.scale, causal, **d.int8_kwargs())
+        ops.attention(out, *d.args(), d.scale, causal, **d.quant_kwargs())
         assert ulp_error(out, exact_attention(d, causal)[0], qdtype) <= 4
 
 

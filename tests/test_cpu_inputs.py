@@ -7,6 +7,7 @@ import torch
 import tileinfer_attn as ti
 from tileinfer_attn import reference as R
 from tileinfer_attn.testing import make_problem, poison_
+from op_helpers import QUANT_KINDS
 
 ops = torch.ops.tileinfer_attn
 
@@ -99,11 +100,12 @@ def test_cache_write_float(dtype, page_size):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("smooth", [True, False])
-def test_cache_write_int8(dtype, smooth):
-    p = make_problem([15, 17, 40, 1], [15, 2, 16, 1], 4, 2, 128, 16, dtype=dtype, int8=True, seed=4)
+@pytest.mark.parametrize("quant", list(QUANT_KINDS))
+def test_cache_write_quantized(quant, dtype, smooth):
+    p = make_problem([15, 17, 40, 1], [15, 2, 16, 1], 4, 2, 128, 16, dtype=dtype, seed=4, **QUANT_KINDS[quant])
     k, v = kv_for(p, dtype)
     k[3, 1] = 0  # a zero vector: scale 1, all zeros
-    kw = p.int8_kwargs()
+    kw = p.quant_kwargs()
     if not smooth:
         kw["k_smooth"] = None
     kc, vc, ks, vs = p.k_cache.clone(), p.v_cache.clone(), p.k_scale.clone(), p.v_scale.clone()
@@ -112,12 +114,19 @@ def test_cache_write_int8(dtype, smooth):
     R.cache_write(rk, rv, k, v, p.block_tables, p.seq_lens, p.cu_seqlens_q, rks, rvs, kw["k_smooth"])
     assert torch.equal(kc, rk) and torch.equal(vc, rv)
     assert torch.equal(ks, rks) and torch.equal(vs, rvs)
-    # Dequantized values are close to the inputs (|error| <= scale / 2 per element).
+    assert not torch.isnan(kc.float()).any() and not torch.isnan(vc.float()).any()
+    # Dequantized values are close to the inputs, saturated at +-127 / +-448
+    # scales: int8 |error| <= scale / 2; e4m3 half its 3-bit mantissa's step
+    # (2^-4 relative), 2^-10 scale among the subnormals.
     pos = R.token_positions(p.seq_lens, p.cu_seqlens_q, k.shape[0])
     page = p.block_tables[0, int(pos[0]) // 16]
     slot = int(pos[0]) % 16
-    deq = vc[page, :, slot].float() * vs[page, :, slot, None]
-    assert ((deq - v[0].float()).abs() <= vs[page, :, slot, None] / 2 + 1e-6).all()
+    scale = vs[page, :, slot, None] if vs.numel() > 1 else vs.reshape(())
+    qmax = R.QUANT_MAX[kc.dtype]
+    deq = vc[page, :, slot].float() * scale
+    want = (v[0].float() / scale).clamp(-qmax, qmax) * scale
+    tol = scale / 2 if kc.dtype == torch.int8 else want.abs() * 2**-4 + scale * 2**-10
+    assert ((deq - want).abs() <= tol + 1e-6).all()
 
 
 def test_cache_write_skips_bad_pages_and_other_sequences():
@@ -133,10 +142,10 @@ def test_cache_write_skips_bad_pages_and_other_sequences():
     assert changed == [int(p.block_tables[1, 1])]  # only sequence 1's page
 
 
-def _inputs(dtype, int8, head_dim=128, page_size=16, rotary_dim=None, norm=True, pad=0, seed=0):
+def _inputs(dtype, quant, head_dim=128, page_size=16, rotary_dim=None, norm=True, pad=0, seed=0):
     lens = [page_size - 1, page_size + 3, 2 * page_size, 1]
     q_lens = [page_size - 1, 3, 16, 1]
-    p = make_problem(lens, q_lens, 8, 2, head_dim, page_size, dtype=dtype, int8=int8, seed=seed)
+    p = make_problem(lens, q_lens, 8, 2, head_dim, page_size, dtype=dtype, seed=seed, **QUANT_KINDS.get(quant, {}))
     qdt = p.q.dtype
     t = p.q.shape[0] + pad
     q = randn(t, 8, head_dim, dtype=qdt, seed=seed + 1) * 2
@@ -149,13 +158,14 @@ def _inputs(dtype, int8, head_dim=128, page_size=16, rotary_dim=None, norm=True,
     return p, q, k, v, cache, rotary_dim, qw, kw
 
 
-@pytest.mark.parametrize("dtype,int8", [(torch.bfloat16, False), (torch.float16, False), (torch.float32, False),
-                                        (torch.bfloat16, True), (torch.float16, True)])
+@pytest.mark.parametrize("dtype,quant", [(torch.bfloat16, None), (torch.float16, None), (torch.float32, None),
+                                         (torch.bfloat16, "int8"), (torch.float16, "int8"),
+                                         (torch.bfloat16, "fp8-vector"), (torch.float16, "fp8-tensor")])
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("head_dim,rotary_dim", [(128, 128), (64, 32), (256, 256)])
-def test_attention_inputs_bit_identical_to_separate_ops(dtype, int8, norm, head_dim, rotary_dim):
-    p, q, k, v, cache, rd, qw, kw = _inputs(dtype, int8, head_dim, rotary_dim=rotary_dim, norm=norm, pad=2)
-    extra = p.int8_kwargs()
+def test_attention_inputs_bit_identical_to_separate_ops(dtype, quant, norm, head_dim, rotary_dim):
+    p, q, k, v, cache, rd, qw, kw = _inputs(dtype, quant, head_dim, rotary_dim=rotary_dim, norm=norm, pad=2)
+    extra = p.quant_kwargs()
     extra8 = [extra.get("k_scale"), extra.get("v_scale"), extra.get("k_smooth")]
 
     # fused
@@ -179,14 +189,14 @@ def test_attention_inputs_bit_identical_to_separate_ops(dtype, int8, norm, head_
     assert torch.equal(q_out[:n], qs)
     assert torch.isnan(q_out[n:]).all()
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
-    if int8:
+    if quant:
         assert torch.equal(sc[0], sc2[0]) and torch.equal(sc[1], sc2[1])
 
     # and the eager reference chain: rope within 1 ulp of the reference's on the
     # normalized input (test_rms_norm bounds the norm itself)
     qn = ti.rms_norm(q[:n], qw, 1e-6) if norm else q[:n]
     assert max_ulps(q_out[:n], R.rope(qn, pos, cache, rd)) <= ulp_tol(dtype)
-    if not int8:
+    if not quant:
         kn = ti.rms_norm(k[:n], kw, 1e-6) if norm else k[:n]
         rkc, rvc = p.k_cache.clone(), p.v_cache.clone()
         R.cache_write(rkc, rvc, R.rope(kn, pos, cache, rd), v[:n], p.block_tables, p.seq_lens, p.cu_seqlens_q)
@@ -194,7 +204,7 @@ def test_attention_inputs_bit_identical_to_separate_ops(dtype, int8, norm, head_
 
 
 def test_wrappers_allocate_and_default():
-    p, q, k, v, cache, rd, qw, kw = _inputs(torch.bfloat16, False)
+    p, q, k, v, cache, rd, qw, kw = _inputs(torch.bfloat16, None)
     kc, vc = p.k_cache.clone(), p.v_cache.clone()
     q_out = ti.attention_inputs(q, k, v, kc, vc, p.block_tables, p.seq_lens, p.cu_seqlens_q, cache,
                                 q_norm_weight=qw, k_norm_weight=kw)

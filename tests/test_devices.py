@@ -74,7 +74,7 @@ def case_args(op: str, dt: str) -> dict:
     made fp32 for "fp32", the int8 cache for "int8"; outputs poisoned (NaN)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(zlib.crc32(f"{op}-{dt}".encode()))
-        args = sample_args(op, "cpu", int8=dt == "int8")
+        args = sample_args(op, "cpu", quant=dt == "int8")
     if dt == "fp32":
         args = {k: v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 else v
                 for k, v in args.items()}

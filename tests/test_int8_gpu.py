@@ -1,4 +1,6 @@
-"""GPU tests of attention over an int8 KV cache (docs/CONTRACT.md, "The int8 cache"): CUDA prefill,
+"""GPU tests of attention over a quantized KV cache (docs/CONTRACT.md, "The
+int8 cache", "The fp8 cache"), every test for each kind (op_helpers.QUANT_KINDS:
+int8, fp8 with per-vector scales, fp8 with per-tensor scales): CUDA prefill,
 decode (its partials merged in float64, and decode + combine) and the
 `attention` dispatcher, against float64 attention on the dequantized cache
 (reference.paged_attention(..., exact=True) with k_scale / v_scale / k_smooth);
@@ -6,14 +8,16 @@ same bits run to run; an int8 decode step (quantizing cache_write + attention)
 captured in a CUDA graph and replayed while sequences grow; adversarial
 metadata (kept last: a fault kills the CUDA context).
 
-Numerics of the int8 kernels: queries multiplied by k_smooth in fp32 and
-rounded to q's dtype; int8 keys / values converted exactly to q's dtype (every
-int8 value is a bf16 / fp16 integer); each key's score multiplied by its
-k_scale; each probability multiplied by its value's v_scale in fp32 and rounded
-to q's dtype for the PV product on the tensor cores; fp32 accumulation.
+Numerics of the quantized kernels: queries multiplied by k_smooth in fp32 and
+rounded per row (int8: 15-bit integers; fp8: fp16, at the same per-row power
+of two); keys / values converted exactly to fp16; each key's score multiplied
+by its k_scale; each probability multiplied by its value's v_scale (over the
+running maximum of the value scales) and rounded to fp16 for the PV product on
+the tensor cores; fp32 accumulation.
 
 Every case draws fresh random inputs (a seed per test id; int8 values in
-[-127, 127] with random per-vector scales and smoothing factors, never zeros)
+[-127, 127], fp8 values spread over e4m3's range, random scales and smoothing
+factors, never zeros)
 and poisons outputs with NaN first, so unwritten elements fail.
 
     python3 -m pytest -q -rs -n 8 tests/test_int8_gpu.py     # on a GPU machine
@@ -26,12 +30,14 @@ import pytest
 import torch
 
 import op_helpers
-from op_helpers import (HEAD_DIMS, check_neutral_splits, exact_attention, kernel_queries, need, need_path, run_attention,
+from op_helpers import (HEAD_DIMS, QUANT_KINDS, check_neutral_splits, exact_attention, kernel_queries, need,
+                        need_path, poison_unowned_, run_attention,
                         run_combine, run_decode, run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
 
-pytestmark = pytest.mark.gpu
+# Every test runs for each quantized cache kind (its `kind` argument).
+pytestmark = [pytest.mark.gpu, pytest.mark.parametrize("kind", list(QUANT_KINDS))]
 
 ops = torch.ops.tileinfer_attn
 DEV = "cuda"
@@ -56,12 +62,12 @@ LSE_REL = 1e-4
 
 
 # ------------------------------------------------------------------ problems and oracles
-def int8_problem(seq_lens, q_lens, hq, hkv, head_dim, page, dtype=torch.bfloat16, seed=0, smooth=True):
-    """testing.make_problem with an int8 cache (random int8 values, per-vector
+def quant_problem(kind, seq_lens, q_lens, hq, hkv, head_dim, page, dtype=torch.bfloat16, seed=0, smooth=True):
+    """testing.make_problem with a quantized cache of `kind` (random values,
     scales in [0.005, 0.025], smoothing factors in [0.25, 2.25]); smooth=False
     drops k_smooth (the ops then take none)."""
-    p = make_problem(seq_lens, q_lens, hq, hkv, head_dim, page, dtype=dtype, device=DEV, seed=seed, int8=True)
-    return p if smooth else dataclasses.replace(p, k_smooth=None)
+    return make_problem(seq_lens, q_lens, hq, hkv, head_dim, page, dtype=dtype, device=DEV, seed=seed,
+                        smooth=smooth, **QUANT_KINDS[kind])
 
 
 # Outputs against float64 within ULPS ulps (int8 problems take bf16 / fp16 queries only).
@@ -98,7 +104,7 @@ SMOOTH_IDS = ["smooth", "plain"]
 @pytest.mark.parametrize("page", [16, 64, 128])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_int8_prefill(dtype, head_dim, page, causal, smooth, seed):
+def test_int8_prefill(kind, dtype, head_dim, page, causal, smooth, seed):
     """Lengths 1, page - 1, page, page + 1 and several pages in one batch; full
     prompts and chunked prefill (fewer queries than positions); GQA groups 1, 4
     and 8 in turn."""
@@ -106,26 +112,27 @@ def test_int8_prefill(dtype, head_dim, page, causal, smooth, seed):
     group = (1, 4, 8)[(head_dim // 64 + page // 16) % 3]
     seq_lens = [1, page - 1, page, page + 1, 3 * page + 7]
     q_lens = [1, page - 1, page // 2, 1, 2 * page + 3]
-    p = int8_problem(seq_lens, q_lens, 2 * group, 2, head_dim, page, dtype, seed, smooth)
-    out, lse = run_prefill(p, causal)
+    p = quant_problem(kind, seq_lens, q_lens, 2 * group, 2, head_dim, page, dtype, seed, smooth)
     exact, exact_lse = exact_attention(p, causal)
-    check_out(out, exact, dtype, f"int8 prefill (group {group})")
-    check_lse(lse, exact_lse, p, causal, f"int8 prefill lse (group {group})")
+    poison_unowned_(p)
+    out, lse = run_prefill(p, causal)
+    check_out(out, exact, dtype, f"{kind} prefill (group {group})")
+    check_lse(lse, exact_lse, p, causal, f"{kind} prefill lse (group {group})")
 
 
 @pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float16, 64), (torch.bfloat16, 80)],
                          ids=["bf16-128", "fp16-64", "bf16-80"])
-def test_int8_prefill_long(dtype, head_dim, seed):
+def test_int8_prefill_long(kind, dtype, head_dim, seed):
     """A 3000-position prompt next to a chunk of 200 queries at the end of 2500
     positions: many key tiles, several query tiles per sequence, in the
     128-row tile that prefill takes from 2048 queries on (test_int8_prefill's
     short prompts take the 64-row tile)."""
     need("prefill")
-    p = int8_problem([3000, 2500], [3000, 200], 8, 2, head_dim, 64, dtype, seed=seed)
+    p = quant_problem(kind, [3000, 2500], [3000, 200], 8, 2, head_dim, 64, dtype, seed=seed)
     out, lse = run_prefill(p, True)
     exact, exact_lse = exact_attention(p, True)
-    check_out(out, exact, dtype, "int8 prefill long")
-    check_lse(lse, exact_lse, p, True, "int8 prefill long lse")
+    check_out(out, exact, dtype, f"{kind} prefill long")
+    check_lse(lse, exact_lse, p, True, f"{kind} prefill long lse")
 
 
 # ------------------------------------------------------------------ decode: partials merged in float64
@@ -146,18 +153,19 @@ for _dtype in DTYPES:
 
 
 @pytest.mark.parametrize("dtype,head_dim,page,group,n,splits,causal,smooth", DECODE_CASES)
-def test_int8_decode_partials(dtype, head_dim, page, group, n, splits, causal, smooth, seed):
+def test_int8_decode_partials(kind, dtype, head_dim, page, group, n, splits, causal, smooth, seed):
     """decode alone: its partials merged by reference.merge_partials in float64
     (independent of the combine kernel); splits without pages are neutral."""
     need("decode")
     seq_lens = [n, max(n, page - 1), page, page + 1, 700]
-    p = int8_problem(seq_lens, [n] * len(seq_lens), 2 * group, 2, head_dim, page, dtype, seed, smooth)
+    p = quant_problem(kind, seq_lens, [n] * len(seq_lens), 2 * group, 2, head_dim, page, dtype, seed, smooth)
+    exact, exact_lse = exact_attention(p, causal)
+    poison_unowned_(p)
     po, pl = run_decode(p, causal, splits)
     assert not torch.isnan(po).any() and not torch.isnan(pl).any(), "unwritten or NaN partials"
     merged, merged_lse = reference.merge_partials(po, pl)
-    exact, exact_lse = exact_attention(p, causal)
-    check_out(merged, exact, dtype, "int8 decode merged")
-    check_lse(merged_lse, exact_lse, p, causal, "int8 decode merged lse")
+    check_out(merged, exact, dtype, f"{kind} decode merged")
+    check_lse(merged_lse, exact_lse, p, causal, f"{kind} decode merged lse")
     check_neutral_splits(po, pl, p, splits)
 
 
@@ -165,7 +173,7 @@ def test_int8_decode_partials(dtype, head_dim, page, group, n, splits, causal, s
 @pytest.mark.parametrize("n", [1, 4])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_int8_decode_tile_shapes(dtype, head_dim, n, tile, seed):
+def test_int8_decode_tile_shapes(kind, dtype, head_dim, n, tile, seed):
     """The int8 decode at d <= 128 has two tiles: 128 keys and two blocks per
     SM when the launch's blocks fit two per SM, 64 keys and three per SM
     beyond (csrc/ops/decode.cu). A batch on each side of that line."""
@@ -177,74 +185,74 @@ def test_int8_decode_tile_shapes(dtype, head_dim, n, tile, seed):
     assert (splits * kv_heads * seqs <= 2 * sms) == (tile == "wide")
     g = torch.Generator().manual_seed(seed)
     lens = ([n, 63, 64, 65, 127, 128, 129] + torch.randint(n, 1500, (seqs,), generator=g).tolist())[:seqs]
-    p = int8_problem(lens, [n] * seqs, 2 * kv_heads, kv_heads, head_dim, 64, dtype, seed, smooth=seed % 2 == 0)
+    p = quant_problem(kind, lens, [n] * seqs, 2 * kv_heads, kv_heads, head_dim, 64, dtype, seed, smooth=seed % 2 == 0)
     po, pl = run_decode(p, True, splits)
     out, lse = run_combine(po, pl, dtype)
     exact, exact_lse = exact_attention(p, True)
-    check_out(out, exact, dtype, f"int8 decode, {tile} tile")
-    check_lse(lse, exact_lse, p, True, f"int8 decode, {tile} tile, lse")
+    check_out(out, exact, dtype, f"{kind} decode, {tile} tile")
+    check_lse(lse, exact_lse, p, True, f"{kind} decode, {tile} tile, lse")
 
 
 # ------------------------------------------------------------------ decode + combine
 @pytest.mark.parametrize("page", [16, 64, 128])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_int8_decode_combine(dtype, head_dim, page, seed):
+def test_int8_decode_combine(kind, dtype, head_dim, page, seed):
     """Plain decode (one query per sequence) through decode + combine, lengths
     at and around page boundaries in one batch; smoothing on for half the cases."""
     need("decode", "combine")
     smooth = (head_dim // 64 + page // 16) % 2 == 0
-    p = int8_problem([1, page - 1, page, page + 1, 5 * page + 3], [1] * 5, 8, 2, head_dim, page, dtype, seed,
+    p = quant_problem(kind, [1, page - 1, page, page + 1, 5 * page + 3], [1] * 5, 8, 2, head_dim, page, dtype, seed,
                      smooth)
     po, pl = run_decode(p, True, 4)
     out, lse = run_combine(po, pl, dtype)
     exact, exact_lse = exact_attention(p, True)
-    check_out(out, exact, dtype, f"int8 decode + combine (k_smooth: {smooth})")
-    check_lse(lse, exact_lse, p, True, f"int8 decode + combine lse (k_smooth: {smooth})")
+    check_out(out, exact, dtype, f"{kind} decode + combine (k_smooth: {smooth})")
+    check_lse(lse, exact_lse, p, True, f"{kind} decode + combine lse (k_smooth: {smooth})")
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("n", [1, 4, 16])
-def test_int8_decode_steps(n, group, causal, seed):
+def test_int8_decode_steps(kind, n, group, causal, seed):
     """Steps of n queries per sequence (decode, speculative verify) for GQA
     groups 1, 4, 8 through decode + combine; sequences of different lengths."""
     need("decode", "combine")
-    p = int8_problem([n, 70, 300, 64 + n], [n] * 4, 2 * group, 2, 128, 64, seed=seed)
+    p = quant_problem(kind, [n, 70, 300, 64 + n], [n] * 4, 2 * group, 2, 128, 64, seed=seed)
     po, pl = run_decode(p, causal, 8 if n > 8 else 16)
     out, lse = run_combine(po, pl, torch.bfloat16)
     exact, exact_lse = exact_attention(p, causal)
-    check_out(out, exact, torch.bfloat16, f"int8 decode n={n} group={group}")
-    check_lse(lse, exact_lse, p, causal, f"int8 decode n={n} group={group} lse")
+    check_out(out, exact, torch.bfloat16, f"{kind} decode n={n} group={group}")
+    check_lse(lse, exact_lse, p, causal, f"{kind} decode n={n} group={group} lse")
 
 
 # ------------------------------------------------------------------ attention dispatcher
 @pytest.mark.parametrize("max_q_len", [1, 4, 16, 17])
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_int8_attention(dtype, group, max_q_len, seed):
+def test_int8_attention(kind, dtype, group, max_q_len, seed):
     """The dispatcher on an int8 cache: decode + combine for <= 16 queries and a
     power-of-two group, prefill otherwise (group 3 always, 17 queries); causal
     and not; smoothing on for half the cases."""
     need_path("attention")
     n = max_q_len
     smooth = (group + max_q_len) % 2 == 1
-    p = int8_problem([n, n + 50, 64 + n, 900], [n, max(1, n // 2), n, 1], 2 * group, 2, 128, 64, dtype, seed,
+    p = quant_problem(kind, [n, n + 50, 64 + n, 900], [n, max(1, n // 2), n, 1], 2 * group, 2, 128, 64, dtype, seed,
                      smooth)
     for causal in (True, False):
         out = run_attention(p, causal)
         check_out(out, exact_attention(p, causal)[0], dtype,
-                  f"int8 attention causal={causal} k_smooth={smooth}")
+                  f"{kind} attention causal={causal} k_smooth={smooth}")
 
 
 # ------------------------------------------------------------------ determinism
 @pytest.mark.parametrize("path", ["prefill", "decode", "attention"])
-def test_int8_deterministic(path, seed):
+def test_int8_deterministic(kind, path, seed):
     """Same inputs, same bits (fixed merge order, no atomics); for `attention`
     also the same bits with the int8 arguments given positionally."""
     need_path(path)
     q_lens = [600, 1, 77, 1000] if path == "prefill" else [1, 1, 4, 1]
-    p = int8_problem([2000, 3000, 77, 1000], q_lens, 16, 4, 128, 64, seed=seed)
+    p = quant_problem(kind, [2000, 3000, 77, 1000], q_lens, 16, 4, 128, 64, seed=seed)
 
     def once(positional=False):
         if path == "prefill":
@@ -255,14 +263,14 @@ def test_int8_deterministic(path, seed):
 
     (a, a_lse), (b, b_lse) = once(), once()
     assert torch.isfinite(a).all()
-    assert torch.equal(a, b) and torch.equal(a_lse, b_lse), f"int8 {path}: two runs gave different bits"
+    assert torch.equal(a, b) and torch.equal(a_lse, b_lse), f"{kind} {path}: two runs gave different bits"
     if path == "attention":
         c, _ = once(positional=True)
         assert torch.equal(a, c), "int8 attention: keyword and positional int8 arguments gave different bits"
 
 
 @pytest.mark.parametrize("path", ["prefill", "decode"])
-def test_int8_value_scale_outlier(path, seed):
+def test_int8_value_scale_outlier(kind, path, seed):
     """One key's value scale 1e5 times the others' (an attention sink with large
     values), masked for most rows by the causal diagonal: the kernels divide
     value scales by the largest one a warp has seen, and the other keys'
@@ -271,8 +279,10 @@ def test_int8_value_scale_outlier(path, seed):
     the outlier at position 63; decode (the attention op's path, 16 queries of
     one sequence, group 1): the outlier at the last position."""
     need_path("attention" if path == "decode" else "prefill")
+    if QUANT_KINDS[kind].get("scale_kind") == "tensor":
+        pytest.skip("one value scale per tensor: no key has a scale of its own")
     length, outlier = (128, 63) if path == "prefill" else (16, 15)
-    p = int8_problem([length], [length], 2, 2, 128, 16, seed=seed, smooth=False)
+    p = quant_problem(kind, [length], [length], 2, 2, 128, 16, seed=seed, smooth=False)
     page = p.block_tables[0, outlier // 16].item()
     p.v_scale[page, :, outlier % 16] = 1000.0  # the others: 0.005-0.025
     if path == "prefill":
@@ -280,18 +290,18 @@ def test_int8_value_scale_outlier(path, seed):
     else:
         out = run_attention(p, True)
     exact, _ = exact_attention(p, True)
-    check_out(out, exact, torch.bfloat16, f"int8 {path}, one value scale 1e5x the others")
+    check_out(out, exact, torch.bfloat16, f"{kind} {path}, one value scale 1e5x the others")
 
 
 @pytest.mark.parametrize("path", ["prefill", "decode"])
-def test_int8_non_finite_query_row(path, seed):
+def test_int8_non_finite_query_row(kind, path, seed):
     """A query row holding inf (or NaN) gives NaN output and lse for that row
     (decode: in every split's partial), as the float reference's scores would;
     the other rows of its tile are exact. (combine turns an all-NaN row of
     partials into the empty row, 0 with lse -inf, for every cache type.)"""
     need_path("attention" if path == "decode" else "prefill")
     q_lens = [16, 3] if path == "prefill" else [1, 1]
-    p = int8_problem([200, 131], q_lens, 8, 2, 128, 64, seed=seed)
+    p = quant_problem(kind, [200, 131], q_lens, 8, 2, 128, 64, seed=seed)
     p.q[0, 1, 5] = float("inf")
     p.q[-1, 6, 0] = float("nan")
     bad = torch.zeros(p.q.shape[:2], dtype=torch.bool, device=DEV)
@@ -312,7 +322,7 @@ def test_int8_non_finite_query_row(path, seed):
 
 # ------------------------------------------------------------------ CUDA graphs
 @pytest.mark.parametrize("group", [4, 3], ids=["decode_path", "prefill_path"])
-def test_int8_cuda_graph_decode_steps(group, seed):
+def test_int8_cuda_graph_decode_steps(kind, group, seed):
     """One int8 decode step (quantizing cache_write with k_smooth, then
     attention) captured once with static block_tables / seq_lens /
     cu_seqlens_q buffers, replayed for 40 steps while sequences grow across
@@ -330,11 +340,10 @@ def test_int8_cuda_graph_decode_steps(group, seed):
     max_pages = math.ceil((max(start) + steps) / page) + 1
     num_pages = num_seqs * max_pages + 3
     shape = (num_pages, kv_heads, page, d)
-    # Cached positions before the first step: random int8 vectors and scales.
-    cache = [torch.randint(-127, 128, shape, generator=g, dtype=torch.int8),
-             torch.randint(-127, 128, shape, generator=g, dtype=torch.int8),
-             torch.rand(shape[:3], generator=g) * 0.02 + 0.005,
-             torch.rand(shape[:3], generator=g) * 0.02 + 0.005]
+    # Cached positions before the first step: random quantized vectors and scales.
+    pools = make_problem([num_pages * page], [1], 1, kv_heads, d, page, seed=seed, spare_pages=0,
+                         **QUANT_KINDS[kind])
+    cache = [pools.k_cache, pools.v_cache, pools.k_scale, pools.v_scale]
     cache = [t.to(DEV) for t in cache]  # k_cache, v_cache, k_scale, v_scale
     eager_cache = [t.clone() for t in cache]
     k_smooth = (torch.rand(kv_heads, d, generator=g) * 2 + 0.25).to(DEV)
@@ -401,21 +410,21 @@ def test_int8_cuda_graph_decode_steps(group, seed):
             exact = reference.paged_attention(q, cache[0], cache[1], block_tables, seq_lens, cu_seqlens_q, 1, scale,
                                               True, k_scale=cache[2], v_scale=cache[3], k_smooth=k_smooth,
                                               exact=True)
-            check_out(out, exact, dtype, f"int8 graph step {i} (lengths {lens})")
+            check_out(out, exact, dtype, f"{kind} graph step {i} (lengths {lens})")
     assert crossed >= 3, "the sequences were meant to cross page boundaries"
 
 
 # ------------------------------------------------------------------ bad device data (keep last)
-def check_context_alive(seed):
+def check_context_alive(kind, seed):
     """After bad metadata the CUDA context still works: a later int8 op runs and is right."""
     torch.cuda.synchronize()
-    p = int8_problem([100, 33], [1, 1], 8, 2, 128, 16, seed=seed + 1)
+    p = quant_problem(kind, [100, 33], [1, 1], 8, 2, 128, 16, seed=seed + 1)
     out = run_attention(p, True)
-    check_out(out, exact_attention(p, True)[0], torch.bfloat16, "int8 attention after bad metadata")
+    check_out(out, exact_attention(p, True)[0], torch.bfloat16, f"{kind} attention after bad metadata")
 
 
 @pytest.mark.parametrize("path", ["prefill", "decode", "attention"])
-def test_int8_adversarial_metadata(path, seed):
+def test_int8_adversarial_metadata(kind, path, seed):
     """Out-of-range and negative page ids, a seq_len beyond what the table holds
     and a negative one, on an int8 cache: no fault, finite output, the
     untouched sequences exactly right, every row as the reference reads the
@@ -423,7 +432,7 @@ def test_int8_adversarial_metadata(path, seed):
     need_path(path)
     need_path("attention")  # check_context_alive
     q_lens = [5, 3, 20, 1, 7, 9] if path == "prefill" else [1, 2, 1, 1, 4, 1]
-    p = int8_problem([70, 40, 33, 20, 50, 90], q_lens, 8, 2, 64, 16, seed=seed)
+    p = quant_problem(kind, [70, 40, 33, 20, 50, 90], q_lens, 8, 2, 64, 16, seed=seed)
     num_pages, page = p.k_cache.shape[0], p.k_cache.shape[2]
     bt, sl = p.block_tables, p.seq_lens
     bt[0, 1] = num_pages + 5
@@ -441,8 +450,8 @@ def test_int8_adversarial_metadata(path, seed):
     torch.cuda.synchronize()  # a fault would raise here
     assert torch.isfinite(out).all(), "NaN / inf with bad metadata"
     exact, exact_lse = exact_attention(p, True)
-    check_out(out[good], exact[good], torch.bfloat16, f"int8 {path}: sequences with good metadata")
-    check_out(out, exact, torch.bfloat16, f"int8 {path} with bad metadata (as the reference reads it)")
+    check_out(out[good], exact[good], torch.bfloat16, f"{kind} {path}: sequences with good metadata")
+    check_out(out, exact, torch.bfloat16, f"{kind} {path} with bad metadata (as the reference reads it)")
     if lse is not None:
-        check_lse(lse, exact_lse, p, True, f"int8 {path} with bad metadata lse")
-    check_context_alive(seed)
+        check_lse(lse, exact_lse, p, True, f"{kind} {path} with bad metadata lse")
+    check_context_alive(kind, seed)

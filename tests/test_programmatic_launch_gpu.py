@@ -86,7 +86,7 @@ def test_metadata_written_after_the_next_kernel_started(late_copy, path, int8, q
     new_meta = torch.cat([p.block_tables.flatten(), p.seq_lens])
     old_meta = torch.cat([old_tables.flatten(), old_lens])
     n_table = p.block_tables.numel()
-    extra = p.int8_kwargs() if int8 else {}
+    extra = p.quant_kwargs() if int8 else {}
 
     def run(prob, out):
         args = (*prob.args(), prob.scale, True)

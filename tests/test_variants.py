@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-from op_helpers import (DEVICES, ULPS, check_lse, check_neutral_splits, check_out, exact_attention, kernel_queries,
+from op_helpers import (DEVICES, QUANT_KINDS, ULPS, check_lse, check_neutral_splits, check_out, exact_attention, kernel_queries,
                         need_path, poison_unowned_, run_attention, run_combine, run_decode, run_prefill,
                         split_exact, split_pages, window_first_page)
 from tileinfer_attn import reference
@@ -65,9 +65,9 @@ def lens_for(page, window):
     return [1, w + 1, w + 2, page + 1, 2 * page + w + 5, 3 * page]
 
 
-def problem(lens, q_lens, heads, page, dtype, device, seed, int8=False):
+def problem(lens, q_lens, heads, page, dtype, device, seed, **cache):
     hq, hkv = heads
-    p = make_problem(lens, q_lens, hq, hkv, 64, page, dtype=dtype, device=device, seed=seed, int8=int8)
+    p = make_problem(lens, q_lens, hq, hkv, 64, page, dtype=dtype, device=device, seed=seed, **cache)
     # Larger scores than head_dim ** -0.5 alone gives: the soft-cap's tanh and
     # the window's edge then change the result visibly.
     return dataclasses.replace(p, scale=3.0 * p.scale)
@@ -119,8 +119,9 @@ def test_variant_matches_exact(variant, page, causal, device, seed):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", ["window", "gpt-oss", "gemma2"])
-def test_int8_cache_with_variants(variant, device, seed):
-    """The int8 cache (smoothing factors included) with each model's variants:
+@pytest.mark.parametrize("quant", list(QUANT_KINDS))
+def test_int8_cache_with_variants(quant, variant, device, seed):
+    """The int8 and fp8 caches (smoothing factors included) with each model's variants:
     prefill and the attention op's decode path, against float64 attention on
     the dequantized cache. On CUDA the lse is checked against float64
     attention of the queries as the int8 kernels round them (kernel_queries:
@@ -132,15 +133,15 @@ def test_int8_cache_with_variants(variant, device, seed):
     lens = lens_for(page, window)
     kw = variant_kwargs(variant, window, 8, seed, device)
     for q_lens in ([1, 17, 1, 17, 5, 32], [1, 1, 2, 16, 5, 9]):
-        p = problem(lens, q_lens, (8, 2), page, torch.bfloat16, device, seed, int8=True)
+        p = problem(lens, q_lens, (8, 2), page, torch.bfloat16, device, seed, **QUANT_KINDS[quant])
         exact, exact_lse = exact_attention(p, True, **kw)
         if device == "cuda":
             _, exact_lse = exact_attention(dataclasses.replace(p, q=kernel_queries(p), k_smooth=None), True, **kw)
         poison_unowned_(p, window)
         out, lse = run_prefill(p, True, **kw)
-        check_all(out, lse, exact, exact_lse, torch.bfloat16, f"int8 prefill {variant} q_lens={q_lens}", ulps=6)
+        check_all(out, lse, exact, exact_lse, torch.bfloat16, f"{quant} prefill {variant} q_lens={q_lens}", ulps=6)
         out = run_attention(p, True, **kw)
-        check_out(out, exact, torch.bfloat16, f"int8 attention {variant} q_lens={q_lens}", ulps=6)
+        check_out(out, exact, torch.bfloat16, f"{quant} attention {variant} q_lens={q_lens}", ulps=6)
 
 
 # ------------------------------------------------------------------ decode's splits

@@ -1,8 +1,8 @@
 """GPU tests of the per-layer attention variants (window_left, logits_soft_cap,
 sinks) on every CUDA kernel: the warp-specialized Hopper prefill (power-of-two
 groups), the synchronous wgmma prefill (other groups), the mma.sync tile
-kernel (int8 caches; its 128-row tile from 2048 queries on), the fp32 kernel,
-and the decode tiles (small, large, the int8 ones, one split writing out
+kernel (int8 / fp8 caches; its 128-row tile from 2048 queries on), the fp32 kernel,
+and the decode tiles (small, large, the int8 / fp8 ones, one split writing out
 directly); a decode step captured in a CUDA graph and replayed while the
 sequences grow past the window; bad device metadata with a window (kept last:
 a fault kills the CUDA context). tests/test_variants.py runs the same checks
@@ -19,8 +19,9 @@ import dataclasses
 import pytest
 import torch
 
-from op_helpers import (HEAD_DIMS, GrowingDecodeBatch, check_lse, check_out, exact_attention, kernel_queries, need,
-                        need_path, poison_unowned_, run_attention, run_combine, run_decode, run_prefill)
+from op_helpers import (CACHE_KINDS, HEAD_DIMS, QUANT_KINDS, GrowingDecodeBatch, check_lse, check_out, exact_attention,
+                        kernel_queries, need, need_path, poison_unowned_, run_attention, run_combine, run_decode,
+                        run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_
 
@@ -65,7 +66,7 @@ def run_all(p, causal, kw, dtype, what, decode=True, ulps=4.0):
     int8 kernels round them (op_helpers.kernel_queries: with k_smooth a shift
     of up to ~1e-3, above the 1e-4 bound), as in test_int8_gpu."""
     exact, exact_lse = exact_attention(p, causal, **kw)
-    if p.k_cache.dtype == torch.int8:
+    if p.k_cache.dtype in (torch.int8, torch.float8_e4m3fn):
         _, exact_lse = exact_attention(dataclasses.replace(p, q=kernel_queries(p), k_smooth=None), causal, **kw)
     poison_unowned_(p, kw.get("window_left", -1))
     out, lse = run_prefill(p, causal, **kw)
@@ -111,14 +112,14 @@ def test_prefill_kernels(group, head_dim, variant, window, causal, seed):
 
 
 @pytest.mark.parametrize("variant", ["gpt-oss", "gemma2"])
-@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
-def test_prefill_large_tile(variant, int8, seed):
+@pytest.mark.parametrize("cache", list(CACHE_KINDS))
+def test_prefill_large_tile(variant, cache, seed):
     """2100 queries: the mma.sync kernel's 128-row tile (int8 cache; a bf16
     cache takes it on GPUs other than Hopper), a window of 500."""
     need("prefill")
-    p = scaled(make_problem([2100, 600], [2100, 300], 8, 2, 128, 64, device=DEV, seed=seed, int8=int8))
+    p = scaled(make_problem([2100, 600], [2100, 300], 8, 2, 128, 64, device=DEV, seed=seed, **CACHE_KINDS[cache]))
     run_all(p, True, kwargs(variant, 500, 8, seed), torch.bfloat16, f"large tile {variant}", decode=False,
-            ulps=6.0 if int8 else 4.0)
+            ulps=6.0 if cache != "bf16" else 4.0)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
@@ -153,20 +154,21 @@ def test_decode_kernels(n, group, variant, window, causal, seed):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("n", [1, 4, 16])
-def test_int8_decode(n, head_dim, variant, seed):
-    """The int8 decode tiles (the wide one where two blocks fit per SM, the
+@pytest.mark.parametrize("quant", list(QUANT_KINDS))
+def test_int8_decode(quant, n, head_dim, variant, seed):
+    """The int8 / fp8 decode tiles (the wide one where two blocks fit per SM, the
     small and the large ones) with each variant."""
     need("decode", "combine", "prefill")
     lens = [n, 150, 151, 1000]
     p = scaled(make_problem(lens, [n] * 4, 8 if n < 16 else 32, 2, head_dim, 16, device=DEV, seed=seed,
-                            int8=True))
-    run_all(p, True, kwargs(variant, 100, p.q.shape[1], seed), torch.bfloat16, f"int8 n={n} {variant}",
+                            **QUANT_KINDS[quant]))
+    run_all(p, True, kwargs(variant, 100, p.q.shape[1], seed), torch.bfloat16, f"{quant} n={n} {variant}",
             ulps=6.0)
 
 
-@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("cache", list(CACHE_KINDS))
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_single_split_writes_out(variant, int8, seed):
+def test_single_split_writes_out(variant, cache, seed):
     """A batch with one split per (sequence, KV head): the decode kernel
     writes out itself, the sink in; the same bits as decode with one split +
     combine, and within the bounds."""
@@ -176,7 +178,8 @@ def test_single_split_writes_out(variant, int8, seed):
     seqs = next(b for b in range(1, 4096) if ops.decode_num_splits(sms, b, kv_heads) == 1)
     g = torch.Generator().manual_seed(seed)
     lens = [n, 50, 51, 64, 65] + torch.randint(n, 700, (seqs - 5,), generator=g).tolist()
-    p = make_problem(lens, [n] * seqs, kv_heads * group, kv_heads, 128, 16, device=DEV, seed=seed, int8=int8)
+    p = make_problem(lens, [n] * seqs, kv_heads * group, kv_heads, 128, 16, device=DEV, seed=seed,
+                     **CACHE_KINDS[cache])
     kw = kwargs(variant, 48, kv_heads * group, seed)
     exact, _ = exact_attention(p, True, **kw)
     poison_unowned_(p, kw.get("window_left", -1))
@@ -184,7 +187,7 @@ def test_single_split_writes_out(variant, int8, seed):
     po, pl = run_decode(p, True, 1, **kw)
     expected, _ = run_combine(po, pl, torch.bfloat16)
     assert torch.equal(out, expected), "attention (single split) differs from decode + combine"
-    check_out(out, exact, torch.bfloat16, f"single split {variant}", ulps=6.0 if int8 else 4.0)
+    check_out(out, exact, torch.bfloat16, f"single split {variant} {cache}", ulps=6.0 if cache != "bf16" else 4.0)
 
 
 # ------------------------------------------------------------------ CUDA graphs

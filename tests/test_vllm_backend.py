@@ -428,12 +428,13 @@ def test_capabilities_through_vllm_validation():
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             for block_size in (16, 32, 64, 128, 256):
                 assert validate(head_size=head_size, dtype=dtype, block_size=block_size) == []
+    assert validate(kv_cache_dtype="fp8") == [] and validate(kv_cache_dtype="fp8_e4m3") == []
     assert validate(device_capability=DeviceCapability(8, 0)) == []
     assert validate(has_sink=True) == [] and validate(has_sliding_window=True) == []
     refused = {
         "head_size not supported": dict(head_size=72),
         "dtype not supported": dict(dtype=torch.float64),
-        "kv_cache_dtype not supported": dict(kv_cache_dtype="fp8"),
+        "kv_cache_dtype not supported": dict(kv_cache_dtype="fp8_e5m2"),
         "block_size not supported": dict(block_size=8),
         "MLA not supported": dict(use_mla=True),
         "compute capability not supported": dict(device_capability=DeviceCapability(7, 5)),
@@ -461,7 +462,6 @@ def test_capabilities_through_vllm_validation():
     (dict(attn_type=AttentionType.ENCODER), "encoder attention"),
     (dict(attn_type=AttentionType.ENCODER_ONLY), "encoder-only attention"),
     (dict(attn_type=AttentionType.ENCODER_DECODER), "encoder-decoder \\(cross\\) attention"),
-    (dict(kv_cache_dtype="fp8"), "kv_cache_dtype='fp8'"),
     (dict(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype='fp8_e5m2'"),
     (dict(kv_cache_dtype="int8_per_token_head"), "kv_cache_dtype='int8_per_token_head'"),
     (dict(kv_lora_rank=512, qk_rope_head_dim=64), "MLA"),

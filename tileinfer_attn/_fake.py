@@ -50,6 +50,10 @@ def _check_token(op: str, name: str, t: torch.Tensor, like: torch.Tensor = None,
         _check(t.dtype == dtype, f"{op}: {name} must be {dtype}, got {t.dtype}")
 
 
+# The quantized cache types (int8, float8_e4m3fn): tile_table.h's list.
+_QUANT_DTYPES = tuple(getattr(torch, name) for name in torch.ops.tileinfer_attn.supported_dtypes("quant"))
+
+
 def _check_cache(op: str, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale) -> None:
     _check(k_cache.dim() == 4, f"{op}: k_cache must be 4-D [num_pages, num_kv_heads, page_size, head_dim], "
                                f"got shape {tuple(k_cache.shape)}")
@@ -62,9 +66,13 @@ def _check_cache(op: str, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q
     _check(seq_lens.shape[0] == block_tables.shape[0], f"{op}: seq_lens must have one entry per block_tables row")
     _check(cu_seqlens_q.shape[0] == block_tables.shape[0] + 1,
            f"{op}: cu_seqlens_q must have num_seqs + 1 entries")
-    if k_cache.dtype == torch.int8:
+    _check(k_cache.dtype != torch.float8_e5m2,
+           f"{op}: k_cache: float8_e5m2 pools are not supported (the fp8 cache is float8_e4m3fn)")
+    if k_cache.dtype in _QUANT_DTYPES:
         _check(k_scale is not None and v_scale is not None,
-               f"{op}: k_scale and v_scale are required with an int8 cache")
+               f"{op}: k_scale and v_scale are required with a quantized cache ({k_cache.dtype})")
+        _check(k_scale.dtype == torch.float32 and v_scale.dtype == torch.float32,
+               f"{op}: k_scale and v_scale must be float32, got {k_scale.dtype} and {v_scale.dtype}")
 
 
 def _check_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,

@@ -42,6 +42,8 @@ __all__ = ["PagedKVCache", "CacheFullError", "StepMetadata"]
 _HEAD_DIMS = tuple(torch.ops.tileinfer_attn.supported("head_dims"))
 _PAGE_SIZES = tuple(torch.ops.tileinfer_attn.supported("page_sizes"))
 _DTYPES = tuple(getattr(torch, name) for name in torch.ops.tileinfer_attn.supported_dtypes("cache"))
+# The quantized cache types (int8, float8_e4m3fn), with fp32 scales.
+QUANT_DTYPES = tuple(getattr(torch, name) for name in torch.ops.tileinfer_attn.supported_dtypes("quant"))
 
 
 def _one_of(values) -> str:
@@ -75,9 +77,17 @@ class PagedKVCache:
         num_layers, num_pages, num_kv_heads, head_dim, page_size: pool geometry
             (head_dim and page_size: values the kernels support,
             ``torch.ops.tileinfer_attn.supported("head_dims")`` / ``("page_sizes")``).
-        dtype: bfloat16, float16, float32, or int8 (with per-vector fp32 scales
-            ``k_scales``/``v_scales`` and per-channel key smoothing ``k_smooth``
-            per layer, ones by default: set ``cache.k_smooth[layer]`` before writing).
+        dtype: bfloat16, float16, float32, or a quantized type: int8 or
+            float8_e4m3fn, with fp32 scales ``k_scales``/``v_scales`` and
+            per-channel key smoothing ``k_smooth`` per layer (ones by default:
+            set ``cache.k_smooth[layer]`` before writing).
+        scale: a quantized cache's scale granularity: ``"vector"`` (one scale
+            per cached vector, ``[num_pages, num_kv_heads, page_size]`` per
+            layer, computed by each write as amax / 127 or amax / 448) or, for
+            float8_e4m3fn only, ``"tensor"`` (one scale per layer and pool,
+            ``k_scales[layer]`` of shape ``[1]``, given by the caller as vLLM's
+            ``k_scale`` / ``v_scale``: set it before writing; writes divide by it
+            and saturate to +-448).
         device: where the pools and the metadata live.
         max_seqs: sequence slots (rows of ``block_tables``).
         max_pages_per_seq: columns of ``block_tables`` (default: enough for the whole pool).
@@ -100,7 +110,11 @@ class PagedKVCache:
         device: str | torch.device = "cpu",
         max_seqs: int = 64,
         max_pages_per_seq: Optional[int] = None,
+        scale: str = "vector",
     ):
+        if dtype == torch.float8_e5m2:
+            raise ValueError("PagedKVCache: dtype torch.float8_e5m2 is not supported (the fp8 cache is "
+                             "torch.float8_e4m3fn)")
         if dtype not in _DTYPES:
             raise ValueError(f"PagedKVCache: dtype must be {_one_of(_DTYPES)}, got {dtype}")
         if head_dim not in _HEAD_DIMS:
@@ -127,9 +141,16 @@ class PagedKVCache:
         self.k_pools = torch.zeros(shape, dtype=dtype, device=self.device)
         self.v_pools = torch.zeros(shape, dtype=dtype, device=self.device)
         self.int8 = dtype == torch.int8
-        if self.int8:
-            self.k_scales = torch.ones(shape[:4], dtype=torch.float32, device=self.device)
-            self.v_scales = torch.ones(shape[:4], dtype=torch.float32, device=self.device)
+        self.quantized = dtype in QUANT_DTYPES
+        if scale not in ("vector", "tensor"):
+            raise ValueError(f"PagedKVCache: scale must be 'vector' or 'tensor', got {scale!r}")
+        if scale == "tensor" and dtype != torch.float8_e4m3fn:
+            raise ValueError(f"PagedKVCache: scale='tensor' is for a torch.float8_e4m3fn cache, got dtype {dtype}")
+        self.scale = scale if self.quantized else None
+        if self.quantized:
+            scale_shape = shape[:4] if scale == "vector" else (num_layers, 1)
+            self.k_scales = torch.ones(scale_shape, dtype=torch.float32, device=self.device)
+            self.v_scales = torch.ones(scale_shape, dtype=torch.float32, device=self.device)
             self.k_smooth = torch.ones(num_layers, num_kv_heads, head_dim, dtype=torch.float32, device=self.device)
         else:
             self.k_scales = self.v_scales = self.k_smooth = None
@@ -154,18 +175,18 @@ class PagedKVCache:
 
     # ----------------------------------------------------------------- queries
     def layer_cache(self, layer: int):
-        """``(k_cache, v_cache)`` of a layer, plus ``(k_scale, v_scale, k_smooth)`` for int8:
-        the tuple tileinfer_attn.layer takes."""
+        """``(k_cache, v_cache)`` of a layer, plus ``(k_scale, v_scale, k_smooth)`` for a
+        quantized cache: the tuple tileinfer_attn.layer takes."""
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"PagedKVCache: layer {layer} outside [0, {self.num_layers})")
-        if self.int8:
+        if self.quantized:
             return (self.k_pools[layer], self.v_pools[layer], self.k_scales[layer], self.v_scales[layer],
                     self.k_smooth[layer])
         return self.k_pools[layer], self.v_pools[layer]
 
     def quant_kwargs(self, layer: int) -> dict:
-        """``k_scale`` / ``v_scale`` / ``k_smooth`` keyword arguments of the ops (empty unless int8)."""
-        if not self.int8:
+        """``k_scale`` / ``v_scale`` / ``k_smooth`` keyword arguments of the ops (empty unless quantized)."""
+        if not self.quantized:
             return {}
         return dict(k_scale=self.k_scales[layer], v_scale=self.v_scales[layer], k_smooth=self.k_smooth[layer])
 
@@ -361,7 +382,7 @@ class PagedKVCache:
         # Every layer: the page id is shared by all of them.
         self.k_pools[:, dst].copy_(self.k_pools[:, src])
         self.v_pools[:, dst].copy_(self.v_pools[:, src])
-        if self.int8:
+        if self.scale == "vector":  # a per-tensor scale belongs to no page
             self.k_scales[:, dst].copy_(self.k_scales[:, src])
             self.v_scales[:, dst].copy_(self.v_scales[:, src])
 

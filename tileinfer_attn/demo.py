@@ -1,7 +1,7 @@
 """End-to-end demo: a paged KV cache with a few sequences, prefill then decode
 steps through the ops, each step checked against exact attention.
 
-    python -m tileinfer_attn.demo [--device cpu|cuda] [--dtype bf16|fp16|fp32|int8] [--steps N]
+    python -m tileinfer_attn.demo [--device cpu|cuda] [--dtype bf16|fp16|fp32|int8|fp8] [--steps N]
 
 Builds a PagedKVCache (2 layers, Qwen3-4B-like heads: 32 query / 8 KV heads,
 head_dim 128), adds sequences of different lengths, and runs one prefill step
@@ -22,6 +22,7 @@ import torch
 
 import tileinfer_attn as ti
 from tileinfer_attn import reference as R
+from tileinfer_attn.cache import QUANT_DTYPES
 from tileinfer_attn.testing import rel_error, ulp_error
 
 NUM_LAYERS, HQ, HKV, D = 2, 32, 8, 128
@@ -41,7 +42,7 @@ def cuda_ready() -> tuple[bool, str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32", "int8"], default="bf16")
+    ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32", "int8", "fp8"], default="bf16")
     ap.add_argument("--steps", type=int, default=4, help="decode steps after the prefill")
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
@@ -61,13 +62,14 @@ def main(argv=None) -> int:
     if device == "cuda":
         print(f"device: cuda ({torch.cuda.get_device_name()})")
 
-    cache_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int8": torch.int8}[args.dtype]
-    dtype = torch.bfloat16 if cache_dtype == torch.int8 else cache_dtype
+    cache_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int8": torch.int8,
+                   "fp8": torch.float8_e4m3fn}[args.dtype]
+    dtype = torch.bfloat16 if cache_dtype in QUANT_DTYPES else cache_dtype
     ps = args.page_size
     torch.manual_seed(args.seed)
     cache = ti.PagedKVCache(NUM_LAYERS, num_pages=64, num_kv_heads=HKV, head_dim=D, page_size=ps,
                             dtype=cache_dtype, device=device, max_seqs=8)
-    if cache.int8:
+    if cache.quantized:
         cache.k_smooth.uniform_(0.5, 2.0)
     cos_sin = ti.rope_cos_sin_cache(D, 8 * 1024, device=device)
     norm_w = [(torch.rand(2, D, device=device) + 0.5).to(dtype) for _ in range(NUM_LAYERS)]  # q_norm, k_norm

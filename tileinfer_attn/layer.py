@@ -88,7 +88,7 @@ class PagedAttention(nn.Module):
         q: torch.Tensor,  # [num_tokens, num_heads * head_dim] or [num_tokens, num_heads, head_dim]
         k: torch.Tensor,  # [num_tokens, num_kv_heads * head_dim] (views of a packed qkv are fine)
         v: torch.Tensor,
-        kv_cache: Sequence[torch.Tensor],  # (k_cache, v_cache) or int8: (+ k_scale, v_scale, k_smooth)
+        kv_cache: Sequence[torch.Tensor],  # (k_cache, v_cache), quantized: (+ k_scale, v_scale[, k_smooth])
         metadata: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
         t = q.shape[0]

@@ -128,7 +128,7 @@ def prefill(
 
     Args:
         q: ``[num_tokens, num_q_heads, head_dim]`` this step's queries of all sequences, packed.
-        k_cache, v_cache: ``[num_pages, num_kv_heads, page_size, head_dim]`` pools (q's dtype, or int8).
+        k_cache, v_cache: ``[num_pages, num_kv_heads, page_size, head_dim]`` pools (q's dtype, or int8 / float8_e4m3fn).
         block_tables: ``[num_seqs, max_pages]`` int32 page ids of each sequence.
         seq_lens: ``[num_seqs]`` int32 positions cached after this step's keys.
         cu_seqlens_q: ``[num_seqs + 1]`` int32 prefix sums of this step's query counts.
@@ -137,8 +137,9 @@ def prefill(
         causal: queries see positions ``<=`` their own; False: all ``seq_lens[s]`` positions.
         out: ``[num_tokens, num_q_heads, head_dim]`` written in place if given.
         lse / return_lse: also return the natural-log log-sum-exp ``[num_tokens, num_q_heads]`` fp32.
-        k_scale, v_scale: ``[num_pages, num_kv_heads, page_size]`` fp32 (int8 cache only).
-        k_smooth: ``[num_kv_heads, head_dim]`` fp32 key smoothing factors (int8 cache only).
+        k_scale, v_scale: fp32 scales of a quantized cache: ``[num_pages, num_kv_heads, page_size]``
+            (per vector), or ``[1]`` per tensor (fp8 only).
+        k_smooth: ``[num_kv_heads, head_dim]`` fp32 key smoothing factors (quantized cache only).
         window_left: sliding window: a query at position ``p`` sees keys ``[p - window_left, p]``
             (causal; non-causal: from ``p - window_left`` on); -1: no window. Pages wholly
             before a query's window are not read.
@@ -397,10 +398,11 @@ def cache_write(
     touched (unless the block table shares them).
 
     Args:
-        k, v: ``[num_tokens, num_kv_heads, head_dim]`` (the pool's dtype; bf16/fp16 for an int8 pool).
-        k_scale, v_scale, k_smooth: int8 pools only: the write quantizes each vector
-            symmetrically (scale = amax / 127, keys divided by ``k_smooth`` first)
-            and stores its scale.
+        k, v: ``[num_tokens, num_kv_heads, head_dim]`` (the pool's dtype; bf16/fp16 for a quantized pool).
+        k_scale, v_scale, k_smooth: quantized pools only: the write quantizes each vector
+            symmetrically (keys divided by ``k_smooth`` first), saturating: per vector
+            (``[num_pages, num_kv_heads, page_size]``) scale = amax / 127 (int8) or
+            amax / 448 (float8_e4m3fn), stored; per tensor (fp8, ``[1]``) the given scales.
     """
     _check_tensor("cache_write", "k", k, 3)
     _check_not_meta_mixed("cache_write", k_cache=k_cache, v_cache=v_cache, k=k, v=v, block_tables=block_tables,
@@ -464,14 +466,14 @@ def attention_inputs(
 
 
 def key_smoothing_factors(keys: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-    """Per-channel key smoothing factors for an int8 cache, from sample keys
+    """Per-channel key smoothing factors for a quantized (int8, fp8) cache, from sample keys
     ``[num_samples, num_kv_heads, head_dim]`` (e.g. a calibration prompt's keys
     after RoPE): ``s = amax ** alpha`` over the samples, scaled to a geometric
     mean of 1 per head; ``[num_kv_heads, head_dim]`` fp32.
 
     Keys are divided by ``s`` before quantization and queries multiplied by it
     inside the kernels, which cancels in the scores: an outlier channel then no
-    longer sets every key vector's int8 scale. alpha = 1
+    longer sets every key vector's scale. alpha = 1
     equalizes the channels' ranges; the queries stay in bf16/fp16, so nothing on
     their side is quantized."""
     _check(keys.dim() == 3, f"key_smoothing_factors: keys must be 3-D [num_samples, num_kv_heads, head_dim], "

@@ -50,10 +50,37 @@ def token_positions(seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, num_toke
     return torch.where(valid, pos, torch.full_like(pos, -1))
 
 
+# Quantized cache types and the largest magnitude each holds (a per-vector
+# scale is amax / this; writes saturate to it).
+QUANT_MAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
+
+
 def _dequant(cache: torch.Tensor, scale: Optional[torch.Tensor]) -> torch.Tensor:
-    if cache.dtype != torch.int8:
+    if cache.dtype not in QUANT_MAX:
         return cache
+    if scale.numel() == 1:  # per tensor (fp8)
+        return cache.float() * scale.reshape(()).float()
     return cache.float() * scale.unsqueeze(-1)
+
+
+def quantize(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor] = None):
+    """Symmetric quantization of the vectors of x (last dim) into ``dtype``
+    (int8 or float8_e4m3fn), as the cache writes do: per vector (``scale``
+    None) scale = amax / 127 or amax / 448 (1 for a zero vector), else the
+    given per-tensor scale. Elements x / scale, in fp32, saturate: int8 rounded
+    half-even and clamped to +-127, fp8 clamped to +-448 and rounded to the
+    nearest e4m3. Returns (quantized, scale per vector or the given scale)."""
+    x = x.float()
+    qmax = QUANT_MAX[dtype]
+    if scale is None:
+        amax = x.abs().amax(-1)
+        scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+        y = x / scale[..., None]
+    else:
+        y = x / scale.reshape(()).float()
+    if dtype == torch.int8:
+        return torch.round(y).clamp(-qmax, qmax).to(dtype), scale
+    return y.clamp(-qmax, qmax).to(dtype), scale
 
 
 def gather_kv(
@@ -69,7 +96,7 @@ def gather_kv(
     """Keys and values of one sequence, [L, num_kv_heads, head_dim], plus a [L] bool
     mask that is False on positions whose page id is outside the pool.
 
-    An int8 cache is dequantized to float32 (keys multiplied back by k_smooth)."""
+    A quantized (int8, fp8) cache is dequantized to float32 (keys multiplied back by k_smooth)."""
     num_pages, _, page_size, _ = k_cache.shape
     cap = block_tables.shape[1] * page_size
     length = max(0, min(int(seq_lens[seq]), cap))
@@ -79,7 +106,7 @@ def gather_kv(
     safe = torch.where(ok, ids, torch.zeros_like(ids))
     k = _dequant(k_cache, k_scale)[safe]  # [n_pages, kvh, page, d]
     v = _dequant(v_cache, v_scale)[safe]
-    if k_cache.dtype == torch.int8 and k_smooth is not None:
+    if k_cache.dtype in QUANT_MAX and k_smooth is not None:
         k = k * k_smooth[None, :, None, :]
     k = k.transpose(1, 2).reshape(n_pages * page_size, k.shape[1], k.shape[3])[:length]
     v = v.transpose(1, 2).reshape(n_pages * page_size, v.shape[1], v.shape[3])[:length]
@@ -156,7 +183,7 @@ def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
     num_tokens, hq, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
-    work = torch.float64 if exact else (q.dtype if k_cache.dtype != torch.int8 else q.dtype)
+    work = torch.float64 if exact else q.dtype
     out = torch.zeros(num_tokens, hq, d, dtype=torch.float64 if exact else q.dtype, device=q.device)
     lse = torch.full((num_tokens, hq), float("-inf"), dtype=torch.float64 if exact else torch.float32,
                      device=q.device)
@@ -267,8 +294,8 @@ def cache_write(
     k_smooth: Optional[torch.Tensor] = None,
 ) -> None:
     """Writes token t of sequence s at position seq_lens[s] - n_s + t, in place.
-    Positions on pages outside the pool are skipped. int8: symmetric per-vector
-    quantization, scale = amax / 127 (keys divided by k_smooth first)."""
+    Positions on pages outside the pool are skipped. int8 / fp8: ``quantize``
+    (keys divided by k_smooth first), per vector unless k_scale has one element."""
     num_pages, _, page_size, _ = k_cache.shape
     pos = token_positions(seq_lens, cu_seqlens_q, k.shape[0])
     seq = torch.searchsorted(cu_seqlens_q.long()[1:], torch.arange(k.shape[0], device=k.device), right=True)
@@ -280,15 +307,16 @@ def cache_write(
         if page < 0 or page >= num_pages:
             continue
         slot = p % page_size
-        if k_cache.dtype == torch.int8:
+        if k_cache.dtype in QUANT_MAX:
             kt = k[t].float()
             if k_smooth is not None:
                 kt = kt / k_smooth
             for src, dst, sc in ((kt, k_cache, k_scale), (v[t].float(), v_cache, v_scale)):
-                amax = src.abs().amax(-1)
-                scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-                dst[page, :, slot] = torch.round(src / scale[:, None]).clamp(-127, 127).to(torch.int8)
-                sc[page, :, slot] = scale
+                per_tensor = sc.numel() == 1
+                qx, scale = quantize(src, k_cache.dtype, sc if per_tensor else None)
+                dst[page, :, slot] = qx
+                if not per_tensor:
+                    sc[page, :, slot] = scale
         else:
             k_cache[page, :, slot] = k[t].to(k_cache.dtype)
             v_cache[page, :, slot] = v[t].to(v_cache.dtype)

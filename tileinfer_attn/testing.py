@@ -35,7 +35,7 @@ class PagedProblem:
         return (self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens, self.cu_seqlens_q,
                 self.max_q_len)
 
-    def int8_kwargs(self):
+    def quant_kwargs(self):
         return dict(k_scale=self.k_scale, v_scale=self.v_scale, k_smooth=self.k_smooth)
 
 
@@ -52,12 +52,19 @@ def make_problem(
     spare_pages: int = 3,
     extra_table_cols: int = 1,
     int8: bool = False,
+    cache_dtype: Optional[torch.dtype] = None,
+    scale_kind: str = "vector",
+    smooth: bool = True,
 ) -> PagedProblem:
     """A random varlen batch: sequence i holds seq_lens[i] positions (this step's
     q_lens[i] queries are its last ones), pages shuffled over the pool.
 
-    int8=True: the pools are int8 with random per-vector scales and smoothing
-    factors; q has `dtype`."""
+    int8=True (or cache_dtype=torch.int8), cache_dtype=torch.float8_e4m3fn: the
+    pools are quantized, with random fp32 scales per vector (``scale_kind="vector"``)
+    or, fp8 only, one per pool (``scale_kind="tensor"``), and random smoothing
+    factors (``smooth=False``: none); q has `dtype`."""
+    if int8:
+        cache_dtype = torch.int8
     assert len(seq_lens) == len(q_lens)
     assert all(0 <= n <= L for n, L in zip(q_lens, seq_lens)), "each q_len must be <= its seq_len"
     g = torch.Generator().manual_seed(seed)
@@ -74,12 +81,19 @@ def make_problem(
         tables[i, n:] = torch.randint(0, num_pages, (max_pages - n,), generator=g, dtype=torch.int32)
     shape = (num_pages, num_kv_heads, page_size, head_dim)
     k_scale = v_scale = k_smooth = None
-    if int8:
-        k_cache = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
-        v_cache = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
-        k_scale = torch.rand(shape[:3], generator=g) * 0.02 + 0.005
-        v_scale = torch.rand(shape[:3], generator=g) * 0.02 + 0.005
+    if cache_dtype in (torch.int8, torch.float8_e4m3fn):
+        if cache_dtype == torch.int8:
+            k_cache = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+            v_cache = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+        else:  # spread over e4m3's range, subnormals included
+            k_cache = (torch.randn(shape, generator=g) * 100).clamp(-448, 448).to(cache_dtype)
+            v_cache = (torch.randn(shape, generator=g) * 100).clamp(-448, 448).to(cache_dtype)
+        scale_shape = shape[:3] if scale_kind == "vector" else (1,)
+        k_scale = torch.rand(scale_shape, generator=g) * 0.02 + 0.005
+        v_scale = torch.rand(scale_shape, generator=g) * 0.02 + 0.005
         k_smooth = torch.rand(num_kv_heads, head_dim, generator=g) * 2 + 0.25
+        if not smooth:
+            k_smooth = None
     else:
         k_cache = torch.randn(shape, generator=g).to(dtype)
         v_cache = torch.randn(shape, generator=g).to(dtype)

@@ -47,8 +47,8 @@ inline float dot(const float* a, const float* b, int64_t d) {
 }
 
 // Keys and values of the first `count` slots of one page of one KV head,
-// converted to fp32 into kf / vf [count, head_dim]. int8: dequantized as the
-// float64 reference does (k * k_scale * k_smooth, v * v_scale, in fp32), in
+// converted to fp32 into kf / vf [count, head_dim]. int8 / fp8: dequantized as
+// the float64 reference does (k * k_scale * k_smooth, v * v_scale, in fp32), in
 // this per-page scratch tile only: the pools are never rewritten.
 template <typename cache_t>
 void load_page(const HostKV& kv, int64_t page, int64_t kv_head, int64_t count, float* kf, float* vf) {
@@ -56,11 +56,11 @@ void load_page(const HostKV& kv, int64_t page, int64_t kv_head, int64_t count, f
   const int64_t base = kv.vec(page, kv_head, 0);
   const cache_t* k = static_cast<const cache_t*>(kv.k_cache) + base * d;
   const cache_t* v = static_cast<const cache_t*>(kv.v_cache) + base * d;
-  if constexpr (std::is_same_v<cache_t, int8_t>) {
+  if constexpr (std::is_same_v<cache_t, int8_t> || std::is_same_v<cache_t, c10::Float8_e4m3fn>) {
     const float* smooth = kv.k_smooth ? kv.k_smooth + kv_head * d : nullptr;
     for (int64_t c = 0; c < count; ++c) {
-      const float ks = kv.k_scale[base + c];
-      const float vs = kv.v_scale[base + c];
+      const float ks = kv.k_scale[kv.scale_index(base + c)];
+      const float vs = kv.v_scale[kv.scale_index(base + c)];
       for (int64_t i = 0; i < d; ++i) {
         float kx = static_cast<float>(k[c * d + i]) * ks;
         kf[c * d + i] = smooth ? kx * smooth[i] : kx;
@@ -334,9 +334,11 @@ Variants variants(int64_t window_left, double logits_soft_cap, const std::option
 
 // Runs fn.template operator()<scalar_t, cache_t>() for q's element type and the pool's.
 template <typename Fn>
-void dispatch_q_and_cache(const char* op, const at::Tensor& q, bool int8, Fn&& fn) {
+void dispatch_q_and_cache(const char* op, const at::Tensor& q, const PagedShape& s, Fn&& fn) {
   TILEINFER_CPU_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
-    if (int8) {
+    if (s.fp8) {
+      fn.template operator()<scalar_t, c10::Float8_e4m3fn>();
+    } else if (s.quantized) {
       fn.template operator()<scalar_t, int8_t>();
     } else {
       fn.template operator()<scalar_t, scalar_t>();
@@ -362,7 +364,7 @@ void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>
                                     k_smooth);
   float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;
   const Variants var = variants(window_left, logits_soft_cap, sinks);
-  dispatch_q_and_cache(op, q, s.int8, [&]<typename scalar_t, typename cache_t>() {
+  dispatch_q_and_cache(op, q, s, [&]<typename scalar_t, typename cache_t>() {
     prefill_impl<scalar_t, cache_t>(out, lse_ptr, q, kv, static_cast<float>(scale), causal, var);
   });
 }
@@ -385,7 +387,7 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
   float* po = partial_out.data_ptr<float>();
   float* pl = partial_lse.data_ptr<float>();
   const Variants var = variants(window_left, logits_soft_cap, sinks, tree_mask);
-  dispatch_q_and_cache(op, q, s.int8, [&]<typename scalar_t, typename cache_t>() {
+  dispatch_q_and_cache(op, q, s, [&]<typename scalar_t, typename cache_t>() {
     decode_impl<scalar_t, cache_t>(po, pl, partial_out.size(0), q, kv, static_cast<float>(scale), causal, var);
   });
 }

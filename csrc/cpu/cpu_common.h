@@ -38,9 +38,9 @@ template <typename T> inline T from_float(float x) { return static_cast<T>(x); }
 struct HostKV {
   const void* k_cache;          // [num_pages, num_kv_heads, page_size, head_dim]
   const void* v_cache;
-  const float* k_scale;         // [num_pages, num_kv_heads, page_size] (int8 only)
+  const float* k_scale;         // [num_pages, num_kv_heads, page_size], or [1] per tensor (quantized only)
   const float* v_scale;
-  const float* k_smooth;        // [num_kv_heads, head_dim] (int8 only, may be null)
+  const float* k_smooth;        // [num_kv_heads, head_dim] (quantized only, may be null)
   const int32_t* block_tables;  // [num_seqs, max_pages]
   const int32_t* seq_lens;      // [num_seqs]
   const int32_t* cu_seqlens_q;  // [num_seqs + 1]
@@ -50,6 +50,8 @@ struct HostKV {
   int64_t vec(int64_t page, int64_t kv_head, int64_t slot) const {
     return (page * s.num_kv_heads + kv_head) * s.page_size + slot;
   }
+  // Index of the scale of the vector at offset `at` (vec()): 0 for per-tensor scales.
+  int64_t scale_index(int64_t at) const { return s.scale_per_tensor ? 0 : at; }
   // Page id of the j-th page of a sequence, or -1 when it lies outside the pool:
   // such pages are skipped, as on the GPU.
   int64_t page_of(int64_t seq, int64_t j) const {
@@ -66,9 +68,9 @@ inline HostKV host_kv(const PagedShape& s, const at::Tensor& k_cache, const at::
   HostKV kv;
   kv.k_cache = k_cache.data_ptr();
   kv.v_cache = v_cache.data_ptr();
-  kv.k_scale = s.int8 ? k_scale->data_ptr<float>() : nullptr;
-  kv.v_scale = s.int8 ? v_scale->data_ptr<float>() : nullptr;
-  kv.k_smooth = (s.int8 && k_smooth.has_value()) ? k_smooth->data_ptr<float>() : nullptr;
+  kv.k_scale = s.quantized ? k_scale->data_ptr<float>() : nullptr;
+  kv.v_scale = s.quantized ? v_scale->data_ptr<float>() : nullptr;
+  kv.k_smooth = (s.quantized && k_smooth.has_value()) ? k_smooth->data_ptr<float>() : nullptr;
   kv.block_tables = block_tables.data_ptr<int32_t>();
   kv.seq_lens = seq_lens.data_ptr<int32_t>();
   kv.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();

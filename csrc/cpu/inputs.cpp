@@ -1,4 +1,4 @@
-// CPU rms_norm, rope, cache_write (plain and int8-quantizing) and the fused
+// CPU rms_norm, rope, cache_write (plain and quantizing: int8, fp8) and the fused
 // attention_inputs. The fused op is the per-row helpers of the separate ops
 // composed, with the same intermediate rounding to the element type, so it is
 // bit-identical to rms_norm + rope + cache_write.
@@ -70,21 +70,32 @@ void rope_row(T* out, const T* x, const float* cs, int64_t rotary_dim, int64_t d
     for (int64_t i = rotary_dim; i < d; ++i) out[i] = x[i];
 }
 
-// Symmetric per-vector int8 quantization: scale = amax / 127 (1 for a zero
-// vector), q = round-half-even(x / scale) clamped to [-127, 127]; keys are
-// divided by their smoothing factors first. Returns the scale.
-template <typename T>
-float quantize_row(int8_t* dst, const T* src, const float* smooth, int64_t d, std::vector<float>& buf) {
+// Symmetric quantization of a vector for a quantized pool: keys are divided
+// by their smoothing factors first; per vector (`fixed` null) scale = amax /
+// kMax (1 for a zero vector), per tensor scale = *fixed. Each element x / scale
+// saturates to +-kMax: int8 rounded half-even to an integer, fp8 to the nearest
+// e4m3 (c10's conversion rounds to nearest even; it gives NaN above 448, hence
+// the clamp first). Returns the scale.
+template <typename cache_t, typename T>
+float quantize_row(cache_t* dst, const T* src, const float* smooth, const float* fixed, int64_t d,
+                   std::vector<float>& buf) {
+  constexpr bool kInt8 = std::is_same_v<cache_t, int8_t>;
+  constexpr float kMax = kInt8 ? 127.f : 448.f;
   buf.resize(d);
   float amax = 0.f;
   for (int64_t i = 0; i < d; ++i) {
     buf[i] = smooth ? to_float(src[i]) / smooth[i] : to_float(src[i]);
     amax = std::max(amax, std::fabs(buf[i]));
   }
-  const float scale = amax > 0.f ? amax / 127.f : 1.f;
+  const float scale = fixed ? *fixed : amax > 0.f ? amax / kMax : 1.f;
   for (int64_t i = 0; i < d; ++i) {
-    const float r = std::nearbyint(buf[i] / scale);  // default rounding mode: to nearest even
-    dst[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, r)));
+    const float x = buf[i] / scale;
+    if constexpr (kInt8) {
+      const float r = std::nearbyint(x);  // default rounding mode: to nearest even
+      dst[i] = static_cast<int8_t>(std::min(kMax, std::max(-kMax, r)));
+    } else {
+      dst[i] = static_cast<cache_t>(std::isnan(x) ? x : std::min(kMax, std::max(-kMax, x)));
+    }
   }
   return scale;
 }
@@ -95,10 +106,24 @@ void write_kv_row(const HostKV& kv, void* k_cache, void* v_cache, float* k_scale
                   int64_t kv_head, int64_t slot, const T* k, const T* v, std::vector<float>& buf) {
   const int64_t d = kv.s.head_dim;
   const int64_t at = kv.vec(page, kv_head, slot);
-  if (kv.s.int8) {
+  if (kv.s.quantized) {
     const float* smooth = kv.k_smooth ? kv.k_smooth + kv_head * d : nullptr;
-    k_scale[at] = quantize_row(static_cast<int8_t*>(k_cache) + at * d, k, smooth, d, buf);
-    v_scale[at] = quantize_row(static_cast<int8_t*>(v_cache) + at * d, v, nullptr, d, buf);
+    auto write = [&]<typename cache_t>() {
+      const bool per_tensor = kv.s.scale_per_tensor;
+      const float ks = quantize_row(static_cast<cache_t*>(k_cache) + at * d, k, smooth,
+                                    per_tensor ? k_scale : nullptr, d, buf);
+      const float vs = quantize_row(static_cast<cache_t*>(v_cache) + at * d, v, nullptr,
+                                    per_tensor ? v_scale : nullptr, d, buf);
+      if (!per_tensor) {
+        k_scale[at] = ks;
+        v_scale[at] = vs;
+      }
+    };
+    if (kv.s.fp8) {
+      write.template operator()<c10::Float8_e4m3fn>();
+    } else {
+      write.template operator()<int8_t>();
+    }
   } else {
     std::copy(k, k + d, static_cast<T*>(k_cache) + at * d);
     std::copy(v, v + d, static_cast<T*>(v_cache) + at * d);
@@ -211,8 +236,8 @@ void cache_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, 
       detail::host_kv(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth);
   std::vector<int64_t> seq_of;
   const std::vector<int64_t> pos = token_positions(kv, k.size(0), &seq_of);
-  float* ks = s.int8 ? k_scale->data_ptr<float>() : nullptr;
-  float* vs = s.int8 ? v_scale->data_ptr<float>() : nullptr;
+  float* ks = s.quantized ? k_scale->data_ptr<float>() : nullptr;
+  float* vs = s.quantized ? v_scale->data_ptr<float>() : nullptr;
   TILEINFER_CPU_DISPATCH_FLOAT(dtype, op, [&] {
     write_tokens<scalar_t>(kv, k_cache.data_ptr(), v_cache.data_ptr(), ks, vs, pos, seq_of,
                            k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), k.stride(0), k.stride(1), v.stride(0),
@@ -287,8 +312,8 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
     std::vector<scalar_t> k_rot(static_cast<size_t>(num_tokens * hkv * d));
     norm_rope(k, kw, [&](int64_t t, int64_t g) { return k_rot.data() + (t * hkv + g) * d; });
     write_tokens<scalar_t>(kv, k_cache.data_ptr(), v_cache.data_ptr(),
-                           s.int8 ? k_scale->data_ptr<float>() : nullptr,
-                           s.int8 ? v_scale->data_ptr<float>() : nullptr, pos, seq_of, k_rot.data(),
+                           s.quantized ? k_scale->data_ptr<float>() : nullptr,
+                           s.quantized ? v_scale->data_ptr<float>() : nullptr, pos, seq_of, k_rot.data(),
                            v.data_ptr<scalar_t>(), hkv * d, d, v.stride(0), v.stride(1));
   });
 }

@@ -1,6 +1,7 @@
 // CUDA implementation of `decode`: split-KV attention for
 // steps of a few queries per sequence, GQA-packed. The tensor-core tile kernel
-// (attention_kernel.cuh) with the decode work mapping for bf16 / fp16, the
+// (attention_kernel.cuh) with the decode work mapping for bf16 / fp16 (and
+// int8 / fp8 caches), the
 // CUDA-core kernel (attention_fp32.cuh) for fp32. Each block writes one
 // normalized fp32 partial + lse per row; `combine` merges the splits. With a
 // single split the attention op has the blocks write the output directly
@@ -27,6 +28,24 @@ const uint32_t* tree_words(const std::optional<at::Tensor>& tree_mask) {
   return tree_mask.has_value() ? reinterpret_cast<const uint32_t*>(tree_mask->data_ptr<int32_t>()) : nullptr;
 }
 
+// The decode tiles of a quantized (int8 / fp8) cache for queries of type T.
+// A function template, so that `if constexpr` keeps fp32 queries (which a
+// quantized cache never takes: checked) from instantiating them; in the
+// dispatch macros' plain lambdas it would not.
+template <typename T, int D>
+void launch_decode_quant(const char* op, const AttentionParams& p, const PagedShape& s, bool small, bool two_per_sm,
+                         cudaStream_t stream) {
+  if constexpr (!std::is_same_v<T, float>) {
+    TILEINFER_DISPATCH_QUANT(s.cache_dtype, op, [&] {
+      if constexpr (D <= 128) {
+        if (small && two_per_sm) return launch_tile<DecodeTileQuantWide<T, D, cache_t>, DecodeWork>(op, p, stream);
+      }
+      if (small) return launch_tile<DecodeTileSmall<T, D, cache_t>, DecodeWork>(op, p, stream);
+      launch_tile<DecodeTileLarge<T, D, cache_t>, DecodeWork>(op, p, stream);
+    });
+  }
+}
+
 // Launches the decode kernel for p (partials or, with p.partial_out null, `out`
 // itself); q is made 16-byte aligned here.
 void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, const at::Tensor& q,
@@ -50,12 +69,8 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
     TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
       if constexpr (std::is_same_v<scalar_t, float>) {
         launch_fp32<TILE_DIM, DecodeWork>(op, p, stream);
-      } else if (s.int8) {
-        if constexpr (TILE_DIM <= 128) {
-          if (small && two_per_sm) return launch_tile<DecodeTileInt8Wide<scalar_t, TILE_DIM>, DecodeWork>(op, p, stream);
-        }
-        if (small) return launch_tile<DecodeTileSmall<scalar_t, TILE_DIM, int8_t>, DecodeWork>(op, p, stream);
-        launch_tile<DecodeTileLarge<scalar_t, TILE_DIM, int8_t>, DecodeWork>(op, p, stream);
+      } else if (s.quantized) {
+        launch_decode_quant<scalar_t, TILE_DIM>(op, p, s, small, two_per_sm, stream);
       } else if (small) {
         launch_tile<DecodeTileSmall<scalar_t, TILE_DIM>, DecodeWork>(op, p, stream);
       } else {

@@ -1,4 +1,4 @@
-// CUDA rms_norm, rope, cache_write (plain and int8-quantizing) and the fused
+// CUDA rms_norm, rope, cache_write (plain and quantizing: int8, fp8) and the fused
 // attention_inputs: argument checks, dispatch, launches. The kernels and the
 // per-row stages they share are in include/tileinfer/inputs.cuh; the fused op
 // runs the same stages as the separate ops, hence the same bits.
@@ -97,7 +97,7 @@ KVWriteParams kv_write_params(const PagedKVParams& kv, at::Tensor& k_cache, at::
   p.kv = kv;
   p.k_pool = k_cache.data_ptr();
   p.v_pool = v_cache.data_ptr();
-  p.k_scale = kv.k_scale != nullptr ? k_scale->data_ptr<float>() : nullptr;  // int8 pools only
+  p.k_scale = kv.k_scale != nullptr ? k_scale->data_ptr<float>() : nullptr;  // quantized pools only
   p.v_scale = kv.v_scale != nullptr ? v_scale->data_ptr<float>() : nullptr;
   p.k_smooth = kv.k_smooth;
   p.k = k.data_ptr();
@@ -128,26 +128,27 @@ void launch_rows(const RowsParams& params, cudaStream_t stream) {
                                programmatic_launch(device), p));
 }
 
-template <typename T, int D, bool NORM, bool ROPE, bool INT8>
+template <typename T, int D, bool NORM, bool ROPE, typename CacheT>
 void launch_kv_write(const KVWriteParams& p, cudaStream_t stream) {
   using L = RowLayout<T, D>;
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.kv.num_kv_heads;
   if (rows == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, L::kGroups)));
-  C10_CUDA_CHECK(launch_kernel(kv_write_kernel<T, D, NORM, ROPE, INT8>, grid, dim3(kInputsThreads), 0, stream,
+  C10_CUDA_CHECK(launch_kernel(kv_write_kernel<T, D, NORM, ROPE, CacheT>, grid, dim3(kInputsThreads), 0, stream,
                                programmatic_launch(c10::cuda::current_device()), p));
 }
 
-// attention_inputs' keys / values kernel. An int8 pool takes bf16 / fp16 rows
-// (checked by the op): a function template, so that `if constexpr` keeps fp32
-// rows with INT8 from being instantiated (in the dispatch macros' plain
-// lambdas it would not).
-template <typename T, int D, bool KNORM>
-void launch_inputs_kv(const KVWriteParams& p, bool int8, cudaStream_t stream) {
+// The keys / values kernel of cache_write (ROPE false) and attention_inputs.
+// A quantized pool takes bf16 / fp16 rows (checked by the ops): a function
+// template, so that `if constexpr` keeps fp32 rows with a quantized pool from
+// being instantiated (in the dispatch macros' plain lambdas it would not).
+template <typename T, int D, bool KNORM, bool ROPE>
+void launch_kv(const KVWriteParams& p, const PagedShape& s, const char* op, cudaStream_t stream) {
   if constexpr (!std::is_same_v<T, float>) {
-    if (int8) return launch_kv_write<T, D, KNORM, true, true>(p, stream);
+    if (s.quantized)
+      return TILEINFER_DISPATCH_QUANT(s.cache_dtype, op, [&] { launch_kv_write<T, D, KNORM, ROPE, cache_t>(p, stream); });
   }
-  launch_kv_write<T, D, KNORM, true, false>(p, stream);
+  launch_kv_write<T, D, KNORM, ROPE, T>(p, stream);
 }
 
 // The shapes of a token tensor op (rms_norm, rope) on x and out.
@@ -207,8 +208,8 @@ void rope(at::Tensor& out, const at::Tensor& x, const at::Tensor& positions, con
 }
 
 // k_cache, v_cache [num_pages, num_kv_heads, page_size, head_dim]; k, v
-// [num_tokens, num_kv_heads, head_dim]; int8: k_scale / v_scale
-// [num_pages, num_kv_heads, page_size], k_smooth [num_kv_heads, head_dim].
+// [num_tokens, num_kv_heads, head_dim]; a quantized pool: k_scale / v_scale
+// [num_pages, num_kv_heads, page_size] (or [1], fp8), k_smooth [num_kv_heads, head_dim].
 void cache_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
                  const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q,
                  const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
@@ -224,21 +225,9 @@ void cache_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, 
       paged_params(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale, k_smooth), k_cache,
       v_cache, k_scale, v_scale, k, v);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  // An int8 pool takes bf16/fp16 rows (checked above): fp32 rows with INT8 are
-  // never instantiated.
-  if (s.int8) {
-    TILEINFER_DISPATCH_HALF(dtype, op, [&] {
-      TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, op, [&] {
-        launch_kv_write<scalar_t, HEAD_DIM, false, false, true>(p, stream);
-      });
-    });
-  } else {
-    TILEINFER_DISPATCH_FLOAT(dtype, op, [&] {
-      TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, op, [&] {
-        launch_kv_write<scalar_t, HEAD_DIM, false, false, false>(p, stream);
-      });
-    });
-  }
+  TILEINFER_DISPATCH_FLOAT(dtype, op, [&] {
+    TILEINFER_DISPATCH_HEAD_DIM(s.head_dim, op, [&] { launch_kv<scalar_t, HEAD_DIM, false, false>(p, s, op, stream); });
+  });
 }
 
 // q, q_out [num_tokens, num_q_heads, head_dim]; k, v [num_tokens, num_kv_heads,
@@ -298,7 +287,7 @@ void attention_inputs(at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cach
         launch_rows<scalar_t, HEAD_DIM, QNORM, PosFrom::kMetadata>(qp, stream);
       });
       TILEINFER_BOOL_SWITCH(k_norm_weight.has_value(), KNORM, [&] {
-        launch_inputs_kv<scalar_t, HEAD_DIM, KNORM>(kp, s.int8, stream);
+        launch_kv<scalar_t, HEAD_DIM, KNORM, true>(kp, s, op, stream);
       });
     });
   });

@@ -20,9 +20,9 @@ inline PagedKVParams paged_params(const PagedShape& s, const at::Tensor& k_cache
   PagedKVParams p{};
   p.k_cache = k_cache.data_ptr();
   p.v_cache = v_cache.data_ptr();
-  p.k_scale = s.int8 ? k_scale->data_ptr<float>() : nullptr;
-  p.v_scale = s.int8 ? v_scale->data_ptr<float>() : nullptr;
-  p.k_smooth = s.int8 && k_smooth.has_value() ? k_smooth->data_ptr<float>() : nullptr;
+  p.k_scale = s.quantized ? k_scale->data_ptr<float>() : nullptr;
+  p.v_scale = s.quantized ? v_scale->data_ptr<float>() : nullptr;
+  p.k_smooth = s.quantized && k_smooth.has_value() ? k_smooth->data_ptr<float>() : nullptr;
   p.block_tables = block_tables.data_ptr<int32_t>();
   p.seq_lens = seq_lens.data_ptr<int32_t>();
   p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
@@ -32,6 +32,7 @@ inline PagedKVParams paged_params(const PagedShape& s, const at::Tensor& k_cache
   p.num_kv_heads = static_cast<int>(s.num_kv_heads);
   p.page_size = static_cast<int>(s.page_size);
   p.head_dim = static_cast<int>(s.head_dim);
+  p.scale_per_tensor = s.scale_per_tensor;
   return p;
 }
 

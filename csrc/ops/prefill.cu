@@ -3,7 +3,7 @@
 //   Hopper, bf16 / fp16 cache   the warp-specialized kernel (sm90/prefill_kernel.cuh),
 //                               or the synchronous wgmma kernel for groups it
 //                               cannot copy as one box (attention_wgmma.cuh)
-//   int8 cache, other GPUs      the mma.sync tile kernel (attention_kernel.cuh)
+//   int8 / fp8 cache, other GPUs  the mma.sync tile kernel (attention_kernel.cuh)
 //   fp32                        the CUDA-core kernel (attention_fp32.cuh)
 #include <optional>
 #include <type_traits>
@@ -25,7 +25,7 @@ namespace tileinfer::cuda {
 namespace {
 
 // The mma.sync tile kernel (fp32 excepted: attention_fp32.cuh) serves
-// prefill where the Hopper kernels do not: int8 caches, other GPUs. Two tile
+// prefill where the Hopper kernels do not: int8 / fp8 caches, other GPUs. Two tile
 // shapes, 4 warps each:
 // - 64-row tiles: 16 rows per warp, Q fragments in registers, keys 64 at a time,
 //   two stages (the other resident block's math hides each block's copies).
@@ -35,14 +35,31 @@ namespace {
 //   memory feeds two mma row tiles (half the ldmatrix traffic per mma); Q is
 //   re-read from shared memory per tile. 32-key tiles keep it within 255
 //   registers without spills, three stages, two blocks per SM. d <= 128.
-// - int8 cache: the same two shapes (integer scores, fp16 P V; the 128-row tile
-//   converts each V tile once for twice the rows); the int8 stages are half the
-//   bytes, so the 64-row tile keeps three of them at d <= 128.
+// - int8 / fp8 cache: the same two shapes (integer or fp16 scores, fp16 P V;
+//   the 128-row tile converts each V tile once for twice the rows); the
+//   quantized stages are half the bytes, so the 64-row tile keeps three of
+//   them at d <= 128.
 template <typename T, int D, typename CacheT = T>
 using PrefillTileSmall = TileConfig<TileElement<T, CacheT>, D, 4, 1, 1, (D == 256 ? 32 : 64),
-                                    (std::is_same_v<CacheT, int8_t> && D <= 128 ? 3 : 2), CacheT, T>;
+                                    (kQuantized<CacheT> && D <= 128 ? 3 : 2), CacheT, T>;
 template <typename T, int D, typename CacheT = T>
 using PrefillTileLarge = TileConfig<TileElement<T, CacheT>, D, 4, 1, 2, 32, 3, CacheT, T>;
+
+// The tiles of a quantized (int8 / fp8) cache for queries of type T: a
+// function template, so that `if constexpr` keeps fp32 queries (never taken
+// with a quantized cache: checked) from instantiating them.
+template <typename T, int D>
+void launch_prefill_quant(const char* op, const AttentionParams& p, const PagedShape& s, bool large,
+                          cudaStream_t stream) {
+  if constexpr (!std::is_same_v<T, float>) {
+    TILEINFER_DISPATCH_QUANT(s.cache_dtype, op, [&] {
+      if constexpr (D <= 128) {
+        if (large) return launch_tile<PrefillTileLarge<T, D, cache_t>, PrefillWork>(op, p, stream);
+      }
+      launch_tile<PrefillTileSmall<T, D, cache_t>, PrefillWork>(op, p, stream);
+    });
+  }
+}
 
 // Shapes only (the same choice on every call of a captured graph): the
 // 128-row tile pays from about 2048 queries on, where the 64-row tile's extra
@@ -55,12 +72,12 @@ bool is_hopper(int device) {
 }
 
 // The Hopper kernels need bf16 / fp16 queries over a cache of the same type
-// (int8 caches take the tile kernel) and a 9.0
+// (int8 / fp8 caches take the tile kernel) and a 9.0
 // device of a build with sm_90a code (setup.py defines TILEINFER_SM90A then;
 // without that code the kernels would trap).
 bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device) {
 #ifdef TILEINFER_SM90A
-  if (s.int8) return false;
+  if (s.quantized) return false;
   if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
   return is_hopper(device);
 #else
@@ -181,14 +198,8 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
     TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
       if constexpr (std::is_same_v<scalar_t, float>) {
         launch_fp32<TILE_DIM, PrefillWork>(op, p, stream);
-      } else if (s.int8) {
-        if constexpr (TILE_DIM <= 128) {
-          if (large) {
-            return launch_tile<PrefillTileLarge<scalar_t, TILE_DIM, int8_t>, PrefillWork>(op, p,
-                                                                                                     stream);
-          }
-        }
-        launch_tile<PrefillTileSmall<scalar_t, TILE_DIM, int8_t>, PrefillWork>(op, p, stream);
+      } else if (s.quantized) {
+        launch_prefill_quant<scalar_t, TILE_DIM>(op, p, s, large, stream);
       } else {
         if constexpr (TILE_DIM <= 128) {
           if (large) return launch_tile<PrefillTileLarge<scalar_t, TILE_DIM>, PrefillWork>(op, p, stream);

@@ -15,6 +15,7 @@ from typing import List, Sequence
 import torch
 from torch import nn
 
+from ..cache import QUANT_DTYPES
 from ..layer import PagedAttention, rope_cos_sin_cache
 from ..metadata import AttentionMetadata
 
@@ -106,10 +107,21 @@ class Qwen3Model(nn.Module):
             layer.attn.backend = backend
         return self
 
-    def new_kv_caches(self, num_pages: int, page_size: int, dtype=None, device=None) -> List[tuple]:
-        """One (k_cache, v_cache) pair of pools per layer."""
+    def new_kv_caches(self, num_pages: int, page_size: int, dtype=None, device=None,
+                      scale: str = "vector") -> List[tuple]:
+        """One (k_cache, v_cache) pair of pools per layer; a quantized dtype
+        (int8, float8_e4m3fn) adds their fp32 scales, (k_cache, v_cache,
+        k_scale, v_scale): per vector (written by each step), or with
+        ``scale="tensor"`` (fp8) one per pool, ones until the caller sets them."""
         p = next(self.parameters())
+        dtype, device = dtype or p.dtype, device or p.device
         shape = (num_pages, self.cfg.num_kv_heads, page_size, self.cfg.head_dim)
-        return [(torch.zeros(shape, dtype=dtype or p.dtype, device=device or p.device),
-                 torch.zeros(shape, dtype=dtype or p.dtype, device=device or p.device))
-                for _ in range(self.cfg.num_layers)]
+        quantized = dtype in QUANT_DTYPES
+        scale_shape = shape[:3] if scale == "vector" else (1,)
+
+        def layer():
+            pools = (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            if not quantized:
+                return pools
+            return pools + tuple(torch.ones(scale_shape, dtype=torch.float32, device=device) for _ in range(2))
+        return [layer() for _ in range(self.cfg.num_layers)]

@@ -10,7 +10,7 @@ tokens and lengths into the graph's static buffers.
 from __future__ import annotations
 
 import math
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -21,7 +21,8 @@ __all__ = ["PagedRunner"]
 
 
 class PagedRunner:
-    def __init__(self, model: Qwen3Model, max_seqs: int, max_len: int, page_size: int = 64, seed: int = 0):
+    def __init__(self, model: Qwen3Model, max_seqs: int, max_len: int, page_size: int = 64, seed: int = 0,
+                 kv_dtype: Optional[torch.dtype] = None, kv_scale: str = "vector"):
         p = next(model.parameters())
         self.model, self.device = model, p.device
         self.max_seqs, self.page_size = max_seqs, page_size
@@ -29,7 +30,9 @@ class PagedRunner:
         num_pages = max_seqs * pages_per_seq + 1  # one spare: never any sequence's
         perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed))
         self.block_tables = perm[: max_seqs * pages_per_seq].view(max_seqs, pages_per_seq).int().to(self.device)
-        self.kv_caches = model.new_kv_caches(num_pages, page_size)
+        # kv_dtype: the pools' element type (default: the model's), int8 or
+        # float8_e4m3fn for a quantized cache (kv_scale: "vector" or "tensor").
+        self.kv_caches = model.new_kv_caches(num_pages, page_size, dtype=kv_dtype, scale=kv_scale)
         self.lens = [0] * max_seqs
         self._graph = None
 

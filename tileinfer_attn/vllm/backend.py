@@ -89,6 +89,10 @@ _ops = torch.ops.tileinfer_attn
 _HEAD_SIZES = [int(d) for d in _ops.supported("head_dims")]
 _BLOCK_SIZES = [int(p) for p in _ops.supported("page_sizes")]
 _DTYPES = [getattr(torch, name) for name in _ops.supported_dtypes("float")]
+# vLLM kv_cache_dtype names this backend takes: the model's dtype, or e4m3
+# with per-tensor scales (KVQuantMode.FP8_PER_TENSOR).
+_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+_KV_QUANT_MODES = (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR)
 
 _NAME = "tileinfer_attn"
 
@@ -126,9 +130,12 @@ class TileinferAttentionBackend(AttentionBackend):
     What it claims, and why:
 
     - dtypes bf16, fp16, fp32 (``supported_dtypes("float")``: every op runs
-      all three); kv-cache dtype ``"auto"`` only: the cache holds the model's
-      dtype. Our int8 cache has no vLLM name (vLLM's ``int8_per_token_head``
-      is its own format), and fp8 / other quantized caches are refused.
+      all three); kv-cache dtypes ``"auto"`` (the cache holds the model's
+      dtype) and ``"fp8"`` / ``"fp8_e4m3"``: our float8_e4m3fn cache with
+      per-tensor scales, the layer's ``_k_scale`` / ``_v_scale`` (vLLM's
+      ``FP8_PER_TENSOR`` layout: pages of e4m3 elements, no per-token
+      scales). Our int8 cache has no vLLM name (vLLM's ``int8_per_token_head``
+      is its own format); ``fp8_e5m2`` and other quantized caches are refused.
     - head sizes and block sizes from the extension's support table
       (``supported("head_dims")`` = 64, 80, 96, 128, 256; ``supported("page_sizes")``
       = 16, 32, 64, 128 as kernel block sizes: a larger vLLM block that is a
@@ -158,7 +165,7 @@ class TileinferAttentionBackend(AttentionBackend):
     """
 
     supported_dtypes: ClassVar[list[torch.dtype]] = list(_DTYPES)
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = list(_KV_CACHE_DTYPES)
 
     forward_includes_kv_cache_update: bool = True
     supports_kv_cache_update_bypass: bool = False
@@ -194,7 +201,7 @@ class TileinferAttentionBackend(AttentionBackend):
         format (module docstring). A attn_spec another component packed already
         (``state_content_bytes`` set) and quantized attention specs (refused by the impl)
         are returned unchanged."""
-        if attn_spec.state_content_bytes is not None or attn_spec.kv_quant_mode != KVQuantMode.NONE:
+        if attn_spec.state_content_bytes is not None or attn_spec.kv_quant_mode not in _KV_QUANT_MODES:
             return attn_spec
         if attn_spec.head_size_v != attn_spec.head_size:
             _refuse("different key and value head sizes",
@@ -298,7 +305,7 @@ class TileinferAttentionMetadataBuilder(AttentionMetadataBuilder[TileinferAttent
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device, block_table_width: Optional[int] = None):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         if isinstance(kv_cache_spec, AttentionSpec):
-            if kv_cache_spec.kv_quant_mode != KVQuantMode.NONE:
+            if kv_cache_spec.kv_quant_mode not in _KV_QUANT_MODES:
                 _refuse("a quantized KV cache", f"{kv_cache_spec.kv_quant_mode.name}")
             if kv_cache_spec.page_size_padded is not None:
                 _refuse("padded KV-cache pages", f"page_size_padded={kv_cache_spec.page_size_padded}: "
@@ -372,10 +379,10 @@ class TileinferAttentionImpl(AttentionImpl[TileinferAttentionMetadata]):
                      AttentionType.ENCODER_ONLY: "encoder-only attention",
                      AttentionType.ENCODER_DECODER: "encoder-decoder (cross) attention"}
             _refuse(names.get(attn_type, f"attention type {attn_type!r}"), "decoder self-attention only")
-        if kv_cache_dtype != "auto":
+        if kv_cache_dtype not in _KV_CACHE_DTYPES:
             _refuse(f"kv_cache_dtype={kv_cache_dtype!r}",
-                    "the KV cache holds the model's dtype ('auto'); fp8 and other quantized caches are not "
-                    "implemented")
+                    "the KV cache holds the model's dtype ('auto') or float8 e4m3 with per-tensor scales "
+                    "('fp8', 'fp8_e4m3'); fp8_e5m2 and other quantized caches are not implemented")
         mla = sorted(k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                                  "v_head_dim", "kv_b_proj") if k in extra_impl_args)
         if mla:
@@ -431,11 +438,18 @@ class TileinferAttentionImpl(AttentionImpl[TileinferAttentionMetadata]):
             return output.fill_(0)
         m = attn_metadata
         k_cache, v_cache = kv_cache_pools(kv_cache, self.num_kv_heads)
+        k_scale = v_scale = None
+        if self.kv_cache_dtype != "auto":
+            # e4m3 pages (vLLM may allocate them as bytes) and the layer's
+            # per-tensor fp32 scales: writes divide by them and saturate.
+            if k_cache.dtype != torch.float8_e4m3fn:
+                k_cache, v_cache = k_cache.view(torch.float8_e4m3fn), v_cache.view(torch.float8_e4m3fn)
+            k_scale, v_scale = layer._k_scale, layer._v_scale
         if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
             _ops.cache_write(k_cache, v_cache, key, value, m.page_table, m.seq_lens, m.query_start_loc,
-                             None, None, None)
+                             k_scale, v_scale, None)
         sinks = None if self.sinks is None else self.sinks.to(device=query.device, dtype=torch.float32)
         _ops.attention(output, query, k_cache, v_cache, m.page_table, m.seq_lens, m.query_start_loc,
-                       m.max_query_len, self.scale, True, None, None, None,
+                       m.max_query_len, self.scale, True, k_scale, v_scale, None,
                        self.window_left, self.logits_soft_cap, sinks)
         return output

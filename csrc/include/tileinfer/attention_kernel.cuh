@@ -50,6 +50,16 @@
 //   scale (an attention sink's large values, say) does not wipe out the
 //   precision of all the others.
 // A query row holding inf or NaN (after smoothing) gets NaN output and lse.
+//
+// FP8 cache (CacheT = __nv_fp8_e4m3): the same path as int8 (quant.cuh holds
+// what differs), with fp32 scales per vector or one per tensor (copied per key
+// as if per vector, from one address). Values as above (e4m3 -> fp16 is exact,
+// fp8.cuh). Scores in fp16 instead of integers: each query row, q * smooth *
+// 2^e with the same per-row 2^e, is staged as fp16 (its largest value in
+// [2^13, 2^14): no overflow, and fp16's 11 bits beside bf16 queries' 8), the
+// keys converted in registers right after their ldmatrix, and m16n8k16
+// products accumulate in fp32. The staged query columns are permuted so that
+// the converted key fragments need no shuffle (see the scores).
 #pragma once
 
 #include <climits>
@@ -58,7 +68,7 @@
 
 #include "attention_work.cuh"
 #include "common.cuh"
-#include "int8.cuh"
+#include "quant.cuh"
 #include "tile_io.cuh"
 #include "mma.cuh"
 #include "params.h"
@@ -69,15 +79,18 @@ namespace tileinfer {
 // kRowTiles: 16-row mma tiles per warp. Two (32 rows) halve the shared-memory
 // traffic per mma: every K / V fragment read by ldmatrix feeds both row tiles
 // (with one, ldmatrix bandwidth, not the tensor cores, bounds prefill).
-// T: the tensor cores' element type; CacheT: the pools' (T or int8_t); QT: the
-// queries' (T, or bf16 / fp16 with an int8 cache, where T is fp16).
+// T: the tensor cores' element type; CacheT: the pools' (T, or a quantized
+// type: int8_t, __nv_fp8_e4m3); QT: the queries' (T, or bf16 / fp16 with a
+// quantized cache, where T is fp16).
 template <typename T_, int kHeadDim, int kWarpsM_, int kWarpsN_, int kRowTiles_, int kBlockN_, int kStages_,
           typename CacheT_ = T_, typename QT_ = T_>
 struct TileConfig {
   using T = T_;
   using CacheT = CacheT_;
   using QT = QT_;
-  static constexpr bool kInt8 = std::is_same_v<CacheT, int8_t>;
+  static constexpr bool kQuant = kQuantized<CacheT>;           // int8 or fp8, with fp32 scales
+  static constexpr bool kInt8 = std::is_same_v<CacheT, int8_t>;  // scores on the integer tensor cores
+  static constexpr bool kFp8 = kQuant && !kInt8;                  // keys converted to fp16 for the scores
   static constexpr int D = kHeadDim;
   static constexpr int kWarpsM = kWarpsM_;
   static constexpr int kWarpsN = kWarpsN_;
@@ -103,14 +116,14 @@ struct TileConfig {
   static constexpr bool kKeySlices = kWarpsN > 1;
 
   static_assert(kThreads == 128, "the kernels are written for 4 warps");
-  static_assert(kWarpsM == 1 || kWarpsN == 1, "warps split either rows or keys (int8 conversion barriers)");
+  static_assert(kWarpsM == 1 || kWarpsN == 1, "warps split either rows or keys (conversion barriers)");
   static_assert(kWarpN % 16 == 0, "each warp needs whole 16-key slices (PV k-dimension)");
   static_assert(kBlockN % 32 == 0 && kBlockN <= kThreads, "one lookup thread per key, whole warps");
   static_assert((kBlockN * kCacheChunks) % kThreads == 0, "whole copy rounds per tile");
-  static_assert(std::is_same_v<CacheT, T> || std::is_same_v<CacheT, int8_t>, "cache: the element type or int8");
-  static_assert(kInt8 ? std::is_same_v<T, __half> : std::is_same_v<QT, T>, "int8: fp16 math; else q is T");
-  static_assert(!kInt8 || (kWarpN * kCacheChunks) % (32 * kWarpsM) == 0, "whole conversion rounds per key slice");
-  static_assert(!kInt8 || (D % 32 == 0 && 32 % kChunks == 0), "int8: k32 steps; a query row's chunks in one warp");
+  static_assert(std::is_same_v<CacheT, T> || kQuant, "cache: the element type or a quantized type");
+  static_assert(kQuant ? std::is_same_v<T, __half> : std::is_same_v<QT, T>, "quantized: fp16 math; else q is T");
+  static_assert(!kQuant || (kWarpN * kCacheChunks) % (32 * kWarpsM) == 0, "whole conversion rounds per key slice");
+  static_assert(!kQuant || (D % 32 == 0 && 32 % kChunks == 0), "quantized: k32 steps; a query row's chunks in one warp");
   static_assert(kStages >= 2, "at least double buffering");
 
   // Shared memory, in bytes. The K/V stages (and the int8 cache's converted
@@ -122,20 +135,20 @@ struct TileConfig {
   // each warp reads a key slice of its own (kWarpsM == 1, decode); when all
   // warps read the whole tile (prefill), they convert it once, together, into
   // this shared fp16 tile. (The keys are always used as they are.)
-  static constexpr bool kValuesInRegs = kInt8 && kWarpsM == 1;
-  static constexpr int kConvBytes = kInt8 && !kValuesInRegs ? kBlockN * D * 2 : 0;
+  static constexpr bool kValuesInRegs = kQuant && kWarpsM == 1;
+  static constexpr int kConvBytes = kQuant && !kValuesInRegs ? kBlockN * D * 2 : 0;
   static constexpr int kOBytes = kWarpsN * kBlockM * kOStride * 4;
   static constexpr int kMainBytes = kKVBytes + kConvBytes > kOBytes ? kKVBytes + kConvBytes : kOBytes;
-  static constexpr int kQBytes = kBlockM * D * 2;  // int8: the hi and the lo plane, D bytes per row each
+  static constexpr int kQBytes = kBlockM * D * 2;  // int8: the hi and the lo plane, D bytes per row each; fp8: fp16
   static constexpr int kIntBytes = ((kRowSlots * kBlockN          // key rows
                                      + kStages * kBlockN           // their block-table entries
                                      + kRowSlots * (kBlockN / 32)  // "tile has skipped keys" flags
                                      + 4 * kBlockM                 // row token / head / position / tree word
-                                     + (kInt8 ? kBlockM : 0))      // int8: each row's max |q * smooth|
+                                     + (kQuant ? kBlockM : 0))     // quantized: each row's max |q * smooth|
                                         * 4 +
                                     15) / 16 * 16;                 // the floats after it take float2 loads
   static constexpr int kFloatBytes = (2 * kWarpsN * kBlockM + kBlockM      // merge (m, l), lse
-                                     + (kInt8 ? kStages * 2 * kBlockN : 0))  // int8: key / value scales
+                                     + (kQuant ? kStages * 2 * kBlockN : 0))  // quantized: key / value scales
                                     * 4;
   static constexpr int kSmemBytes = kMainBytes + kQBytes + kIntBytes + kFloatBytes;
   // Blocks per SM the register allocation must allow: the int8 decode loop is
@@ -143,7 +156,7 @@ struct TileConfig {
   // schedulers more warps to choose from. Others: whatever the registers allow.
   static constexpr int kSmemPerSM = 227 * 1024;
   static constexpr int kMinBlocks =
-      kInt8 && kWarpsM == 1 ? (kSmemPerSM / (kSmemBytes + 1024) < 3 ? 1 : 3) : 1;
+      kQuant && kWarpsM == 1 ? (kSmemPerSM / (kSmemBytes + 1024) < 3 ? 1 : 3) : 1;
 
   // Element offset of 16-byte chunk `ch` of row `row` in a [rows, D] tile. The
   // chunk index is XORed with row % 8, so the 8 rows an ldmatrix phase reads
@@ -160,7 +173,7 @@ struct TileConfig {
 
 // The tensor cores' element type for queries of type QT over a CacheT cache.
 template <typename QT, typename CacheT>
-using TileElement = std::conditional_t<std::is_same_v<CacheT, int8_t>, __half, QT>;
+using TileElement = std::conditional_t<kQuantized<CacheT>, __half, QT>;
 
 // Column offsets (elements) of chunks 2m + b, m = 0, 1, ..., in swizzled rows
 // with row % 8 == x. Every ldmatrix row address of the kernel has row % 8 ==
@@ -180,6 +193,9 @@ template <class Cfg, class Work>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile_kernel(const __grid_constant__ AttentionParams p) {
   using T = typename Cfg::T;
   using QT = typename Cfg::QT;  // also the output's element type
+  // The quantized cache's conversions (a placeholder for the others, whose code never uses it).
+  using QCacheT = std::conditional_t<Cfg::kQuant, typename Cfg::CacheT, int8_t>;
+  using QF = QuantFormat<QCacheT>;
   constexpr int D = Cfg::D;
   constexpr int BM = Cfg::kBlockM;
   constexpr int BN = Cfg::kBlockN;
@@ -232,7 +248,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // the second reads go to L2 anyway). As ld.global.cg they cost a plain
   // launch about 0.5 us on the H200. Prefill and the int8 tiles wait first
   // (with the check, the int8 kernels spilled registers).
-  constexpr bool kEarly = Work::kReadsAhead && !Cfg::kInt8;
+  constexpr bool kEarly = Work::kReadsAhead && !Cfg::kQuant;
   TILEINFER_STAMP(0);
   if constexpr (!kEarly) wait_for_prior_grids();
   StepMeta meta = Work::read_meta(p);
@@ -256,20 +272,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     uint8_t* v_dst = k_dst + Cfg::kTileBytes;
     keys.template copy_kv<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes, Cfg::kKeySlices>(
         tile, k_pool, v_pool, k_dst, v_dst, [](int row, int ch) { return Cfg::stage_offset(row, ch); });
-    if constexpr (Cfg::kInt8) {
-      // A pool row is also the index of its scale ([num_pages, num_kv_heads, page_size]).
+    if constexpr (Cfg::kQuant) {
+      // A pool row is also the index of its scale ([num_pages, num_kv_heads,
+      // page_size]); a per-tensor scale (fp8) is copied for every key alike.
       if (tid < BN) {
         const int pr = key_rows_s[(tile % kSlots) * BN + tid];
         float* dst = scale_s + (tile % S) * 2 * BN;
-        cp_async_4(dst + tid, p.kv.k_scale + (pr < 0 ? 0 : pr), pr >= 0);
-        cp_async_4(dst + BN + tid, p.kv.v_scale + (pr < 0 ? 0 : pr), pr >= 0);
+        const int64_t at = scale_index(p.kv, pr < 0 ? 0 : pr);
+        cp_async_4(dst + tid, p.kv.k_scale + at, pr >= 0);
+        cp_async_4(dst + BN + tid, p.kv.v_scale + at, pr >= 0);
       }
     }
   };
 
-  // Queries: copied as they are (below); with an int8 cache they go through
-  // registers instead (times the key smoothing factors, then into two int8
-  // planes). Those loads leave with the block-table reads, before any tile's
+  // Queries: copied as they are (below); with a quantized cache they go
+  // through registers instead (times the key smoothing factors, then into two
+  // int8 planes, or fp16 for fp8). Those loads leave with the block-table reads, before any tile's
   // copies: behind the copies they would wait for the first wave of copies of
   // every block (H200, one sequence at 32k positions: the first tile landed
   // 5.6 us after the block-table reads, against 2.8 for bf16;
@@ -277,7 +295,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // wait in registers; prefill's many rows are loaded when used.
   constexpr int kQChunks = BM * Cfg::kChunks;
   constexpr int kQIters = (kQChunks + Cfg::kThreads - 1) / Cfg::kThreads;
-  constexpr bool kQAhead = Cfg::kInt8 && kQIters <= 2;
+  constexpr bool kQAhead = Cfg::kQuant && kQIters <= 2;
   constexpr int kQUnroll = kQAhead ? kQIters : 1;  // prefill keeps a rolled loop
   struct QChunk {
     Vec16<QT> v;
@@ -307,7 +325,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   finish_lookups();
   __syncthreads();  // row table and the first lookups
   auto issue_first_copies = [&] {
-    if constexpr (!Cfg::kInt8) {
+    if constexpr (!Cfg::kQuant) {
       copy_query_rows<BM, Cfg::kThreads, Cfg::kChunks, T>(
           p, row_token_s, row_head_s, q_s, tid, [](int row, int ch) { return int(sizeof(T)) * Cfg::swz(row, ch); });
     }
@@ -357,7 +375,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   if constexpr (Work::kTree) {
     for (int r = tid; r < BM; r += Cfg::kThreads) row_tree_s[r] = tree_word(p, row_token_s[r]);
   }
-  // int8: 2^e of query row `row`, which puts its largest |q * smooth| in
+  // Quantized: 2^e of query row `row`, which puts its largest |q * smooth| in
   // [2^13, 2^14) (1 for a row of zeros or with a non-finite value). The
   // exponent is capped so that tiny (even subnormal) rows get a finite scale.
   auto row_q_scale = [&](int row) {
@@ -366,7 +384,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     const int e = ((__float_as_int(m) >> 23) & 0xff) - 126;  // frexp's exponent (subnormals: -126)
     return __int_as_float((127 + min(14 - e, 126)) << 23);    // 2^(14 - e), a normal float
   };
-  if constexpr (Cfg::kInt8) {
+  if constexpr (Cfg::kQuant) {
     // Chunk c (the it-th of this thread) times the smoothing factors, in fp32.
     auto smoothed = [&](int it, int c, float (&x)[8]) {
       QChunk qc;
@@ -402,19 +420,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       smoothed(it, c, x);
       const int row = c / Cfg::kChunks;
       const float qs = row_q_scale(row);
-      // q = 256 hi + lo with hi in [-64, 64], lo in [-128, 127], for |q| <= 2^14.
-      uint32_t hi[2] = {0, 0}, lo[2] = {0, 0};
+      if constexpr (Cfg::kInt8) {
+        // q = 256 hi + lo with hi in [-64, 64], lo in [-128, 127], for |q| <= 2^14.
+        uint32_t hi[2] = {0, 0}, lo[2] = {0, 0};
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int q = static_cast<int>(fminf(fmaxf(rintf(x[e] * qs), -16384.f), 16384.f));
-        const int h = (q + 128) >> 8;
-        hi[e / 4] |= static_cast<uint32_t>(h & 0xff) << (8 * (e % 4));
-        lo[e / 4] |= static_cast<uint32_t>((q - 256 * h) & 0xff) << (8 * (e % 4));
+        for (int e = 0; e < 8; ++e) {
+          const int q = static_cast<int>(fminf(fmaxf(rintf(x[e] * qs), -16384.f), 16384.f));
+          const int h = (q + 128) >> 8;
+          hi[e / 4] |= static_cast<uint32_t>(h & 0xff) << (8 * (e % 4));
+          lo[e / 4] |= static_cast<uint32_t>((q - 256 * h) & 0xff) << (8 * (e % 4));
+        }
+        // 8 bytes: half of the 16-byte chunk (c % kChunks) / 2 of the row's D bytes.
+        const int at = Cfg::stage_offset(row, (c % Cfg::kChunks) / 2) + 8 * (c % Cfg::kChunks % 2);
+        *reinterpret_cast<uint2*>(q8 + at) = make_uint2(hi[0], hi[1]);
+        *reinterpret_cast<uint2*>(q8 + BM * D + at) = make_uint2(lo[0], lo[1]);
+      } else {
+        // fp8: q * 2^e in fp16 (|q| < 2^14), columns permuted within each
+        // 16-column group so that an fp16 A fragment pairs with the keys as
+        // they come out of an ldmatrix of e4m3 rows (see the scores below):
+        // logical columns (2c, 2c + 1) hold columns (4c, 4c + 1), (2c + 8,
+        // 2c + 9) hold (4c + 2, 4c + 3). This chunk (half h of group G) has
+        // pairs 4h .. 4h + 3: the even ones go to the group's first 8
+        // columns, the odd ones to its last 8, at pair slots 2h, 2h + 1.
+        uint32_t pr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) pr[j] = pack2<__half>(x[2 * j] * qs, x[2 * j + 1] * qs);
+        const int ch = c % Cfg::kChunks, h = ch % 2;
+        *reinterpret_cast<uint2*>(q8 + 2 * Cfg::swz(row, ch - h) + 8 * h) = make_uint2(pr[0], pr[2]);
+        *reinterpret_cast<uint2*>(q8 + 2 * Cfg::swz(row, ch - h + 1) + 8 * h) = make_uint2(pr[1], pr[3]);
       }
-      // 8 bytes: half of the 16-byte chunk (c % kChunks) / 2 of the row's D bytes.
-      const int at = Cfg::stage_offset(row, (c % Cfg::kChunks) / 2) + 8 * (c % Cfg::kChunks % 2);
-      *reinterpret_cast<uint2*>(q8 + at) = make_uint2(hi[0], hi[1]);
-      *reinterpret_cast<uint2*>(q8 + BM * D + at) = make_uint2(lo[0], lo[1]);
     }
   }
 
@@ -457,7 +491,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   const int v_row = (key0 + (lane & 15)) * D;                   // elements, within a V tile
   const uint32_t conv_base = smem_addr(conv_s);
 
-  // int8 prefill: converts a staged V tile to T, all warps together.
+  // Quantized prefill: converts a staged V tile to T, all warps together.
   auto convert_tile = [&](const uint8_t* src, T* dst) {
     constexpr int kGroupThreads = 32 * Cfg::kWarpsM;
     const int gt = warp_m * 32 + lane;
@@ -467,7 +501,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       const int row = idx % WN;  // consecutive lanes: consecutive rows, no bank conflicts either side
       const int ch = idx / WN;   // 16 int8 = chunks 2 ch, 2 ch + 1 of the converted row
       uint4 lo, hi;
-      int8x16_to_half(*reinterpret_cast<const uint4*>(src + Cfg::stage_offset(row, ch)), lo, hi);
+      x16_to_half<QCacheT>(*reinterpret_cast<const uint4*>(src + Cfg::stage_offset(row, ch)), lo, hi);
       *reinterpret_cast<uint4*>(dst + Cfg::swz(row, 2 * ch)) = lo;
       *reinterpret_cast<uint4*>(dst + Cfg::swz(row, 2 * ch + 1)) = hi;
     }
@@ -493,13 +527,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // its exp2 argument (one FFMA per score); a soft-cap folds cap * log2(e)
   // instead (softmax.cuh).
   const ScoreMap smap = ScoreMap::make(p.scale, p.soft_cap);
-  // int8: this lane's rows' 2^-e (scores come out of the integer products in
+  // Quantized: this lane's rows' 2^-e (scores come out of the products in
   // units of 2^e) times the score map's factor (scale / cap, or an unfoldable
   // scale: one multiply per score fewer, and a register fewer in the 128-row
   // tile), and whether a row holds a non-finite value.
-  float row_unscale[Cfg::kInt8 ? kR : 1];
-  bool row_bad[Cfg::kInt8 ? kR : 1];
-  if constexpr (Cfg::kInt8) {
+  float row_unscale[Cfg::kQuant ? kR : 1];
+  bool row_bad[Cfg::kQuant ? kR : 1];
+  if constexpr (Cfg::kQuant) {
 #pragma unroll
     for (int R = 0; R < kR; ++R) {
       row_unscale[R] = smap.pre_factor() / row_q_scale(row_of(R));  // the factor times a power of two
@@ -533,7 +567,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 
     const uint8_t* k_stage = kv_s + (i % S) * 2 * Cfg::kTileBytes;
     const uint8_t* v_stage = k_stage + Cfg::kTileBytes;
-    if constexpr (Cfg::kInt8 && !Cfg::kValuesInRegs) {  // before the skip below: all warps convert the tile together
+    if constexpr (Cfg::kQuant && !Cfg::kValuesInRegs) {  // before the skip below: all warps convert the tile together
       convert_tile(v_stage, conv_s);
       __syncthreads();
     }
@@ -545,7 +579,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     // loop, and the 128-row int8 tile has none to spare.)
     if (!warp_has_rows || (p.causal && tile_pos + key0 > qmax)) continue;
 
-    const uint32_t v_tile = Cfg::kInt8 && !Cfg::kValuesInRegs ? conv_base : smem_addr(v_stage);
+    const uint32_t v_tile = Cfg::kQuant && !Cfg::kValuesInRegs ? conv_base : smem_addr(v_stage);
 
     // S = Q K^T: s[R][2j + e] is row R, key key0 + 8j + 2(lane % 4) + e.
     float s[kR][WN / 4];
@@ -631,19 +665,50 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 #pragma unroll
         for (int x = 0; x < WN / 4; ++x) s[R][x] = 0.f;
       const uint32_t k_tile = smem_addr(k_stage);
+      if constexpr (Cfg::kFp8) {
+        // fp16 products of the staged queries (q * 2^e) with the keys converted
+        // in registers: an ldmatrix of e4m3 rows gives lane (g, c) key g's
+        // columns 4c .. 4c + 3 of each 16-column chunk (the int8 B layout,
+        // mma.cuh), two fp16 pairs once converted, which an m16n8k16 product
+        // takes as its k pairs (2c, 2c + 1) and (2c + 8, 2c + 9): the query
+        // columns were staged in that order. Keys 16 np.., columns 32 kk..
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[Cfg::kRowTiles][4];
-        q_frags(a, kk);
+        for (int kk = 0; kk < D / 32; ++kk) {
+          uint32_t a0[Cfg::kRowTiles][4], a1[Cfg::kRowTiles][4];
+          q_frags(a0, 2 * kk);
+          q_frags(a1, 2 * kk + 1);
 #pragma unroll
-        for (int np = 0; np < WN / 16; ++np) {  // 16 keys: two 8-key n-blocks
-          uint32_t b[4];
-          ldmatrix_x4(b, k_tile + 2 * (k_row + np * 16 * D + cols_k(kk)));
-          mma_row_tiles<T>(s, a, b, np);
+          for (int np = 0; np < WN / 16; ++np) {
+            uint32_t b8[4];  // keys 0-7: columns 32 kk + [0, 16), [16, 32); keys 8-15: the same
+            ldmatrix_x4(b8, k_tile + k_row + np * 16 * D + 2 * cols_k(kk));
+            uint32_t b0[4], b1[4];
+            fp8x4_to_half(b8[0], b0[0], b0[1]);
+            fp8x4_to_half(b8[2], b0[2], b0[3]);
+            fp8x4_to_half(b8[1], b1[0], b1[1]);
+            fp8x4_to_half(b8[3], b1[2], b1[3]);
+            mma_row_tiles<T>(s, a0, b0, np);
+            mma_row_tiles<T>(s, a1, b1, np);
+          }
+        }
+#pragma unroll
+        for (int R = 0; R < kR; ++R)
+#pragma unroll
+          for (int x = 0; x < WN / 4; ++x) s[R][x] *= row_unscale[R];
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          uint32_t a[Cfg::kRowTiles][4];
+          q_frags(a, kk);
+#pragma unroll
+          for (int np = 0; np < WN / 16; ++np) {  // 16 keys: two 8-key n-blocks
+            uint32_t b[4];
+            ldmatrix_x4(b, k_tile + 2 * (k_row + np * 16 * D + cols_k(kk)));
+            mma_row_tiles<T>(s, a, b, np);
+          }
         }
       }
     }
-    // int8: this lane's key scales (keys key0 + 8j + 2 quad + e at [j][e]; 0 for
+    // Quantized: this lane's key scales (keys key0 + 8j + 2 quad + e at [j][e]; 0 for
     // skipped keys), and the multiplication of score / probability columns by them.
     const float* tile_scales = scale_s + (i % S) * 2 * BN + key0 + 2 * quad;
     auto lane_scales = [&](const float* scales, float (&f)[WN / 8][2]) {
@@ -663,14 +728,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
           s[R][2 * j + 1] *= f[j][1];
         }
     };
-    if constexpr (Cfg::kInt8) {  // each key's scale multiplies its column of scores (skipped keys masked below)
+    if constexpr (Cfg::kQuant) {  // each key's scale multiplies its column of scores (skipped keys masked below)
       float ks[WN / 8][2];
       lane_scales(tile_scales, ks);
       scale_columns(ks);
     }
     // Soft-cap (or an unfoldable scale), on the true products. (int8: the
     // factor is in row_unscale already, the key scales multiply the product.)
-    if constexpr (Cfg::kInt8) {
+    if constexpr (Cfg::kQuant) {
       smap.apply_premultiplied(s);
     } else {
       smap.apply(s);
@@ -685,7 +750,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     // The window's edge is tested per thread, for its last row (no register
     // stays live for it through the loop). The 128-row int8 tile, at 255
     // registers, spilled one with that test: there a window masks every tile.
-    constexpr bool kEdgeTest = !(Cfg::kInt8 && Cfg::kRowTiles == 2);
+    constexpr bool kEdgeTest = !(Cfg::kQuant && Cfg::kRowTiles == 2);
     const bool window_edge = kEdgeTest ? tile_pos + key0 < window_first_key(qpos[kR - 1], p.window_left)
                                        : p.window_left != INT_MAX;
     const bool tree_tile = tile_pos + key0 + WN - 1 >= tree_from;
@@ -710,10 +775,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 
     float factor[kR];
     sm.update(s, smap.k, factor);  // s now holds the probabilities
-    // int8: each value's scale, divided by the warp's running vmax (of |scale|), multiplies
+    // Quantized: each value's scale, divided by the warp's running vmax (of |scale|), multiplies
     // its probabilities (after the row sums took them); a larger vmax rescales
     // the accumulator like a larger row maximum does.
-    if constexpr (Cfg::kInt8) {
+    if constexpr (Cfg::kQuant) {
       float vs[WN / 8][2];
       lane_scales(tile_scales + BN, vs);
       float tile_vmax = 0.f;
@@ -774,7 +839,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             uint32_t b[4];
-            int8_key_pairs_to_half(r[2 * h], r[2 * h + 1], b);
+            QF::key_pairs_to_half(r[2 * h], r[2 * h + 1], b);
             mma_row_tiles<T>(o, a, b, 2 * m + h);
           }
         }
@@ -832,7 +897,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       if (warp_n == 0 && quad == 0) lse_s[row_of(R)] = res.lse;
     }
   }
-  if constexpr (Cfg::kInt8) {
+  if constexpr (Cfg::kQuant) {
 #pragma unroll
     for (int R = 0; R < kR; ++R) {
       out_scale[R] *= vmax * (1.f / kPHeadroom);  // the accumulator is in units of vmax / 2^15

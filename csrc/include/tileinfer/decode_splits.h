@@ -9,7 +9,7 @@
 namespace tileinfer {
 
 // Splits per (sequence, KV head): enough blocks for about two per SM (the decode
-// kernel's residency: decode_tile_small at d = 128 and decode_tile_int8_wide,
+// kernel's residency: decode_tile_small at d = 128 and decode_tile_quant_wide,
 // tile_table.h) even for a single sequence, rounded down so that the blocks
 // never spill a fraction of a wave past those slots (on the H200, 132 SMs, 8
 // sequences at 32k positions with 5 splits launch 320 blocks for 264 slots, 1.2

@@ -1,7 +1,7 @@
 // The decode kernel's tile configurations (TileConfig, attention_kernel.cuh),
 // which csrc/ops/decode.cu picks from per launch; scripts/decode_timeline.cu
 // times the same ones. Their shapes, and why, are in the support table
-// (tile_table.h: decode_tile_small, decode_tile_int8_wide, decode_tile_large).
+// (tile_table.h: decode_tile_small, decode_tile_quant_wide, decode_tile_large).
 #pragma once
 
 #include <cstdint>
@@ -18,12 +18,12 @@ namespace tileinfer {
 // Up to 16 packed rows (group x queries).
 template <typename T, int D, typename CacheT = T>
 using DecodeTileSmall = TILEINFER_DECODE_TILE(T, D, CacheT, decode_tile_small(D));
-// An int8 cache whose launch fits two blocks per SM (d <= 128).
-template <typename T, int D>
-using DecodeTileInt8Wide = TILEINFER_DECODE_TILE(T, D, int8_t, decode_tile_int8_wide(D));
-static_assert(DecodeTileInt8Wide<__nv_bfloat16, 128>::kSmemBytes * 2 <= 227 * 1024 &&
-                  DecodeTileInt8Wide<__nv_bfloat16, 128>::kSmemBytes * 3 > 227 * 1024,
-              "the wide int8 decode tile is meant for two blocks per SM");
+// A quantized (int8 or fp8) cache whose launch fits two blocks per SM (d <= 128).
+template <typename T, int D, typename CacheT>
+using DecodeTileQuantWide = TILEINFER_DECODE_TILE(T, D, CacheT, decode_tile_quant_wide(D));
+static_assert(DecodeTileQuantWide<__nv_bfloat16, 128, int8_t>::kSmemBytes * 2 <= 227 * 1024 &&
+                  DecodeTileQuantWide<__nv_bfloat16, 128, int8_t>::kSmemBytes * 3 > 227 * 1024,
+              "the wide quantized decode tile is meant for two blocks per SM");
 // More packed rows (verify steps with large groups).
 template <typename T, int D, typename CacheT = T>
 using DecodeTileLarge = TILEINFER_DECODE_TILE(T, D, CacheT, decode_tile_large(D));

@@ -9,6 +9,8 @@
 #include "tile_table.h"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cstdint>
 
 #include <c10/util/Exception.h>
 #include <c10/core/ScalarType.h>
@@ -51,6 +53,25 @@
       default:                                                                      \
         TILEINFER_CHECK(false, NAME, ": unsupported dtype ", stype, " (expected ",  \
                         ::tileinfer::expected(::tileinfer::kHalfDtypes), ")");      \
+    }                                                                               \
+  }()
+
+// Quantized cache types (tile_table.h: kQuantDtypes), with `cache_t` in scope:
+// the CacheT of the tile kernels and the cache writes (quant.cuh).
+#define TILEINFER_DISPATCH_QUANT(stype, NAME, ...)                                   \
+  [&] {                                                                             \
+    switch (stype) {                                                                \
+      case at::ScalarType::Char: {                                                  \
+        using cache_t = int8_t;                                                     \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      case at::ScalarType::Float8_e4m3fn: {                                         \
+        using cache_t = __nv_fp8_e4m3;                                              \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      default:                                                                      \
+        TILEINFER_CHECK(false, NAME, ": unsupported quantized cache dtype ", stype,  \
+                        " (expected ", ::tileinfer::expected(::tileinfer::kQuantDtypes), ")"); \
     }                                                                               \
   }()
 

@@ -1,5 +1,5 @@
 // Attention inputs: per-head RMSNorm, rotary embedding and the paged cache
-// write (plain or int8-quantizing), as device functions over one head's row.
+// write (plain or quantizing: int8, fp8), as device functions over one head's row.
 //
 // The separate ops (rms_norm, rope, cache_write) and the fused attention_inputs
 // are the same two kernels below with different stages switched on, so every
@@ -23,6 +23,7 @@
 
 #include "common.cuh"
 #include "paged_kv.cuh"
+#include "quant.cuh"
 
 namespace tileinfer {
 
@@ -78,9 +79,9 @@ struct KVWriteParams {
   PagedKVParams kv;
   void* k_pool;               // [num_pages, num_kv_heads, page_size, head_dim]
   void* v_pool;
-  float* k_scale;             // [num_pages, num_kv_heads, page_size], int8 only
+  float* k_scale;             // [num_pages, num_kv_heads, page_size] or [1] (kv.scale_per_tensor), quantized only
   float* v_scale;
-  const float* k_smooth;      // [num_kv_heads, head_dim] or null, int8 only
+  const float* k_smooth;      // [num_kv_heads, head_dim] or null, quantized only
   const void* k;              // [num_tokens, num_kv_heads, head_dim]
   int64_t k_stride_token, k_stride_head;
   const void* v;
@@ -433,15 +434,18 @@ __device__ __forceinline__ void rope_stage(Pair<T> (&xp)[RowLayout<T, D>::kPairs
   pack_row<T, D>(xp, x);
 }
 
-// Symmetric per-vector int8 quantization of a row: keys divided by their
-// smoothing factors first (smooth: the head's [head_dim] row, or null), scale =
-// amax / 127 (1 for an all-zero vector), q = round-half-even(x / scale) clamped
-// to +-127. Every division is IEEE (__fdiv_rn), as the reference's. Stores when
-// `dst` is not null; returns the scale.
-template <typename T, int D>
+// Quantization of a row for a quantized cache (CacheT: quant.cuh): keys
+// divided by their smoothing factors first (smooth: the head's [head_dim] row,
+// or null). Per vector (`fixed` null): scale = amax / kMax (1 for an all-zero
+// vector); per tensor: scale = *fixed, the caller's. Each element is x / scale
+// encoded with saturation (int8: rounded half-even, clamped to +-127; e4m3:
+// rounded to nearest even, saturating to +-448). Every division is IEEE
+// (__fdiv_rn), as the reference's. Stores when `dst` is not null; returns the scale.
+template <typename T, int D, typename CacheT>
 __device__ __forceinline__ float quantize_stage(const Pair<T> (&xp)[RowLayout<T, D>::kPairs], const float* smooth,
-                                                int8_t* dst, int lane) {
+                                                const float* fixed, uint8_t* dst, int lane) {
   using L = RowLayout<T, D>;
+  using Q = QuantFormat<CacheT>;
   float x[L::kElems];
   unpack_row<T, D>(x, xp);
   float src[L::kElems];
@@ -454,21 +458,23 @@ __device__ __forceinline__ float quantize_stage(const Pair<T> (&xp)[RowLayout<T,
       src[j] = smooth != nullptr && L::active(lane, i) ? __fdiv_rn(x[j], __ldg(smooth + L::col(lane, i) + e)) : x[j];
       amax = fmaxf(amax, fabsf(src[j]));
     }
-  amax = warp_max<L::kLanes>(amax);
-  const float scale = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f;
+  float scale;
+  if (fixed != nullptr) {
+    scale = __ldg(fixed);
+  } else {
+    amax = warp_max<L::kLanes>(amax);
+    scale = amax > 0.f ? __fdiv_rn(amax, Q::kMax) : 1.f;
+  }
   if (dst != nullptr) {
 #pragma unroll
     for (int i = 0; i < L::kVecs; ++i) {
-      // kVec int8 values: 8 bytes (16-bit T) or 4 bytes (fp32), one store.
+      // kVec elements of one byte: 8 bytes (16-bit T) or 4 bytes (fp32), one store.
       union {
-        int8_t b[L::kVec];
+        uint8_t b[L::kVec];
         typename std::conditional<L::kVec == 8, uint2, uint32_t>::type w;
       } pack;
 #pragma unroll
-      for (int e = 0; e < L::kVec; ++e) {
-        const float q = rintf(__fdiv_rn(src[i * L::kVec + e], scale));
-        pack.b[e] = static_cast<int8_t>(fminf(127.f, fmaxf(-127.f, q)));
-      }
+      for (int e = 0; e < L::kVec; ++e) pack.b[e] = Q::encode(__fdiv_rn(src[i * L::kVec + e], scale));
       if (L::active(lane, i)) *reinterpret_cast<decltype(pack.w)*>(dst + L::col(lane, i)) = pack.w;
     }
   }
@@ -578,8 +584,9 @@ __global__ void __launch_bounds__(kInputsThreads, kRowsMinBlocks<T, D>) rows_ker
 }
 
 // Keys and values of one (token, kv_head) per row into their cache slot:
-// optional key RMSNorm and rotation (attention_inputs), then a plain or int8
-// store of both. Nothing is written for a token of no sequence, a position
+// optional key RMSNorm and rotation (attention_inputs), then a plain store of
+// both (CacheT = T) or a quantized one (CacheT int8_t or __nv_fp8_e4m3: quant.cuh;
+// per-vector scales are written beside them, a per-tensor scale only read). Nothing is written for a token of no sequence, a position
 // outside the block table or on a page id outside the pool, and (ROPE) a
 // position outside the cos/sin table. Grid: ceil(num_tokens * num_kv_heads /
 // kGroups) blocks of kInputsThreads, a row per group.
@@ -590,7 +597,7 @@ __global__ void __launch_bounds__(kInputsThreads, kRowsMinBlocks<T, D>) rows_ker
 // every earlier kernel is done by then. The keys and values then overlap the
 // queries' last wave. It waits at its end instead, so that its completion
 // still implies the queries' (what the attention kernel that waits on it needs).
-template <typename T, int D, bool NORM, bool ROPE, bool INT8>
+template <typename T, int D, bool NORM, bool ROPE, typename CacheT>
 __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteParams p) {
   if (!p.after_queries) wait_for_prior_grids();  // programmatic launches (common.cuh)
   allow_dependent_launch();
@@ -623,13 +630,14 @@ __global__ void __launch_bounds__(kInputsThreads) kv_write_kernel(const KVWriteP
     rope_stage<T, D>(k, rows[group], cs, p.rope, lane);
   }
   const int64_t at = write ? scale_offset(p.kv, place.page, head, place.slot) : 0;  // vector index
-  if constexpr (INT8) {
+  if constexpr (kQuantized<CacheT>) {
     const float* smooth = p.k_smooth != nullptr ? p.k_smooth + static_cast<int64_t>(head) * D : nullptr;
-    int8_t* kd = write ? static_cast<int8_t*>(p.k_pool) + at * D : nullptr;
-    int8_t* vd = write ? static_cast<int8_t*>(p.v_pool) + at * D : nullptr;
-    const float ks = quantize_stage<T, D>(k, smooth, kd, lane);
-    const float vs = quantize_stage<T, D>(v, nullptr, vd, lane);
-    if (write && lane == 0) {
+    uint8_t* kd = write ? static_cast<uint8_t*>(p.k_pool) + at * D : nullptr;
+    uint8_t* vd = write ? static_cast<uint8_t*>(p.v_pool) + at * D : nullptr;
+    const bool per_tensor = p.kv.scale_per_tensor;
+    const float ks = quantize_stage<T, D, CacheT>(k, smooth, per_tensor ? p.k_scale : nullptr, kd, lane);
+    const float vs = quantize_stage<T, D, CacheT>(v, nullptr, per_tensor ? p.v_scale : nullptr, vd, lane);
+    if (write && lane == 0 && !per_tensor) {
       p.k_scale[at] = ks;
       p.v_scale[at] = vs;
     }

@@ -33,14 +33,6 @@ __device__ __forceinline__ void int8x4_to_half(uint32_t w, uint32_t& lo, uint32_
   hi = unbias_half2(__byte_perm(u, 0x64646464u, 0x7362));  // [0x64, u3, 0x64, u2]
 }
 
-// Sixteen int8 -> sixteen fp16 (two 16-byte vectors, elements 0-7 and 8-15).
-__device__ __forceinline__ void int8x16_to_half(const uint4& in, uint4& out0, uint4& out1) {
-  int8x4_to_half(in.x, out0.x, out0.y);
-  int8x4_to_half(in.y, out0.z, out0.w);
-  int8x4_to_half(in.z, out1.x, out1.y);
-  int8x4_to_half(in.w, out1.z, out1.w);
-}
-
 // The P V B fragments of 16 keys x 16 columns of int8 values, from a
 // transposed ldmatrix of their rows (8 keys each): `lo` (keys 0-7) and `hi`
 // (keys 8-15) hold bytes [key 2c, column 2g], [2c, 2g + 1], [2c + 1, 2g],

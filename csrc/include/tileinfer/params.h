@@ -13,9 +13,9 @@ namespace tileinfer {
 struct PagedKVParams {
   const void* k_cache;          // [num_pages, num_kv_heads, page_size, head_dim]
   const void* v_cache;          // [num_pages, num_kv_heads, page_size, head_dim]
-  const float* k_scale;         // [num_pages, num_kv_heads, page_size], int8 cache only, else null
-  const float* v_scale;         // [num_pages, num_kv_heads, page_size], int8 cache only, else null
-  const float* k_smooth;        // [num_kv_heads, head_dim], int8 cache only, may be null
+  const float* k_scale;         // quantized cache only, else null: [num_pages, num_kv_heads, page_size],
+  const float* v_scale;         //   or [1] with scale_per_tensor (fp8)
+  const float* k_smooth;        // [num_kv_heads, head_dim], quantized cache only, may be null
   const int32_t* block_tables;  // [num_seqs, max_pages] page ids, in order
   const int32_t* seq_lens;      // [num_seqs] positions cached after this step's keys
   const int32_t* cu_seqlens_q;  // [num_seqs + 1] prefix sums of this step's query counts
@@ -25,6 +25,7 @@ struct PagedKVParams {
   int num_kv_heads;
   int page_size;
   int head_dim;
+  bool scale_per_tensor;        // k_scale / v_scale hold one scale each (fp8, vLLM's layout)
 };
 
 // Prefill, decode (split partials) and combine.

@@ -53,11 +53,17 @@ inline constexpr int64_t kPageSizes[] = {16, 32, 64, 128};
 // Element types of q, out and a non-int8 cache (fp32 runs on the CUDA cores).
 inline constexpr c10::ScalarType kFloatDtypes[] = {c10::ScalarType::BFloat16, c10::ScalarType::Half,
                                                    c10::ScalarType::Float};
-// Element types of the cache: the float types, or int8 with per-vector fp32 scales.
+// Element types of the cache: the float types, or a quantized type with fp32
+// scales (kQuantDtypes).
 inline constexpr c10::ScalarType kCacheDtypes[] = {c10::ScalarType::BFloat16, c10::ScalarType::Half,
-                                                   c10::ScalarType::Float, c10::ScalarType::Char};
-// The 16-bit float types: the tensor cores' inputs (queries over an int8 cache,
-// keys and values written into one).
+                                                   c10::ScalarType::Float, c10::ScalarType::Char,
+                                                   c10::ScalarType::Float8_e4m3fn};
+// Quantized cache types: int8 (scales per vector) and float8 e4m3 (scales per
+// vector or per tensor). The kernels read them as the element type of a
+// TileConfig's CacheT (dispatch.h: TILEINFER_DISPATCH_QUANT).
+inline constexpr c10::ScalarType kQuantDtypes[] = {c10::ScalarType::Char, c10::ScalarType::Float8_e4m3fn};
+// The 16-bit float types: the tensor cores' inputs (queries over a quantized
+// cache, keys and values written into one).
 inline constexpr c10::ScalarType kHalfDtypes[] = {c10::ScalarType::BFloat16, c10::ScalarType::Half};
 
 template <typename T, size_t N>
@@ -71,6 +77,11 @@ constexpr bool supported_page_size(int64_t p) { return table_has(kPageSizes, p);
 constexpr bool float_dtype(c10::ScalarType t) { return table_has(kFloatDtypes, t); }
 constexpr bool cache_dtype(c10::ScalarType t) { return table_has(kCacheDtypes, t); }
 constexpr bool half_dtype(c10::ScalarType t) { return table_has(kHalfDtypes, t); }
+constexpr bool quant_dtype(c10::ScalarType t) { return table_has(kQuantDtypes, t); }
+
+// The largest magnitude a quantized element holds: a per-vector scale is
+// amax / this, and writes saturate to +-this.
+constexpr float quant_max(c10::ScalarType t) { return t == c10::ScalarType::Char ? 127.f : 448.f; }
 
 // A dtype's name as Python spells it (torch.<name>).
 inline const char* dtype_name(c10::ScalarType t) {
@@ -79,6 +90,8 @@ inline const char* dtype_name(c10::ScalarType t) {
     case c10::ScalarType::Half: return "float16";
     case c10::ScalarType::Float: return "float32";
     case c10::ScalarType::Char: return "int8";
+    case c10::ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case c10::ScalarType::Float8_e5m2: return "float8_e5m2";
     default: return c10::toString(t);
   }
 }
@@ -114,14 +127,14 @@ struct TileShape {
 // half the bytes: three blocks share an SM at d <= 128 (~72 KB each).
 constexpr TileShape decode_tile_small(int64_t d) { return {1, 4, 1, 64, d >= 256 ? 2 : 3}; }
 
-// Decode over an int8 cache when the launch's blocks fit two per SM anyway:
+// Decode over a quantized (int8 or fp8) cache when the launch's blocks fit two per SM anyway:
 // 128-key tiles, so each warp converts and multiplies 32 keys per barrier, per
 // softmax step and per scale load instead of 16, in a loop bound by
 // instructions (on the H200 about 9% faster for one sequence at 32k positions
 // and for 32 sequences at 4k). Three stages, two blocks per SM; a launch of
 // more blocks takes the small tile (three per SM), and short splits lose with
 // it (half of a 128-key tile is empty when a split holds one 64-key page). For d <= 128.
-constexpr TileShape decode_tile_int8_wide(int64_t) { return {1, 4, 1, 128, 3}; }
+constexpr TileShape decode_tile_quant_wide(int64_t) { return {1, 4, 1, 128, 3}; }
 
 // Decode of more packed rows (verify steps with large groups): 64-row tiles as
 // prefill's; the grid adds a row-tile dimension and row tiles share the pages

@@ -1,0 +1,68 @@
+// A quantized cache's element type as a kernel template argument: int8
+// (int8_t) or float8 e4m3 (__nv_fp8_e4m3), each with fp32 scales. QuantFormat<CacheT>
+// holds what differs between them: the largest stored magnitude (a per-vector
+// scale is amax / kMax), the saturating encode of the cache writes
+// (inputs.cuh), and the exact conversions to fp16 of the attention kernels
+// (int8.cuh, fp8.cuh; x16_to_half below). Everything else (scales on scores and probabilities,
+// fp16 P V, key smoothing) is shared (attention_kernel.cuh).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "fp8.cuh"
+#include "int8.cuh"
+
+namespace tileinfer {
+
+template <typename CacheT>
+inline constexpr bool kQuantized = std::is_same_v<CacheT, int8_t> || std::is_same_v<CacheT, __nv_fp8_e4m3>;
+
+template <typename CacheT>
+struct QuantFormat;
+
+template <>
+struct QuantFormat<int8_t> {
+  static constexpr float kMax = 127.f;
+  // x / scale rounded half-even, clamped to +-127.
+  __device__ static __forceinline__ uint8_t encode(float x) {
+    return static_cast<uint8_t>(static_cast<int8_t>(fminf(127.f, fmaxf(-127.f, rintf(x)))));
+  }
+  __device__ static __forceinline__ void x4_to_half(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    int8x4_to_half(w, lo, hi);
+  }
+  __device__ static __forceinline__ void key_pairs_to_half(uint32_t lo, uint32_t hi, uint32_t (&b)[4]) {
+    int8_key_pairs_to_half(lo, hi, b);
+  }
+};
+
+template <>
+struct QuantFormat<__nv_fp8_e4m3> {
+  static constexpr float kMax = 448.f;
+  // x / scale rounded to nearest even e4m3, saturating to +-448 (no NaN from a finite x).
+  __device__ static __forceinline__ uint8_t encode(float x) {
+    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+  }
+  __device__ static __forceinline__ void x4_to_half(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    fp8x4_to_half(w, lo, hi);
+  }
+  __device__ static __forceinline__ void key_pairs_to_half(uint32_t lo, uint32_t hi, uint32_t (&b)[4]) {
+    fp8_key_pairs_to_half(lo, hi, b);
+  }
+};
+
+// Sixteen stored elements (one 16-byte vector) -> sixteen fp16 (two 16-byte
+// vectors, elements 0-7 and 8-15), exactly.
+template <typename CacheT>
+__device__ __forceinline__ void x16_to_half(const uint4& in, uint4& out0, uint4& out1) {
+  using Q = QuantFormat<CacheT>;
+  Q::x4_to_half(in.x, out0.x, out0.y);
+  Q::x4_to_half(in.y, out0.z, out0.w);
+  Q::x4_to_half(in.z, out1.x, out1.y);
+  Q::x4_to_half(in.w, out1.z, out1.w);
+}
+
+}  // namespace tileinfer
