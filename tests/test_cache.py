@@ -77,7 +77,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="page_size"):
         PagedKVCache(1, 4, 1, 64, page_size=24)
     with pytest.raises(ValueError, match="head_dim"):
-        PagedKVCache(1, 4, 1, 96)
+        PagedKVCache(1, 4, 1, 72)
     with pytest.raises(ValueError, match="dtype"):
         PagedKVCache(1, 4, 1, 64, dtype=torch.float64)
     c = PagedKVCache(1, 4, 1, 64, page_size=16)
