@@ -234,8 +234,9 @@ def run_step(batch_name, shape, dtype, device, seed, num_layers=1, **impl_kwargs
     builder = Builder(attn_spec, ["layer.0"], vllm_config(), torch.device(device), block_table_width=64)
     md = builder.build(0, batch.cm)
     scale = head_size ** -0.5
-    impl = Impl(num_heads, head_size, scale, num_kv_heads, None, None, "auto", None, AttentionType.DECODER, None,
-                **impl_kwargs)
+    # Positional, as vLLM's Attention layer builds its impl.
+    impl = Impl(num_heads, head_size, scale, num_kv_heads, None, impl_kwargs.get("sliding_window"), "auto",
+                impl_kwargs.get("logits_soft_cap"), AttentionType.DECODER, None, impl_kwargs.get("sinks"))
     out = torch.full((batch.num_tokens, num_heads, head_size), float("nan"), dtype=dtype, device=device)
     ret = impl.forward(None, batch.q, batch.k, batch.v, kv_cache, md, output=out)
     assert ret is out
