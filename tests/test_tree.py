@@ -452,7 +452,7 @@ def test_cuda_graph_replays_different_trees(int8, seed):
     p, _, _ = tree_problem(sizes, prefixes, (8, 2), 16, torch.bfloat16, "cuda", seed, int8=int8)
     tree_buf = torch.zeros(p.q.shape[0], dtype=torch.int32, device="cuda")
     out = torch.empty_like(p.q)
-    kw = p.int8_kwargs()
+    kw = p.quant_kwargs()
 
     def run():
         ops.attention(out, *p.args(), p.scale, True, tree_mask=tree_buf, **kw)
