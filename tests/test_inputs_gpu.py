@@ -645,7 +645,8 @@ def test_bad_arguments_name_the_argument():
     with pytest.raises(RuntimeError, match="cache_write: v must have 5 tokens"):
         ops.cache_write(prob.k_cache, prob.v_cache, k, k[:4], prob.block_tables, prob.seq_lens, prob.cu_seqlens_q)
     p8 = make_problem([5, 9], [2, 3], 4, 2, d, 16, dtype, DEV, int8=True)
-    with pytest.raises(RuntimeError, match=r"cache_write: with a quantized cache \(int8\) k must be bfloat16 or float16"):
+    with pytest.raises(RuntimeError,
+                       match=r"cache_write: with a quantized cache \(int8\) k must be bfloat16 or float16"):
         ops.cache_write(p8.k_cache, p8.v_cache, k.float(), k.float(), p8.block_tables, p8.seq_lens,
                         p8.cu_seqlens_q, p8.k_scale, p8.v_scale, p8.k_smooth)
     with pytest.raises(RuntimeError, match="cache_write: k_scale is required"):
