@@ -41,12 +41,12 @@ VARIANTS = {
 
 def kwargs(variant, window, hq, seed):
     kw = {}
-    spec = VARIANTS[variant]
-    if spec.get("window_left"):
+    chosen = VARIANTS[variant]
+    if chosen.get("window_left"):
         kw["window_left"] = window
-    if "logits_soft_cap" in spec:
-        kw["logits_soft_cap"] = spec["logits_soft_cap"]
-    if spec.get("sinks"):
+    if "logits_soft_cap" in chosen:
+        kw["logits_soft_cap"] = chosen["logits_soft_cap"]
+    if chosen.get("sinks"):
         g = torch.Generator().manual_seed(seed)
         s = torch.randn(hq, generator=g) * 2
         s[0] = 5.0  # takes most of the probability of its rows
