@@ -288,6 +288,37 @@ def test_forward_variants(batch_name, device, seed):
         check_out(r.out[rows], exact[rows], torch.bfloat16, f"{batch_name} with {sorted(kw)}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_fp8_kv_cache(device, seed):
+    """kv_cache_dtype 'fp8': vLLM hands the layer's cache as bytes and its
+    per-tensor scales as layer._k_scale / _v_scale. The step's keys and values
+    land in the cache divided by the scales and rounded to e4m3; the output is
+    float64 attention over the dequantized cache."""
+    r = run_step("chunked_prefill_mixed", (8, 2, 64, 16), torch.bfloat16, device, seed)
+    b, kvh = r.batch, r.num_kv_heads
+    k_scale = torch.tensor([0.02], device=device)
+    v_scale = torch.tensor([0.03], device=device)
+    layer = SimpleNamespace(_k_scale=k_scale, _v_scale=v_scale)
+    before = r.before.float()  # the context positions, quantized as a previous step would have written them
+    cache = torch.cat([before[:, :kvh] / k_scale, before[:, kvh:] / v_scale], 1).clamp(-448, 448)
+    cache = cache.to(torch.float8_e4m3fn).view(torch.uint8)
+    impl = Impl(8, 64, r.scale, kvh, None, None, "fp8", None, AttentionType.DECODER, None)
+    out = torch.full_like(r.out, float("nan"))
+    impl.forward(layer, b.q, b.k, b.v, cache, r.md, output=out)
+    e4m3 = cache.view(torch.float8_e4m3fn)
+    slots = b.cm.slot_mapping.tolist()
+    block_size = cache.shape[2]
+    for i, slot in enumerate(slots[:b.num_real]):
+        blk, off = divmod(slot, block_size)
+        want_k = (b.k[i].float() / k_scale).to(torch.float8_e4m3fn).float()
+        assert torch.equal(e4m3[blk, :kvh, off].float(), want_k), f"token {i}: key not written as e4m3 of k / k_scale"
+    k_cache, v_cache = kv_cache_pools(e4m3, kvh)
+    exact = reference.paged_attention(b.q, k_cache, v_cache, r.md.page_table, r.md.seq_lens, r.md.query_start_loc,
+                                      r.md.max_query_len, r.scale, True, k_scale=k_scale, v_scale=v_scale, exact=True)
+    rows = slice(0, b.num_real)
+    check_out(out[rows], exact[rows], torch.bfloat16, "fp8 cache vs float64 on the dequantized cache")
+
+
 def test_impl_refuses_sinks_of_the_wrong_shape():
     with pytest.raises(ValueError, match="one logit per query head"):
         Impl(num_heads=8, head_size=64, scale=0.125, num_kv_heads=2, sinks=torch.zeros(4))
@@ -430,6 +461,9 @@ def test_capabilities_through_vllm_validation():
             for block_size in (16, 32, 64, 128, 256):
                 assert validate(head_size=head_size, dtype=dtype, block_size=block_size) == []
     assert validate(kv_cache_dtype="fp8") == [] and validate(kv_cache_dtype="fp8_e4m3") == []
+    assert any("needs a bfloat16 or float16 model" in r
+               for r in validate(kv_cache_dtype="fp8", dtype=torch.float32)), "fp32 queries over an fp8 cache"
+    assert validate(kv_cache_dtype="fp8", dtype=torch.float16) == []
     assert validate(device_capability=DeviceCapability(8, 0)) == []
     assert validate(has_sink=True) == [] and validate(has_sliding_window=True) == []
     refused = {

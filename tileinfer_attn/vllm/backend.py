@@ -256,6 +256,14 @@ class TileinferAttentionBackend(AttentionBackend):
         return attn_type == AttentionType.DECODER
 
     @classmethod
+    def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink, use_sparse,
+                             use_mm_prefix, device_capability) -> Optional[str]:
+        # The fp8 cache's kernels take bf16 / fp16 queries (as the int8 cache's).
+        if kv_cache_dtype in ("fp8", "fp8_e4m3") and dtype not in (torch.bfloat16, torch.float16):
+            return f"kv_cache_dtype {kv_cache_dtype!r} needs a bfloat16 or float16 model, got {dtype}"
+        return None
+
+    @classmethod
     def is_mla(cls) -> bool:
         return False
 
@@ -448,8 +456,20 @@ class TileinferAttentionImpl(AttentionImpl[TileinferAttentionMetadata]):
         if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
             _ops.cache_write(k_cache, v_cache, key, value, m.page_table, m.seq_lens, m.query_start_loc,
                              k_scale, v_scale, None)
-        sinks = None if self.sinks is None else self.sinks.to(device=query.device, dtype=torch.float32)
         _ops.attention(output, query, k_cache, v_cache, m.page_table, m.seq_lens, m.query_start_loc,
                        m.max_query_len, self.scale, True, k_scale, v_scale, None,
-                       self.window_left, self.logits_soft_cap, sinks)
+                       self.window_left, self.logits_soft_cap, self._fp32_sinks(query.device))
         return output
+
+    def _fp32_sinks(self, device: torch.device) -> Optional[torch.Tensor]:
+        """The layer's sinks as the kernels take them (fp32 on the queries'
+        device): converted once, and again only when the parameter changes
+        (weights load after __init__; a reload bumps its version), so a
+        step captured in a CUDA graph reads a buffer made before capture."""
+        if self.sinks is None:
+            return None
+        key = (self.sinks.data_ptr(), self.sinks._version, device)
+        if getattr(self, "_sinks_key", None) != key:
+            self._sinks_f32 = self.sinks.detach().to(device=device, dtype=torch.float32)
+            self._sinks_key = key
+        return self._sinks_f32
