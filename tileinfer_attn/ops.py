@@ -302,8 +302,9 @@ def attention(
     tree_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Attention for a step over the paged cache: decode + combine for steps of
-    1-16 queries per sequence with a power-of-two number of query heads per KV
-    head, prefill otherwise. The choice depends on shapes only (``max_q_len``,
+    1-16 queries per sequence (any number of query heads per KV head); with
+    longer sequences in the step, decode for the sequences of <= 16 queries and
+    prefill for the others. The choice depends on shapes only (``max_q_len``,
     head counts), so a captured CUDA graph takes the same path every step.
 
     Arguments as :func:`prefill` (the per-layer variants ``window_left``,

@@ -296,14 +296,15 @@ class TileinferAttentionMetadataBuilder(AttentionMetadataBuilder[TileinferAttent
     (decodes, or speculative-decoding verify steps of ``1 + k`` tokens) replays for any
     lengths. The doubled block table lives in a buffer allocated once (the
     same storage every step), so a captured graph reads the current step's.
-    Not ``ALWAYS``: mixed prefill + decode steps in one graph have not been
-    made to work yet (``attention`` picks the decode or the prefill path from
-    the step's ``max_q_len``).
+    Not ``ALWAYS``: ``attention`` runs a mixed step in one graph only when
+    captured with ``max_q_len`` at the graph's token budget, and this builder
+    passes each step's own ``max_query_len`` (docs/VLLM.md).
 
     ``reorder_batch_threshold`` is None: one ``attention`` call handles any
     mix of decodes, verify steps and prompt chunks in any order, so the batch
-    is not reordered. A step whose longest query has more than 16 tokens runs
-    all of its requests on the prefill path.
+    is not reordered. In a step whose longest query has more than 16 tokens,
+    the requests of <= 16 tokens run on the decode path and the others on the
+    prefill path (docs/CONTRACT.md, mixed steps).
     """
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH

@@ -290,8 +290,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // int8 planes, or fp16 for fp8). Those loads leave with the block-table reads, before any tile's
   // copies: behind the copies they would wait for the first wave of copies of
   // every block (H200, one sequence at 32k positions: the first tile landed
-  // 5.6 us after the block-table reads, against 2.8 for bf16;
-  // scripts/decode_timeline.cu). Decode's few rows (<= 2 chunks per thread)
+  // 5.6 us after the block-table reads, against 2.8 for bf16, in the blocks'
+  // TILEINFER_TIMELINE stamps). Decode's few rows (<= 2 chunks per thread)
   // wait in registers; prefill's many rows are loaded when used.
   constexpr int kQChunks = BM * Cfg::kChunks;
   constexpr int kQIters = (kQChunks + Cfg::kThreads - 1) / Cfg::kThreads;

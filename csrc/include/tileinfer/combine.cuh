@@ -95,10 +95,10 @@ __device__ __forceinline__ void store_channels(scalar_t* dst, const float (&x)[C
 }
 
 // Grid: ceil(partial_rows * num_q_heads / kRowsPerBlock) blocks of kThreads.
-// Uses p.partial_out [num_splits, partial_rows, num_q_heads, HEAD_DIM] and
+// Uses p.partial_out [num_splits, partial_rows, num_q_heads, kv.head_dim] and
 // p.partial_lse [num_splits, partial_rows, num_q_heads] (contiguous; a mixed
 // step's rows are slots, attention_work.cuh, mapped back to tokens here), p.out
-// [num_tokens, num_q_heads, HEAD_DIM] (strides o_stride_token / o_stride_head)
+// [num_tokens, num_q_heads, kv.head_dim] (strides o_stride_token / o_stride_head)
 // and p.lse [num_tokens, num_q_heads] (contiguous) or null.
 template <typename scalar_t, int HEAD_DIM>
 __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTraits<HEAD_DIM>::kMinBlocksPerSM)

@@ -127,8 +127,8 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 #endif
 }
 
-// Block timeline for scripts/decode_timeline.cu (off unless TILEINFER_TIMELINE
-// is defined; one translation unit): thread 0 of each block records the
+// Block timeline for a measuring build (off unless TILEINFER_TIMELINE is
+// defined; one translation unit): thread 0 of each block records the
 // global timer at stamp i (slots 0-7 of its 16) and, at stamp 0, its SM (slot 8).
 #ifdef TILEINFER_TIMELINE
 __device__ unsigned long long tileinfer_timeline[1 << 20];

@@ -1,6 +1,6 @@
 // The decode split rule: how many splits each (sequence, KV head) of a decode
 // step gets. Plain C++ (no torch, no CUDA): csrc/attention.cpp (the attention
-// op and the op decode_num_splits) and scripts/decode_timeline.cu use it.
+// op and the op decode_num_splits) uses it.
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,5 @@
 // The decode kernel's tile configurations (TileConfig, attention_kernel.cuh),
-// which csrc/ops/decode.cu picks from per launch; scripts/decode_timeline.cu
-// times the same ones. Their shapes, and why, are in the support table
+// which csrc/ops/decode.cu picks from per launch. Their shapes, and why, are in the support table
 // (tile_table.h: decode_tile_small, decode_tile_quant_wide, decode_tile_large).
 #pragma once
 

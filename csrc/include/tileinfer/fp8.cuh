@@ -7,7 +7,8 @@
 // placed atop a 16-bit lane and shifted one bit down puts its sign, exponent
 // and mantissa into fp16's fields with an exponent 8 too small (bias 15 instead
 // of 7; subnormals land on fp16 subnormals), which a multiply by 2^8 restores.
-// The pools never hold NaN (writes saturate): 0x7f would read as 480 there.
+// Writes of finite values with a positive scale never store NaN (they
+// saturate); a NaN that got in (0x7f) would read as 480 here.
 #pragma once
 
 #include <cstdint>
