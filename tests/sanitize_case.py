@@ -4,7 +4,9 @@ Not a pytest module: it calls prefill, decode, combine and attention (and
 cache_write / attention_inputs when this build has their CUDA kernels) on tiny
 problems that still reach every code path (several page sizes and head dims,
 causal and not, GQA groups that take the decode and the prefill path, fp32 and
-bf16, empty splits, padded batch slots), then, unless --clean-only, the same ops
+bf16, int8 and fp8 caches, head dims 80 / 96 on their padded tiles, the
+per-layer variants and a tree mask, empty splits, padded batch slots), then,
+unless --clean-only, the same ops
 on bad device metadata (page ids outside the pool, lengths beyond the table or
 negative, garbage query offsets), where the kernels must stay inside the
 buffers. Prints "sanitize_case: ok" at the end.
@@ -24,6 +26,7 @@ from tileinfer_attn.testing import make_problem, poison_
 
 ops = torch.ops.tileinfer_attn
 DEV = "cuda"
+FP8 = torch.float8_e4m3fn
 
 
 def call(op, *args, **kwargs):
@@ -37,15 +40,18 @@ def call(op, *args, **kwargs):
         print(f"sanitize_case: {op} skipped: {str(e).splitlines()[0]}", flush=True)
 
 
-def run_attention_ops(p, splits=4, causal=(True, False), with_prefill=True):
-    """prefill (with lse; skipped with with_prefill=False), decode + combine, attention."""
+def run_attention_ops(p, splits=4, causal=(True, False), with_prefill=True, variants=None):
+    """prefill (with lse; skipped with with_prefill=False), decode + combine,
+    attention; `variants`: window_left / logits_soft_cap / sinks / tree_mask
+    keywords for all of them (tree_mask for decode and attention only)."""
     t, h, d = p.q.shape
-    kw = p.quant_kwargs() if p.k_cache.dtype == torch.int8 else {}
+    kw = dict(p.quant_kwargs() if p.k_scale is not None else {}, **(variants or {}))
+    prefill_kw = {k: v for k, v in kw.items() if k != "tree_mask"}
     for c in causal:
         if with_prefill and has_cuda_kernel("prefill"):
             out = poison_(torch.empty_like(p.q))
             lse = poison_(torch.empty(t, h, dtype=torch.float32, device=DEV))
-            call("prefill", out, lse, *p.args(), p.scale, c, **kw)
+            call("prefill", out, lse, *p.args(), p.scale, c, **prefill_kw)
         if has_cuda_kernel("decode") and p.max_q_len <= 16:
             po = poison_(torch.empty(splits, t, h, d, dtype=torch.float32, device=DEV))
             pl = poison_(torch.empty(splits, t, h, dtype=torch.float32, device=DEV))
@@ -65,7 +71,7 @@ def run_input_ops(p):
     k = torch.randn(t, kv_heads, d, device=DEV).to(p.q.dtype)
     v = torch.randn(t, kv_heads, d, device=DEV).to(p.q.dtype)
     meta = (p.block_tables, p.seq_lens, p.cu_seqlens_q)
-    kw = p.quant_kwargs() if p.k_cache.dtype == torch.int8 else {}
+    kw = p.quant_kwargs() if p.k_scale is not None else {}
     if has_cuda_kernel("cache_write"):
         call("cache_write", p.k_cache, p.v_cache, k, v, *meta, **kw)
     if has_cuda_kernel("attention_inputs"):
@@ -77,19 +83,24 @@ def run_input_ops(p):
 
 def clean_cases():
     """bf16 at every head dim (with its own page size), fp32 (a separate CUDA-core
-    kernel) and int8 caches at two; per shape: decode steps, verify-sized steps and full prompts,
-    alternating groups of 4 and 3 (the decode path for both, and the prefill path for
-    the full prompts)."""
+    kernel), int8 and fp8 caches (per vector and per tensor) at a few; per shape: decode
+    steps, verify-sized steps and full prompts, alternating groups of 4 and 3 (the decode
+    path for both, and the prefill path for the full prompts)."""
     seed = 0
-    for dtype, head_dim, page, int8 in ((torch.bfloat16, 64, 16, False), (torch.bfloat16, 128, 64, False),
-                                        (torch.bfloat16, 256, 128, False), (torch.float32, 128, 32, False),
-                                        (torch.bfloat16, 128, 32, True), (torch.float16, 256, 16, True)):
+    for dtype, head_dim, page, quant in ((torch.bfloat16, 64, 16, {}), (torch.bfloat16, 80, 32, {}),
+                                         (torch.bfloat16, 96, 64, {}), (torch.bfloat16, 128, 64, {}),
+                                         (torch.bfloat16, 256, 128, {}), (torch.float32, 96, 32, {}),
+                                         (torch.float32, 128, 32, {}),
+                                         (torch.bfloat16, 128, 32, dict(cache_dtype=torch.int8)),
+                                         (torch.float16, 256, 16, dict(cache_dtype=torch.int8)),
+                                         (torch.bfloat16, 80, 16, dict(cache_dtype=FP8)),
+                                         (torch.float16, 128, 64, dict(cache_dtype=FP8, scale_kind="tensor"))):
         lens = [1, page - 1, page + 1, 3 * page + 5, 0]  # one position, page +- 1, several pages, a padded slot
         for i, q_lens in enumerate(([1, 1, 1, 1, 0], [1, 5, 16, 3, 0], lens)):
             seed += 1
             group = 4 if i % 2 == 0 else 3
             yield make_problem(lens, q_lens, 2 * group, 2, head_dim, page, dtype=dtype, device=DEV, seed=seed,
-                               int8=int8)
+                               **quant)
 
 
 def bad_cases():
@@ -121,6 +132,14 @@ def main():
     for p in cases:
         run_attention_ops(p)
         run_input_ops(p)
+    # The per-layer variants and a tree mask (random bits, some pointing past
+    # the step) on a decode-sized step and, without the tree, a prompt.
+    for q_lens in ([1, 5, 16, 3, 0], [1, 40, 16, 3, 0]):
+        p = make_problem([1, 61, 33, 69, 0], q_lens, 8, 2, 128, 16, device=DEV, seed=5)
+        variants = dict(window_left=20, logits_soft_cap=30.0, sinks=torch.randn(8, device=DEV))
+        if max(q_lens) <= 16:
+            variants["tree_mask"] = torch.randint(-2**31, 2**31 - 1, (p.q.shape[0],), dtype=torch.int32, device=DEV)
+        run_attention_ops(p, variants=variants)
     # Prefill-sized steps for the input ops: the queries kernel's 4 rows per
     # thread group (the int8 one with bad page ids too).
     for int8 in (False, True):
