@@ -108,12 +108,7 @@ __device__ __forceinline__ SoftmaxRow merge_rows(const SoftmaxRow (&parts)[N]) {
 // kRows rows per lane, each spread over kWidth consecutive lanes.
 template <int kRows, int kWidth>
 struct OnlineSoftmax {
-  SoftmaxRow row[kRows];
-
-  __device__ __forceinline__ void init() {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) row[r].init();
-  }
+  SoftmaxRow row[kRows];  // each kernel starts its rows itself (SoftmaxRow::init, with its sink)
 
   // s[r][c]: this lane's scores of a tile (masked ones -inf); the scaled scores
   // are s * k (k > 0: scale * log2(e), or 1 when the caller scaled already).
