@@ -23,8 +23,7 @@ def _use(model, impl):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_qwen3_logits_match_sdpa(device):
-    if device == "cuda" and not (_has_kernel("prefill", "CUDA") and _has_kernel("decode", "CUDA")):
-        pytest.skip("this build has no CUDA attention kernels")
+    _need_kernels(device)
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     name = tileinfer_attn.hf.register()
@@ -38,24 +37,20 @@ def test_qwen3_logits_match_sdpa(device):
     theirs.load_state_dict(ours.state_dict())
     _use(theirs, "sdpa")
 
-    ids = torch.randint(0, cfg.vocab_size, (2, 70), device=device)  # 70: crosses a 64-position page
-    with torch.no_grad():
-        a = ours(ids).logits.float()
-        b = theirs(ids).logits.float()
-        # Greedy generation exercises the decode path (1 query per step, growing cache).
-        ga = ours.generate(ids, max_new_tokens=6, do_sample=False)
-        gb = theirs.generate(ids, max_new_tokens=6, do_sample=False)
-    err = (a - b).abs().max() / b.abs().max()
-    assert torch.isfinite(a).all()
-    assert err < 3e-2, f"logits differ by {err:.3g} of their magnitude"
-    # bf16 rounding can flip a near-tie; most greedy tokens must agree.
-    agree = (ga[:, ids.shape[1]:] == gb[:, ids.shape[1]:]).float().mean()
-    assert agree >= 0.75, f"greedy tokens agree on only {agree:.0%}"
+    _compare_with_reference(ours, theirs, device, cfg.vocab_size, 3e-2)
 
 
-def _compare_with_eager(ours, theirs, device, vocab, tol):
-    """Logits of a 70-token prompt (past the window of 24) and 6 greedy steps,
-    ours against transformers' eager attention on the same weights (fp32)."""
+def _need_kernels(device):
+    if device == "cuda" and not (_has_kernel("prefill", "CUDA") and _has_kernel("decode", "CUDA")):
+        pytest.skip("this build has no CUDA attention kernels")
+
+
+def _compare_with_reference(ours, theirs, device, vocab, tol):
+    """Logits of a 70-token prompt (it crosses a 64-position page, and the
+    variant tests' window of 24) and 6 greedy steps (the decode path: one
+    query per step, a growing cache), ours against the reference model on the
+    same weights, within `tol` of the logits' magnitude. bf16 rounding can
+    flip a near-tie, so most greedy tokens, not all, must agree."""
     ids = torch.randint(0, vocab, (2, 70), device=device)
     with torch.no_grad():
         a = ours(ids).logits.float()
@@ -88,8 +83,7 @@ def _pair(model_cls, cfg, device):
 def test_gemma2_sliding_window_and_softcap_match_eager(device):
     """Gemma 2: sliding-window layers (transformers' sliding_window 24: our
     window_left 23) and attention logit soft-capping, against its eager attention."""
-    if device == "cuda" and not (_has_kernel("prefill", "CUDA") and _has_kernel("decode", "CUDA")):
-        pytest.skip("this build has no CUDA attention kernels")
+    _need_kernels(device)
     Gemma2Config = getattr(transformers, "Gemma2Config", None)
     if Gemma2Config is None:
         pytest.skip("this transformers has no Gemma 2")
@@ -97,14 +91,13 @@ def test_gemma2_sliding_window_and_softcap_match_eager(device):
                        num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
                        sliding_window=24, attn_logit_softcapping=20.0)
     ours, theirs = _pair(transformers.Gemma2ForCausalLM, cfg, device)
-    _compare_with_eager(ours, theirs, device, cfg.vocab_size, 1e-3)
+    _compare_with_reference(ours, theirs, device, cfg.vocab_size, 1e-3)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gpt_oss_sliding_window_and_sinks_match_eager(device):
     """gpt-oss: sliding-window layers and learned sinks (s_aux), against its eager attention."""
-    if device == "cuda" and not (_has_kernel("prefill", "CUDA") and _has_kernel("decode", "CUDA")):
-        pytest.skip("this build has no CUDA attention kernels")
+    _need_kernels(device)
     GptOssConfig = getattr(transformers, "GptOssConfig", None)
     if GptOssConfig is None:
         pytest.skip("this transformers has no gpt-oss")
@@ -112,5 +105,5 @@ def test_gpt_oss_sliding_window_and_sinks_match_eager(device):
                        num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_local_experts=4,
                        num_experts_per_tok=2, max_position_embeddings=1024, sliding_window=24)
     ours, theirs = _pair(transformers.GptOssForCausalLM, cfg, device)
-    _compare_with_eager(ours, theirs, device, cfg.vocab_size, 1e-3)
+    _compare_with_reference(ours, theirs, device, cfg.vocab_size, 1e-3)
 

@@ -25,7 +25,7 @@ import tileinfer_attn  # noqa: F401  (registers the ops)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
 
-from op_helpers import need
+from op_helpers import HEAD_DIMS, need
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,7 +35,6 @@ pytestmark = [
 ops = torch.ops.tileinfer_attn
 DEV = "cuda"
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-HEAD_DIMS = [64, 80, 96, 128, 256]
 PAGE_SIZES = [16, 32, 64, 128]
 EPS = 1e-6
 
