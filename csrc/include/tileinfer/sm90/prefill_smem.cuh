@@ -44,11 +44,11 @@ struct PrefillSmem {
   uint32_t* stage_mask;
   uint32_t* raw_mask;
 
-  __device__ explicit PrefillSmem(uint8_t* raw) {
+  __device__ explicit PrefillSmem(uint8_t* base) {
     // The swizzle is a function of address bits: align to 1024 bytes whatever
     // the dynamic buffer's base (kAlign bytes of slack).
-    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
-    q = raw + ((Cfg::kAlign - (base & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
+    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(base));
+    q = base + ((Cfg::kAlign - (at & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
     stages = q + Cfg::kQBytes;
     raw = stages + Cfg::kStages * Cfg::kStageBytes;
     full = reinterpret_cast<uint64_t*>(raw + Cfg::kRawSlots * Cfg::kRawSlotBytes);
