@@ -45,7 +45,7 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, const float* sc
   static_assert((32 * Cfg::kConverterWarps) % kChunks == 0, "a thread's chunk stays the same");
   const int ch = ctid % kChunks;
   uint8_t* dst = tile + (ch >> 3) * BN * 128;
-#pragma unroll 2
+#pragma unroll 1
   for (int r = ctid / kChunks; r < BN; r += kRowStep) {
     uint4 out = make_uint4(0, 0, 0, 0);
     if (r < valid && ((outside >> (r >> box_shift)) & 1) == 0) {

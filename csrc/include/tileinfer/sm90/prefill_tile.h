@@ -37,8 +37,7 @@ struct PrefillParams {
 //     (bytes, and each row's fp32 scale) in a second ring of kRawSlots slots,
 //     one K or V tile each, and the producer warpgroup's other three warps
 //     dequantize them into the operand stages (prefill_convert.cuh), which
-//     the consumers take as from a cache of T. The converters keep 48
-//     registers, the consumers their 232.
+//     the consumers take as from a cache of T.
 template <typename T_, int D_, typename CacheT_ = T_>
 struct PrefillTile {
   using T = T_;
@@ -56,11 +55,17 @@ struct PrefillTile {
   // for them (spills, and slower than without).
   static constexpr bool kOverlap = D <= 128;
   static constexpr int kConverterWarps = kQuant ? 3 : 0;  // warps 1-3 of the producer warpgroup
-  static constexpr int kProducerRegs = kQuant ? 48 : 40;
+  // Registers per thread after setmaxnreg. The warpgroups trade within what
+  // the block got at launch (65536 / kThreads, rounded down to 8: 168): the
+  // consumers' increase waits until the producer's decrease has freed enough,
+  // so a split beyond that total never starts (it hangs, it does not fail).
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   static_assert(D == 64 || D == 128 || D == 256, "head dims of the tile table");
   static_assert(std::is_same_v<CacheT, T> || kQuant, "a cache of the queries' type, or a quantized one");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
+                "setmaxnreg: within the block's registers at launch");
 
   // Shared memory, in bytes, 1024-byte aligned operand tiles first.
   static constexpr int kQBytes = kBlockM * D * 2;
