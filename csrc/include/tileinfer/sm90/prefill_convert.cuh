@@ -43,25 +43,39 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, const float* sc
   constexpr int kChunks = D / 8;
   constexpr int kRowStep = 32 * Cfg::kConverterWarps / kChunks;
   static_assert((32 * Cfg::kConverterWarps) % kChunks == 0, "a thread's chunk stays the same");
+  constexpr int kRowsPerThread = (BN + kRowStep - 1) / kRowStep;
+  constexpr int kBatch = 2;  // rows in flight per thread: their loads first, then their conversions
   const int ch = ctid % kChunks;
+  const int row0 = ctid / kChunks;
   uint8_t* dst = tile + (ch >> 3) * BN * 128;
 #pragma unroll 1
-  for (int r = ctid / kChunks; r < BN; r += kRowStep) {
-    uint4 out = make_uint4(0, 0, 0, 0);
-    if (r < valid && ((outside >> (r >> box_shift)) & 1) == 0) {
-      const uint2 in = *reinterpret_cast<const uint2*>(raw + r * D + ch * 8);
-      const float s = per_tensor ? tensor_scale : scales[r];
+  for (int b = 0; b < kRowsPerThread; b += kBatch) {
+    uint2 in[kBatch];
+    float s[kBatch];
+    bool take[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int r = row0 + (b + j) * kRowStep;
+      take[j] = r < valid && ((outside >> (r >> box_shift)) & 1) == 0;  // (valid <= BN)
+      in[j] = take[j] ? *reinterpret_cast<const uint2*>(raw + r * D + ch * 8) : make_uint2(0, 0);
+      s[j] = !take[j] ? 0.f : per_tensor ? tensor_scale : scales[r];
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int r = row0 + (b + j) * kRowStep;
+      if (r >= BN) break;
       float x[8];
-      Q::x4_to_float(in.x, x);
-      Q::x4_to_float(in.y, x + 4);
+      Q::x4_to_float(in[j].x, x);
+      Q::x4_to_float(in[j].y, x + 4);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        x[e] *= s;
+        x[e] *= s[j];  // 0 for rows not taken: their raw bytes and scales may be anything
         if constexpr (kKeys) x[e] *= smooth[e];
       }
-      out = make_uint4(pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7]));
+      const uint4 out =
+          make_uint4(pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7]));
+      *reinterpret_cast<uint4*>(dst + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) = out;
     }
-    *reinterpret_cast<uint4*>(dst + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) = out;
   }
 }
 

@@ -60,8 +60,8 @@ struct PrefillTile {
   // consumers' increase waits until the producer's decrease has freed enough,
   // so a split beyond that total never starts (it hangs, it does not fail).
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = kQuant ? 56 : 40;
+  static constexpr int kConsumerRegs = kQuant ? 224 : 232;
   static_assert(D == 64 || D == 128 || D == 256, "head dims of the tile table");
   static_assert(std::is_same_v<CacheT, T> || kQuant, "a cache of the queries' type, or a quantized one");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
