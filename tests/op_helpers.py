@@ -10,7 +10,6 @@ within ULPS ulps of each row's magnitude, fp32 within REL relative error; lse
 (fp32 for every dtype) within LSE_REL[dtype] of max(1, |lse|): bf16 / fp16
 scores come from tensor cores, whose fp32 accumulation is not IEEE-rounded.
 """
-import dataclasses
 import math
 
 import pytest
@@ -162,29 +161,6 @@ def kernel_queries(p):
     else:
         q = (x * scale).half()
     return q.double() / scale.double()
-
-
-def hopper_converts(p):
-    """True where `prefill` of quantized problem p runs on the Hopper
-    warp-specialized kernel, whose converters dequantize the cache into q's
-    dtype (csrc/ops/prefill.cu: a compute-capability 9.0 device, bf16 / fp16
-    queries, a group that is a power of two); the tile kernel's numerics
-    (kernel_queries) elsewhere."""
-    group = p.q.shape[1] // p.k_cache.shape[1]
-    return (p.q.is_cuda and torch.cuda.get_device_capability(p.q.device) == (9, 0)
-            and p.q.dtype in (torch.bfloat16, torch.float16) and group & (group - 1) == 0)
-
-
-def converted_cache(p):
-    """Problem p with its quantized cache as the Hopper prefill kernel's
-    converters turn it into q's dtype: keys (x * k_scale) * k_smooth, values
-    x * v_scale, in fp32, each rounded once to q's dtype; no scales."""
-    k = reference._dequant(p.k_cache, p.k_scale)
-    if p.k_smooth is not None:
-        k = k * p.k_smooth[None, :, None, :]
-    v = reference._dequant(p.v_cache, p.v_scale)
-    return dataclasses.replace(p, k_cache=k.to(p.q.dtype), v_cache=v.to(p.q.dtype), k_scale=None, v_scale=None,
-                               k_smooth=None)
 
 
 def check_out(out, exact, dtype, what, ulps=ULPS):

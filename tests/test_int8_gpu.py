@@ -8,15 +8,12 @@ same bits run to run; an int8 decode step (quantizing cache_write + attention)
 captured in a CUDA graph and replayed while sequences grow; adversarial
 metadata (kept last: a fault kills the CUDA context).
 
-Numerics of the quantized kernels. Decode and the tile kernel: queries
-multiplied by k_smooth in fp32 and rounded per row (int8: 15-bit integers;
-fp8: fp16, at the same per-row power of two); keys / values converted exactly
-to fp16; each key's score multiplied by its k_scale; each probability
-multiplied by its value's v_scale (over the running maximum of the value
-scales) and rounded to fp16 for the PV product on the tensor cores; fp32
-accumulation. The Hopper prefill kernel (groups that are powers of two on a
-9.0 device): the cache dequantized in fp32 and rounded once to q's dtype in
-shared memory, then the bf16 / fp16 kernel's numerics.
+Numerics of the quantized kernels: queries multiplied by k_smooth in fp32 and
+rounded per row (int8: 15-bit integers; fp8: fp16, at the same per-row power
+of two); keys / values converted exactly to fp16; each key's score multiplied
+by its k_scale; each probability multiplied by its value's v_scale (over the
+running maximum of the value scales) and rounded to fp16 for the PV product on
+the tensor cores; fp32 accumulation.
 
 Every case draws fresh random inputs (a seed per test id; int8 values in
 [-127, 127], fp8 values spread over e4m3's range, random scales and smoothing
@@ -33,8 +30,8 @@ import pytest
 import torch
 
 import op_helpers
-from op_helpers import (HEAD_DIMS, QUANT_KINDS, check_neutral_splits, converted_cache, exact_attention,
-                        hopper_converts, kernel_queries, need, need_path, poison_unowned_, run_attention,
+from op_helpers import (HEAD_DIMS, QUANT_KINDS, check_neutral_splits, exact_attention, kernel_queries, need,
+                        need_path, poison_unowned_, run_attention,
                         run_combine, run_decode, run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
@@ -77,14 +74,12 @@ def quant_problem(kind, seq_lens, q_lens, hq, hkv, head_dim, page, dtype=torch.b
 check_out = functools.partial(op_helpers.check_out, ulps=ULPS)
 
 
-def check_lse(lse, exact_lse, p, causal, what, prefill=False):
+def check_lse(lse, exact_lse, p, causal, what):
     """lse against float64, relative to max(1, |lse|). The scores of the
-    kernels are those of their rounded inputs, so the reference is float64
-    attention on those: on the decode path and the tile kernel, the rounded
-    queries (q * k_smooth in fp32, then 15 bits per row: with k_smooth a shift
-    of up to ~1e-3 for d 128, above the bf16 caches' 1e-4; kernel_queries);
-    on the Hopper prefill kernel (`prefill` and op_helpers.hopper_converts),
-    the cache as its converters round it into q's dtype (converted_cache)."""
+    kernels are those of their rounded queries (q * k_smooth in fp32, then 15
+    bits per row: with k_smooth a shift of up to ~1e-3 for d 128, above the
+    bf16 caches' 1e-4): the reference is float64 attention of those queries
+    (kernel_queries)."""
     lse = lse.double()
     assert not torch.isnan(lse).any(), f"{what}: NaN in lse"
     seen = torch.isfinite(exact_lse)
@@ -93,11 +88,7 @@ def check_lse(lse, exact_lse, p, causal, what, prefill=False):
     if not seen.any():
         return
     tol = LSE_REL * exact_lse.abs().clamp_min(1.0)
-    if prefill and hopper_converts(p):
-        rounded = converted_cache(p)
-    else:
-        rounded = dataclasses.replace(p, q=kernel_queries(p), k_smooth=None)
-    _, exact_lse = exact_attention(rounded, causal)
+    _, exact_lse = exact_attention(dataclasses.replace(p, q=kernel_queries(p), k_smooth=None), causal)
     excess = ((lse - exact_lse).abs() - tol)[seen]
     assert excess.max().item() <= 0, (f"{what}: lse error above tolerance by {excess.max().item():.3g} "
                                       f"(largest error {(lse - exact_lse)[seen].abs().max().item():.3g})")
@@ -126,7 +117,7 @@ def test_int8_prefill(kind, dtype, head_dim, page, causal, smooth, seed):
     poison_unowned_(p)
     out, lse = run_prefill(p, causal)
     check_out(out, exact, dtype, f"{kind} prefill (group {group})")
-    check_lse(lse, exact_lse, p, causal, f"{kind} prefill lse (group {group})", prefill=True)
+    check_lse(lse, exact_lse, p, causal, f"{kind} prefill lse (group {group})")
 
 
 @pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float16, 64), (torch.bfloat16, 80)],
@@ -141,7 +132,7 @@ def test_int8_prefill_long(kind, dtype, head_dim, seed):
     out, lse = run_prefill(p, True)
     exact, exact_lse = exact_attention(p, True)
     check_out(out, exact, dtype, f"{kind} prefill long")
-    check_lse(lse, exact_lse, p, True, f"{kind} prefill long lse", prefill=True)
+    check_lse(lse, exact_lse, p, True, f"{kind} prefill long lse")
 
 
 # ------------------------------------------------------------------ decode: partials merged in float64
@@ -462,5 +453,5 @@ def test_int8_adversarial_metadata(kind, path, seed):
     check_out(out[good], exact[good], torch.bfloat16, f"{kind} {path}: sequences with good metadata")
     check_out(out, exact, torch.bfloat16, f"{kind} {path} with bad metadata (as the reference reads it)")
     if lse is not None:
-        check_lse(lse, exact_lse, p, True, f"{kind} {path} with bad metadata lse", prefill=path == "prefill")
+        check_lse(lse, exact_lse, p, True, f"{kind} {path} with bad metadata lse")
     check_context_alive(kind, seed)

@@ -1,6 +1,6 @@
 """GPU tests of the Hopper prefill kernels, which `prefill` picks for bf16 /
-fp16 queries, head dim 64, 128 or 256, a cache of q's dtype (or int8 / fp8,
-tests/test_int8_gpu.py), on a compute-capability 9.0 device: the warp-specialized kernel
+fp16 queries, head dim 64, 128 or 256, a cache of q's dtype, on a
+compute-capability 9.0 device: the warp-specialized kernel
 (csrc/include/tileinfer/sm90/) for groups that are powers of two, the
 synchronous wgmma kernel (attention_wgmma.cuh) for the other groups. The
 group sizes below (1, 3, 4, 8, and 32 / 128 for the largest query boxes)
@@ -232,25 +232,16 @@ def test_wgmma_prefill_deterministic(D, dtype, seed):
 
 def test_wgmma_prefill_other_shapes_unchanged(D, seed):
     """The kernel prefill picks next to the Hopper kernels' shapes, and the
-    results: head dim 256 in fp16 takes a Hopper kernel; fp32 queries take
-    the CUDA-core kernel; an int8 / fp8 cache takes the warp-specialized
-    kernel for a group that is a power of two (its converters) and the tile
-    kernel for group 3. All stay right."""
-    cases = (  # head dim, q dtype, quantized cache dtype, group, Hopper kernel
-        (256, torch.float16, None, 4, WARP_SPECIALIZED),
-        (D, torch.float32, None, 4, None),
-        (D, torch.bfloat16, torch.int8, 4, WARP_SPECIALIZED),
-        (D, torch.float16, torch.float8_e4m3fn, 4, WARP_SPECIALIZED),
-        (D, torch.bfloat16, torch.int8, 3, None),
-    )
-    for d, dtype, cache, group, kernel in cases:
-        p = make_problem([130, 40], [130, 40], 2 * group, 2, d, 64, dtype=dtype, device=DEV, seed=seed,
-                         cache_dtype=cache)
+    results: head dim 256 in fp16 takes a Hopper kernel; fp32 queries and an
+    int8 cache take the tile kernel. All stay right."""
+    for d, dtype, int8, wgmma in ((256, torch.float16, False, True), (D, torch.float32, False, False),
+                                  (D, torch.bfloat16, True, False)):
+        p = make_problem([130, 40], [130, 40], 8, 2, d, 64, dtype=dtype, device=DEV, seed=seed, int8=int8)
         run_prefill(p, True)  # warm-up outside the profile
         names, (out, _) = kernels_run(lambda: run_prefill(p, True))
-        what = f"d {d} {dtype} cache {cache} group {group}"
-        ran = [k for k in HOPPER_KERNELS if any(k in n for n in names)]
-        assert ran == ([kernel] if kernel else []), f"{what}: Hopper kernels that ran: {ran}"
+        what = f"d {d} {dtype} (int8 cache: {int8})"
+        hopper_ran = any(k in n for n in names for k in HOPPER_KERNELS)
+        assert hopper_ran == wgmma, f"{what}: a Hopper kernel ran: {hopper_ran}"
         exact, _ = exact_attention(p, True)
-        # quantized: 6 ulps, the bound of tests/test_int8_gpu.py (which says why)
-        check_out(out, exact, dtype, what, ulps=6.0 if cache is not None else 4.0)
+        # int8: 6 ulps, the bound of tests/test_int8_gpu.py (which says why)
+        check_out(out, exact, dtype, what, ulps=6.0 if int8 else 4.0)

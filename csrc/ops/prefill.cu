@@ -3,9 +3,7 @@
 //   Hopper, bf16 / fp16 cache   the warp-specialized kernel (sm90/prefill_kernel.cuh),
 //                               or the synchronous wgmma kernel for groups it
 //                               cannot copy as one box (attention_wgmma.cuh)
-//   Hopper, int8 / fp8 cache    the warp-specialized kernel with its converters
-//                               (groups that are powers of two)
-//   other quantized cases, other GPUs   the mma.sync tile kernel (attention_kernel.cuh)
+//   int8 / fp8 cache, other GPUs  the mma.sync tile kernel (attention_kernel.cuh)
 //   fp32                        the CUDA-core kernel (attention_fp32.cuh)
 #include <optional>
 #include <type_traits>
@@ -73,30 +71,25 @@ bool is_hopper(int device) {
          cached_device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
 }
 
-// The warp-specialized kernel (sm90/prefill_kernel.cuh) copies a query tile as
-// one box of {group heads x kBlockM / group tokens}: groups that are powers of
-// two up to kBlockM. Other groups take the synchronous wgmma kernel
-// (attention_wgmma.cuh), which gathers its rows one by one.
-bool use_warp_specialized(int group) { return group > 0 && (group & (group - 1)) == 0 && group <= 128; }
-
-// The Hopper kernels need bf16 / fp16 queries and a 9.0 device of a build
-// with sm_90a code (setup.py defines TILEINFER_SM90A then; without that code
-// the kernels would trap). A quantized cache runs on the warp-specialized
-// kernel only (its converters): other groups take the tile kernel, whose
-// per-vector scale copies need 16-byte aligned scale tensors too.
-bool use_hopper_prefill(const PagedShape& s, const AttentionParams& p, at::ScalarType dtype, int device) {
+// The Hopper kernels need bf16 / fp16 queries over a cache of the same type
+// (int8 / fp8 caches take the tile kernel) and a 9.0
+// device of a build with sm_90a code (setup.py defines TILEINFER_SM90A then;
+// without that code the kernels would trap).
+bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device) {
 #ifdef TILEINFER_SM90A
+  if (s.quantized) return false;
   if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
-  if (s.quantized) {
-    if (!use_warp_specialized(p.group_size)) return false;
-    const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-    if (!s.scale_per_tensor && !(aligned(p.kv.k_scale) && aligned(p.kv.v_scale))) return false;
-  }
   return is_hopper(device);
 #else
   return false;
 #endif
 }
+
+// The warp-specialized kernel (sm90/prefill_kernel.cuh) copies a query tile as
+// one box of {group heads x kBlockM / group tokens}: groups that are powers of
+// two up to kBlockM. Other groups take the synchronous wgmma kernel
+// (attention_wgmma.cuh), which gathers its rows one by one.
+bool use_warp_specialized(int group) { return group > 0 && (group & (group - 1)) == 0 && group <= 128; }
 
 template <typename T, int D>
 using WgmmaPrefill = WgmmaPrefillConfig<T, D, 2, (D == 256 ? 64 : 128), 2>;
@@ -113,7 +106,6 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   constexpr int D = Cfg::D;
   const CUtensorMapDataType type =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  constexpr int kCacheBytes = Cfg::kQuant ? 1 : 2;
   sm90::PrefillParams p{};
   p.a = a;
   const uint32_t group = a.group_size;
@@ -130,20 +122,11 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   const int page = a.kv.page_size;
   p.box_rows = page < Cfg::kBlockN ? page : Cfg::kBlockN;
   const uint64_t sizes[4] = {uint64_t(hd), uint64_t(page), uint64_t(a.kv.num_kv_heads), uint64_t(a.kv.num_pages)};
-  const uint64_t row = uint64_t(hd) * kCacheBytes;
+  const uint64_t row = uint64_t(hd) * 2;
   const uint64_t strides[3] = {row, row * page, row * page * a.kv.num_kv_heads};
-  if constexpr (Cfg::kQuant) {
-    // Pages as stored, whole rows per box into the converters' raw ring.
-    const uint32_t box[4] = {uint32_t(D), uint32_t(p.box_rows), 1u, 1u};
-    p.k_map = make_tensor_map<4>(a.kv.k_cache, CU_TENSOR_MAP_DATA_TYPE_UINT8, sizes, strides, box,
-                                 CU_TENSOR_MAP_SWIZZLE_NONE);
-    p.v_map = make_tensor_map<4>(a.kv.v_cache, CU_TENSOR_MAP_DATA_TYPE_UINT8, sizes, strides, box,
-                                 CU_TENSOR_MAP_SWIZZLE_NONE);
-  } else {
-    const uint32_t box[4] = {64u, uint32_t(p.box_rows), 1u, 1u};
-    p.k_map = make_tensor_map<4>(a.kv.k_cache, type, sizes, strides, box);
-    p.v_map = make_tensor_map<4>(a.kv.v_cache, type, sizes, strides, box);
-  }
+  const uint32_t box[4] = {64u, uint32_t(p.box_rows), 1u, 1u};
+  p.k_map = make_tensor_map<4>(a.kv.k_cache, type, sizes, strides, box);
+  p.v_map = make_tensor_map<4>(a.kv.v_cache, type, sizes, strides, box);
   p.num_row_tiles = static_cast<int>(ceil_div<int64_t>(int64_t(a.group_size) * a.max_q_len, Cfg::kBlockM));
   const int64_t items = int64_t(p.num_row_tiles) * a.kv.num_seqs * a.kv.num_kv_heads;
   // Rounds are looked at 32 at a time past the last item (sm90/prefill_scheduler.cuh): margin for int32.
@@ -198,14 +181,10 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   // below was measured in blocks, and packing keeps the block count.
   const bool large = use_large_prefill_tile(max_q_len, s.head_dim);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (use_hopper_prefill(s, p, q.scalar_type(), q.get_device())) {
+  if (use_hopper_prefill(s, q.scalar_type(), q.get_device())) {
     TILEINFER_DISPATCH_HALF(q.scalar_type(), op, [&] {
       TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
-        if (s.quantized) {
-          TILEINFER_DISPATCH_QUANT(s.cache_dtype, op, [&] {
-            launch_warp_specialized<sm90::PrefillTile<scalar_t, TILE_DIM, cache_t>>(op, p, q_c, stream);
-          });
-        } else if (use_warp_specialized(p.group_size)) {
+        if (use_warp_specialized(p.group_size)) {
           launch_warp_specialized<sm90::PrefillTile<scalar_t, TILE_DIM>>(op, p, q_c, stream);
         } else {
           launch_wgmma<WgmmaPrefill<scalar_t, TILE_DIM>>(op, p, stream);

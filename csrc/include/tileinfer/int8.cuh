@@ -33,18 +33,6 @@ __device__ __forceinline__ void int8x4_to_half(uint32_t w, uint32_t& lo, uint32_
   hi = unbias_half2(__byte_perm(u, 0x64646464u, 0x7362));  // [0x64, u3, 0x64, u2]
 }
 
-// Four int8 (byte 0 first) -> four fp32, exactly, by the same trick in fp32:
-// each biased byte under 0x4b000000 (2^23, where one mantissa step is 1)
-// gives 2^23 + x + 128; subtracting that bias leaves x. Two instructions per
-// value (I2F runs at a quarter of the FP32 rate).
-__device__ __forceinline__ void int8x4_to_float(uint32_t w, float* x) {
-  const uint32_t u = w ^ 0x80808080u;
-  x[0] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7440)) - 8388736.f;  // [u0, 0, 0, 0x4b]
-  x[1] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7441)) - 8388736.f;
-  x[2] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7442)) - 8388736.f;
-  x[3] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7443)) - 8388736.f;
-}
-
 // The P V B fragments of 16 keys x 16 columns of int8 values, from a
 // transposed ldmatrix of their rows (8 keys each): `lo` (keys 0-7) and `hi`
 // (keys 8-15) hold bytes [key 2c, column 2g], [2c, 2g + 1], [2c + 1, 2g],

@@ -3,8 +3,7 @@
 // holds what differs between them: the largest stored magnitude (a per-vector
 // scale is amax / kMax), the saturating encode of the cache writes
 // (inputs.cuh), and the exact conversions to fp16 of the attention kernels
-// (int8.cuh, fp8.cuh; x16_to_half below) and to fp32 of the Hopper prefill
-// kernel's converters (x4_to_float). Everything else (scales on scores and probabilities,
+// (int8.cuh, fp8.cuh; x16_to_half below). Everything else (scales on scores and probabilities,
 // fp16 P V, key smoothing) is shared (attention_kernel.cuh).
 #pragma once
 
@@ -38,7 +37,6 @@ struct QuantFormat<int8_t> {
   __device__ static __forceinline__ void key_pairs_to_half(uint32_t lo, uint32_t hi, uint32_t (&b)[4]) {
     int8_key_pairs_to_half(lo, hi, b);
   }
-  __device__ static __forceinline__ void x4_to_float(uint32_t w, float* x) { int8x4_to_float(w, x); }
 };
 
 template <>
@@ -53,13 +51,6 @@ struct QuantFormat<__nv_fp8_e4m3> {
   }
   __device__ static __forceinline__ void key_pairs_to_half(uint32_t lo, uint32_t hi, uint32_t (&b)[4]) {
     fp8_key_pairs_to_half(lo, hi, b);
-  }
-  __device__ static __forceinline__ void x4_to_float(uint32_t w, float* x) {
-    uint32_t lo, hi;
-    fp8x4_to_half(w, lo, hi);
-    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
-    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
-    x[0] = a.x, x[1] = a.y, x[2] = b.x, x[3] = b.y;
   }
 };
 

@@ -19,11 +19,7 @@ __device__ __forceinline__ void prefill_store(const PrefillParams& p, const Work
   smx.reduce_sums();
 #pragma unroll
   for (int R = 0; R < 2; ++R) {
-    SoftmaxResult res = softmax_result(smx.row[R].m, smx.row[R].l);
-    // A row whose sum is NaN (an inf or NaN among its queries' or keys'
-    // values) gets NaN output and lse, as the float reference does; rows that
-    // saw nothing keep 0 and -inf.
-    if (isnan(smx.row[R].l)) res = {smx.row[R].l, smx.row[R].l};
+    const SoftmaxResult res = softmax_result(smx.row[R].m, smx.row[R].l);
     const RowQuery rq = row_query(w, r0 + 8 * R);
     if (rq.token < 0) continue;
     T* dst = output_row<T>(p.a, rq.token, rq.head) + 2 * quad;

@@ -17,15 +17,6 @@
 // by the producer: its copies complete on the `tail` barrier, the warp zeroes
 // the rows from the key end on, and only then arrives on the stage's full
 // barrier. Block-table entries past the key end are never read.
-//
-// A quantized cache (Cfg::kQuant): the warp copies each tile's K and then
-// its V as stored into the raw ring (prefill_smem.cuh): per box, the rows'
-// bytes (a tensor copy of {D, rows}: bytes past the head dim and boxes of
-// pages outside the pool come as zeros) and, with per-vector scales, the
-// rows' scales (a plain bulk copy, issued only for pages in the pool). The
-// converter warps (prefill_convert.cuh) turn them into the stage's operand
-// tiles, zero the rows past the key end and those of boxes outside the pool,
-// and complete the stage's full barrier; this warp finishes no tail itself.
 #pragma once
 
 #include "../attention_work.cuh"
@@ -34,44 +25,6 @@
 
 namespace tileinfer {
 namespace sm90 {
-
-// Quantized: tile `tile`'s K and V as stored into raw slots 2 tile and
-// 2 tile + 1 (RingSlot<kRawSlots>). Lane b issues box b's copies, `needed`
-// for a box that holds positions before the key end.
-template <class Cfg>
-__device__ __forceinline__ void produce_raw_tile(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
-                                                 const WorkItem& w, uint32_t tile, bool needed, int page,
-                                                 int in_page) {
-  const PagedKVParams& kv = p.a.kv;
-  const int lane = threadIdx.x & 31;
-  const int rows = p.box_rows;
-  const bool in_pool = page_in_pool(kv, page);
-  const bool copy_scales = needed && in_pool && !kv.scale_per_tensor;
-  const uint32_t outside = __ballot_sync(0xffffffffu, needed && !in_pool);
-  const uint32_t bytes = __popc(__ballot_sync(0xffffffffu, needed)) * rows * Cfg::D +
-                         __popc(__ballot_sync(0xffffffffu, copy_scales)) * rows * 4;
-  // Scales of (page, kv_head, in_page ..): 16-byte aligned, rows * 4 bytes (page sizes >= 16).
-  const int64_t scale_at = (static_cast<int64_t>(page) * kv.num_kv_heads + w.kv_head) * kv.page_size + in_page;
-#pragma unroll
-  for (int part = 0; part < 2; ++part) {  // K, then V
-    const RingSlot<Cfg::kRawSlots> slot(2 * tile + part);
-    uint64_t* bar = &sm.raw_full[slot.stage];
-    mbar_wait(&sm.raw_empty[slot.stage], slot.parity ^ 1);
-    if (lane == 0) {
-      sm.raw_mask[slot.stage] = outside;  // released by the arrival below
-      mbar_arrive_expect_tx(bar, bytes);
-    }
-    __syncwarp();
-    if (needed) {
-      tma_load_4d(sm.raw_tile(slot.stage) + lane * rows * Cfg::D, part == 0 ? &p.k_map : &p.v_map, bar, 0, in_page,
-                  w.kv_head, page);
-    }
-    if (copy_scales) {
-      bulk_load(sm.raw_scales(slot.stage) + lane * rows, (part == 0 ? kv.k_scale : kv.v_scale) + scale_at, rows * 4,
-                bar);
-    }
-  }
-}
 
 template <class Cfg>
 __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
@@ -121,10 +74,6 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
       const bool needed = lane < boxes && pos < w.key_end;
       const int page = next_page;
       next_page = lookup(i + 1);
-      if constexpr (Cfg::kQuant) {
-        produce_raw_tile<Cfg>(p, sm, w, tiles, needed, page, pos & (kv.page_size - 1));
-        continue;
-      }
       const RingSlot<Cfg::kStages> slot(tiles);
       mbar_wait(&sm.empty[slot.stage], slot.parity ^ 1);
       const uint32_t outside = __ballot_sync(0xffffffffu, needed && !page_in_pool(kv, page));

@@ -3,17 +3,11 @@
 //
 //   q       [D / 64][kBlockM rows][128 B]              the item's queries
 //   stages  [kStages][K, V][D / 64][kBlockN rows][128 B] the ring of key tiles
-//   raw     [kRawSlots][kBlockN rows][D B], [kBlockN] fp32   quantized only: K or V
-//           tiles as stored, and their rows' scales
-//   full[s]    the stage's tiles landed (1 arrival: the producer's, + bytes;
-//              quantized: one arrival per converter warp)
+//   full[s]    the stage's tiles landed (1 arrival: the producer's, + bytes)
 //   empty[s]   the consumers are done with it (one arrival per consumer warp)
-//   raw_full[r] / raw_empty[r]   a raw slot landed (1 arrival + bytes) / the
-//              converters are done with it (one arrival per converter warp)
 //   q_full / q_empty   the same for the query tile, once per item
 //   tail       copies of a stage that the producer finishes itself (below)
 //   stage_mask[s]  bit b: box b of the stage is on a page outside the pool
-//   raw_mask[r]    the same of a raw slot, handed on by the converters
 //
 // Operand tiles are in the 128-byte-swizzle layout of wgmma.cuh, each 1024-byte
 // aligned.
@@ -33,49 +27,35 @@ struct PrefillSmem {
 
   uint8_t* q;
   uint8_t* stages;
-  uint8_t* raw;
   uint64_t* full;
   uint64_t* empty;
   uint64_t* q_full;
   uint64_t* q_empty;
   uint64_t* tail;
-  uint64_t* raw_full;
-  uint64_t* raw_empty;
   uint32_t* stage_mask;
-  uint32_t* raw_mask;
 
-  __device__ explicit PrefillSmem(uint8_t* base) {
+  __device__ explicit PrefillSmem(uint8_t* raw) {
     // The swizzle is a function of address bits: align to 1024 bytes whatever
     // the dynamic buffer's base (kAlign bytes of slack).
-    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(base));
-    q = base + ((Cfg::kAlign - (at & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
+    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+    q = raw + ((Cfg::kAlign - (base & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
     stages = q + Cfg::kQBytes;
-    raw = stages + Cfg::kStages * Cfg::kStageBytes;
-    full = reinterpret_cast<uint64_t*>(raw + Cfg::kRawSlots * Cfg::kRawSlotBytes);
+    full = reinterpret_cast<uint64_t*>(stages + Cfg::kStages * Cfg::kStageBytes);
     empty = full + Cfg::kStages;
     q_full = empty + Cfg::kStages;
     q_empty = q_full + 1;
     tail = q_empty + 1;
-    raw_full = tail + 1;
-    raw_empty = raw_full + Cfg::kRawSlots;
-    stage_mask = reinterpret_cast<uint32_t*>(raw_empty + Cfg::kRawSlots);
-    raw_mask = stage_mask + Cfg::kStages;
+    stage_mask = reinterpret_cast<uint32_t*>(tail + 1);
   }
 
   __device__ uint8_t* k(int s) const { return stages + s * Cfg::kStageBytes; }
   __device__ uint8_t* v(int s) const { return k(s) + Cfg::kTileBytes; }
-  __device__ uint8_t* raw_tile(int r) const { return raw + r * Cfg::kRawSlotBytes; }
-  __device__ float* raw_scales(int r) const { return reinterpret_cast<float*>(raw_tile(r) + Cfg::kRawTileBytes); }
 
   // One thread, before the block barrier that precedes every other use.
   __device__ void init() const {
     for (int s = 0; s < Cfg::kStages; ++s) {
-      mbar_init(&full[s], Cfg::kQuant ? Cfg::kConverterWarps : 1);
+      mbar_init(&full[s], 1);
       mbar_init(&empty[s], kConsumerWarps);
-    }
-    for (int r = 0; r < Cfg::kRawSlots; ++r) {
-      mbar_init(&raw_full[r], 1);
-      mbar_init(&raw_empty[r], Cfg::kConverterWarps);
     }
     mbar_init(q_full, 1);
     mbar_init(q_empty, kConsumerWarps);

@@ -4,10 +4,7 @@
 
 #include <cuda.h>  // CUtensorMap
 
-#include <type_traits>
-
 #include "../params.h"
-#include "../quant.cuh"
 
 namespace tileinfer {
 namespace sm90 {
@@ -19,7 +16,7 @@ struct PrefillParams {
   AttentionParams a;
   CUtensorMap q_map;  // q as [num_tokens][num_q_heads][head_dim], box {64, group, kBlockM / group}
   CUtensorMap k_map;  // a pool as [num_pages][num_kv_heads][page_size][head_dim], box {64, rows, 1, 1}
-  CUtensorMap v_map;  //   (quantized: bytes, box {D, rows, 1, 1}, no swizzle)
+  CUtensorMap v_map;
   int num_row_tiles;  // ceil(group * max_q_len / kBlockM)
   int box_rows;       // keys per box: min(page_size, kBlockN)
 };
@@ -33,17 +30,10 @@ struct PrefillParams {
 //     registers, O 32 / 64); 64 at d 256, whose O accumulator is 128 registers.
 //   - kStages: as many as shared memory holds with room to spare (Q + stages
 //     of K and V): 4 at d 64 (144 KB), 2 at d 128 (160 KB) and d 256 (192 KB).
-//   - A quantized cache (CacheT int8 or fp8 e4m3): the copies land as stored
-//     (bytes, and each row's fp32 scale) in a second ring of kRawSlots slots,
-//     one K or V tile each, and the producer warpgroup's other three warps
-//     dequantize them into the operand stages (prefill_convert.cuh), which
-//     the consumers take as from a cache of T.
-template <typename T_, int D_, typename CacheT_ = T_>
+template <typename T_, int D_>
 struct PrefillTile {
   using T = T_;
-  using CacheT = CacheT_;
   static constexpr int D = D_;
-  static constexpr bool kQuant = kQuantized<CacheT>;
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = 64 * kConsumers;
@@ -54,33 +44,18 @@ struct PrefillTile {
   // and P in registers. At d 256 the 128-register O accumulator leaves no room
   // for them (spills, and slower than without).
   static constexpr bool kOverlap = D <= 128;
-  static constexpr int kConverterWarps = kQuant ? 3 : 0;  // warps 1-3 of the producer warpgroup
-  // Registers per thread after setmaxnreg. The warpgroups trade within what
-  // the block got at launch (65536 / kThreads, rounded down to 8: 168): the
-  // consumers' increase waits until the producer's decrease has freed enough,
-  // so a split beyond that total never starts (it hangs, it does not fail).
-  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  static constexpr int kProducerRegs = kQuant ? 56 : 40;
-  static constexpr int kConsumerRegs = kQuant ? 224 : 232;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
   static_assert(D == 64 || D == 128 || D == 256, "head dims of the tile table");
-  static_assert(std::is_same_v<CacheT, T> || kQuant, "a cache of the queries' type, or a quantized one");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
-                "setmaxnreg: within the block's registers at launch");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
 
   // Shared memory, in bytes, 1024-byte aligned operand tiles first.
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage
   static constexpr int kStageBytes = 2 * kTileBytes;
-  // Quantized: a raw slot is one K or V tile as stored ([kBlockN][D] bytes)
-  // and its rows' scales; as many slots as fit beside the stages (1.5 tiles
-  // of K and V at d 128, 2 at d 64, 1 at d 256).
-  static constexpr int kRawTileBytes = kBlockN * D;
-  static constexpr int kRawSlotBytes = kQuant ? kRawTileBytes + kBlockN * 4 : 0;
-  static constexpr int kRawSlots = !kQuant ? 0 : D == 128 ? 3 : D == 64 ? 4 : 2;
-  static constexpr int kBarBytes = (2 * kStages + 3 + 2 * kRawSlots) * 8 + (kStages + kRawSlots) * 4;  // + masks
+  static constexpr int kBarBytes = (2 * kStages + 3) * 8 + kStages * 4;  // barriers + stage masks
   static constexpr int kAlign = 1024;
-  static constexpr int kSmemBytes =
-      kAlign + kQBytes + kStages * kStageBytes + kRawSlots * kRawSlotBytes + kBarBytes;
+  static constexpr int kSmemBytes = kAlign + kQBytes + kStages * kStageBytes + kBarBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
 
