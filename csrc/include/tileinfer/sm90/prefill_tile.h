@@ -44,10 +44,16 @@ struct PrefillTile {
   // and P in registers. At d 256 the 128-register O accumulator leaves no room
   // for them (spills, and slower than without).
   static constexpr bool kOverlap = D <= 128;
+  // Registers per thread after setmaxnreg. The warpgroups trade within what
+  // the block got at launch (65536 / kThreads, rounded down to 8: 168): the
+  // consumers' increase waits until the producer's decrease has freed enough,
+  // so a split beyond that total never starts (it hangs, it does not fail).
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   static_assert(D == 64 || D == 128 || D == 256, "head dims of the tile table");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
+                "setmaxnreg: within the block's registers at launch");
 
   // Shared memory, in bytes, 1024-byte aligned operand tiles first.
   static constexpr int kQBytes = kBlockM * D * 2;
