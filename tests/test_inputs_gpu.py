@@ -1,10 +1,11 @@
-"""GPU tests of rms_norm, rope, cache_write (plain and int8) and the fused
-attention_inputs.
+"""GPU tests of rms_norm, rope, cache_write (plain, int8 and fp8) and the
+fused attention_inputs.
 
 - rms_norm / rope against the eager reference (tileinfer_attn.reference) within
   1 ulp (rms_norm: the normalized value; fp32 a few ulps, see NORM_ULPS); plain
   cache_write exactly; int8 cache_write with scales within 1e-6 relative and
-  int8 values equal except at (near) .5 ties.
+  int8 values equal except at (near) .5 ties; int8 and fp8 (per vector, per
+  tensor) cache_write bit-identical to the CPU op.
 - attention_inputs bit-identical (same bits, NaN included) to rms_norm + rope +
   cache_write of this package on the GPU: with and without norms, full and
   partial rotary dims, packed-qkv views and separate tensors, plain and int8
@@ -362,6 +363,65 @@ def test_cache_write_int8(dtype, d, page_size, smooth):
     int8_check(pools, prob, k, v, targets, "cache_write int8")
     t3 = [x for x in targets if x[0] == 3][0]
     assert (pools["v_scale"][t3[2], :, t3[3]] == 1).all() and (pools["v_cache"][t3[2], :, t3[3]] == 0).all()
+
+
+# Quantized cache kinds of the GPU-vs-CPU write test: (pool dtype, scales per "vector" or per "tensor").
+QUANT_WRITE_KINDS = {"int8": (torch.int8, "vector"), "fp8-vector": (torch.float8_e4m3fn, "vector"),
+                     "fp8-tensor": (torch.float8_e4m3fn, "tensor")}
+POISON_BYTE = {torch.int8: 0xB3, torch.float8_e4m3fn: 0x7F}  # -77; e4m3's NaN
+
+
+def quant_write(device, kind, prob, k, v, k_smooth, tensor_scales):
+    """cache_write of k, v on `device` into fresh pools of `kind` whose every
+    byte is poison (and per-vector scales NaN); returns the pools' bytes and
+    the scales, on the CPU."""
+    dtype, scale_kind = QUANT_WRITE_KINDS[kind]
+    shape = tuple(prob.k_cache.shape)
+    pools = [torch.full(shape, POISON_BYTE[dtype], dtype=torch.uint8, device=device).view(dtype) for _ in range(2)]
+    if scale_kind == "vector":
+        scales = [torch.full(shape[:3], float("nan"), device=device) for _ in range(2)]
+    else:
+        scales = [s.to(device).clone() for s in tensor_scales]
+    meta = [t.to(device) for t in (prob.block_tables, prob.seq_lens, prob.cu_seqlens_q)]
+    ops.cache_write(pools[0], pools[1], k.to(device), v.to(device), *meta, scales[0], scales[1],
+                    None if k_smooth is None else k_smooth.to(device))
+    return [p.view(torch.uint8).cpu() for p in pools], [s.cpu() for s in scales]
+
+
+@pytest.mark.parametrize("kind", list(QUANT_WRITE_KINDS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_quantized_cache_write_matches_cpu_op(kind, dtype, d):
+    """Quantizing cache_write on the GPU stores the bytes and scales that the
+    CPU op stores, bit for bit: both divide in IEEE fp32 (by k_smooth, then by
+    the scale; per vector the scale is amax / 127 or amax / 448) and round to
+    nearest even with saturation (int8 to +-127, e4m3 to +-448). Keys with an
+    outlier channel, an all-zero value vector, and per tensor a scale half the
+    calibrated one, so that the largest values saturate."""
+    need("cache_write")
+    page = PAGE_SIZES[HEAD_DIMS.index(d) % len(PAGE_SIZES)]
+    prob = make_problem(SEQ_LENS, Q_LENS, 4, 2, d, page, dtype, DEV, seed=d + page)
+    gen = torch.Generator(device=DEV).manual_seed(6000 + d)
+    t = sum(Q_LENS) + 2  # two padding tokens, of no sequence: written by neither
+    _, k, v = qkv_inputs(gen, t, 4, 2, d, dtype, packed=False)
+    k[:, :, 3] *= 30
+    v[5] = 0
+    smooth = torch.rand(2, d, generator=gen, device=DEV) * 2 + 0.25 if kind != "fp8-tensor" else None
+    tensor_scales = [(x.float().abs().max() / 448 * 0.5).reshape(1) for x in (k, v)]
+    gpu_pools, gpu_scales = quant_write(DEV, kind, prob, k, v, smooth, tensor_scales)
+    cpu_pools, cpu_scales = quant_write("cpu", kind, prob, k, v, smooth, tensor_scales)
+    for name, g, c in zip(("k_cache", "v_cache"), gpu_pools, cpu_pools):
+        assert torch.equal(g, c), f"{kind} {name}: {int((g != c).sum())} bytes differ from the CPU op's"
+    for name, g, c in zip(("k_scale", "v_scale"), gpu_scales, cpu_scales):
+        assert torch.equal(g.view(torch.int32), c.view(torch.int32)), f"{kind} {name}: bits differ from the CPU op's"
+    # The test can fail: slots were written, and per tensor some keys saturated (e4m3 +-448: 0x7e, 0xfe).
+    poison = POISON_BYTE[QUANT_WRITE_KINDS[kind][0]]
+    targets, _ = token_targets(prob, t)
+    page_ids = torch.tensor([x[2] for x in targets])
+    slots = torch.tensor([x[3] for x in targets])
+    assert (gpu_pools[0][page_ids, :, slots] != poison).any() and (gpu_pools[1][page_ids, :, slots] != poison).any()
+    if kind == "fp8-tensor":
+        assert ((gpu_pools[0] == 0x7E) | (gpu_pools[0] == 0xFE)).any(), "no key saturated"
 
 
 # ----------------------------------------------------------------------------- attention_inputs
