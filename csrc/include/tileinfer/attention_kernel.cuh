@@ -274,13 +274,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
         tile, k_pool, v_pool, k_dst, v_dst, [](int row, int ch) { return Cfg::stage_offset(row, ch); });
     if constexpr (Cfg::kQuant) {
       // A pool row is also the index of its scale ([num_pages, num_kv_heads,
-      // page_size]); a per-tensor scale (fp8) is copied for every key alike.
+      // page_size]). A per-tensor scale (fp8) is stored for every key from
+      // one cached load: 4-byte copies of one address from every thread cost
+      // more than the key bytes they go with.
       if (tid < BN) {
         const int pr = key_rows_s[(tile % kSlots) * BN + tid];
         float* dst = scale_s + (tile % S) * 2 * BN;
-        const int64_t at = scale_index(p.kv, pr < 0 ? 0 : pr);
-        cp_async_4(dst + tid, p.kv.k_scale + at, pr >= 0);
-        cp_async_4(dst + BN + tid, p.kv.v_scale + at, pr >= 0);
+        if (p.kv.scale_per_tensor) {
+          dst[tid] = pr >= 0 ? __ldg(p.kv.k_scale) : 0.f;
+          dst[BN + tid] = pr >= 0 ? __ldg(p.kv.v_scale) : 0.f;
+        } else {
+          cp_async_4(dst + tid, p.kv.k_scale + (pr < 0 ? 0 : pr), pr >= 0);
+          cp_async_4(dst + BN + tid, p.kv.v_scale + (pr < 0 ? 0 : pr), pr >= 0);
+        }
       }
     }
   };

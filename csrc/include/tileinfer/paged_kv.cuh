@@ -35,12 +35,6 @@ __device__ __forceinline__ int64_t kv_offset(const PagedKVParams& p, int page, i
          static_cast<int64_t>(p.head_dim);
 }
 
-// Index of the scale of the vector at `vec` (scale_offset, or a pool row): 0
-// when the quantized cache has one scale per pool.
-__device__ __forceinline__ int64_t scale_index(const PagedKVParams& p, int64_t vec) {
-  return p.scale_per_tensor ? 0 : vec;
-}
-
 // Offset of (page, kv_head, slot) in a per-vector scale array (quantized cache).
 __device__ __forceinline__ int64_t scale_offset(const PagedKVParams& p, int page, int kv_head, int slot) {
   return (static_cast<int64_t>(page) * p.num_kv_heads + kv_head) * p.page_size + slot;
