@@ -5,7 +5,9 @@
 //   O += P V    wgmma m64n{D}k16, P from registers (the S accumulator of 16
 //               keys is, register for register, the A fragment), V from
 //               shared memory N-major
-// then one arrival per warp on the stage's empty barrier.
+// with one arrival per warp on the stage's empty_k barrier as soon as S has
+// completed (the producer's next keys can land while P V still reads the
+// values) and on empty_v after P V.
 //
 // Two overlaps keep the tensor cores busy:
 //   - ping-pong: warpgroup w issues the S of each tile (with Cfg::kOverlap,
@@ -107,17 +109,13 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     float s[2][BN / 4];      // s[R][2 j + e]: row R, key 8 j + 2 quad + e; then the probabilities
     uint32_t a[BN / 16][4];  // P rounded to T: the A operand of its P V product
     float factor[2];
-    // Masked online softmax of the S just completed: s holds its
-    // probabilities, factor what O must be multiplied by.
-    auto softmax = [&](int i, int stage) {
+    // Masked online softmax of the S just completed (`outside`: its stage's
+    // mask, from take_k): s holds its probabilities, factor what O must be
+    // multiplied by.
+    auto softmax = [&](int i, uint32_t outside) {
       wgmma::fence_regs(acc);
       wgmma::acc_to_rows<BN>(acc, s);
       smap.template apply<true>(s);  // the one-MUFU tanh: this loop is bound by the MUFU pipe (softmax.cuh)
-      // Lane 0 reads the stage's mask and hands it to its warp: the read is
-      // then ordered before the warp's release of the stage by lane 0 itself.
-      uint32_t outside = 0;
-      if (lane == 0) outside = sm.stage_mask[stage];
-      outside = __shfl_sync(0xffffffffu, outside, 0);
       const TileMask mask{w.key_begin + i * BN, w.key_end, outside, box_shift, p.a.window_left, p.a.causal};
       if (mask.template needed<BN>(wg_qmin, window_first_key(qpos[1], p.a.window_left))) {
         mask.template apply<BN>(s, qpos, quad);
@@ -127,29 +125,42 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     auto pack_p = [&]() { wgmma::rows_to_a<T, BN>(s, a); };
     // O was accumulated against the previous maximum: rescale it before the next P joins.
     auto rescale_o = [&]() { wgmma::rescale_rows<D>(o, factor); };
-    // Waits for stage `slot`, then issues its S = Q K^T in this warpgroup's turn.
+    auto release = [&](uint64_t* bar) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar);
+    };
+    // Waits for the key tile of `slot`, then issues its S = Q K^T in this warpgroup's turn.
     auto take_s = [&](const RingSlot<Cfg::kStages>& slot) {
-      mbar_wait(&sm.full[slot.stage], slot.parity);
+      mbar_wait(&sm.full_k[slot.stage], slot.parity);
       named_sync(kTurnBarrier + wg, 256);
       wgmma::issue_qk<T, BM, BN, D>(acc, q_base, smem_u32(sm.k(slot.stage)));
     };
-    auto release = [&](int stage) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&sm.empty[stage]);
+    // Once S of `stage` has completed: its mask, and the key tile released.
+    // Lane 0 reads the mask and hands it to its warp: the read is then
+    // ordered before the warp's release by lane 0 itself.
+    auto take_k_mask = [&](int stage) {
+      uint32_t outside = 0;
+      if (lane == 0) outside = sm.stage_mask[stage];
+      outside = __shfl_sync(0xffffffffu, outside, 0);
+      release(&sm.empty_k[stage]);
+      return outside;
     };
+    auto wait_v = [&](const RingSlot<Cfg::kStages>& slot) { mbar_wait(&sm.full_v[slot.stage], slot.parity); };
     // A tile this warpgroup's rows see none of: waited for and released in
     // its turn, so that turns and ring stay in step.
     auto pass = [&]() {
       const RingSlot<Cfg::kStages> slot(tiles++);
-      mbar_wait(&sm.full[slot.stage], slot.parity);
+      mbar_wait(&sm.full_k[slot.stage], slot.parity);
+      wait_v(slot);
       named_sync(kTurnBarrier + wg, 256);
       named_arrive(kTurnBarrier + (wg ^ 1), 256);
-      release(slot.stage);
+      release(&sm.empty_k[slot.stage]);
+      release(&sm.empty_v[slot.stage]);
     };
 
     int i = 0;
     for (; i < my_first; ++i) pass();  // before the window of every row
-    int prev_stage = 0;
+    RingSlot<Cfg::kStages> prev(0);  // the tile whose P V is pending (overlap)
     if constexpr (Cfg::kOverlap) {
       // The first tile: S, softmax, P.
       if (i < my_tiles) {
@@ -157,29 +168,31 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
         take_s(slot);
         named_arrive(kTurnBarrier + (wg ^ 1), 256);
         wgmma::wait<0>();
-        softmax(i, slot.stage);
+        softmax(i, take_k_mask(slot.stage));
         pack_p();
-        prev_stage = slot.stage;
+        prev = slot;
         ++i;
       }
       // The other tiles up to my_tiles - 1: S of tile i and P V of tile i - 1 in flight
       // together; the softmax of tile i runs while P V still does.
       for (; i < my_tiles; ++i) {
         const RingSlot<Cfg::kStages> slot(tiles++);
+        wait_v(prev);  // before the turn: values land later than keys
         take_s(slot);
-        wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev_stage)));
+        wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev.stage)));
         named_arrive(kTurnBarrier + (wg ^ 1), 256);
         wgmma::wait<1>();  // S of tile i
-        softmax(i, slot.stage);
+        const uint32_t outside = take_k_mask(slot.stage);
+        softmax(i, outside);
         // Pinned before the wait, so that the softmax stays ahead of it.
 #pragma unroll
         for (int R = 0; R < 2; ++R) wgmma::fence_regs(s[R]);
         wgmma::fence_regs(factor);
         wgmma::wait_pv<D, BN>(o, a);  // P V of tile i - 1: its A registers are free again
-        release(prev_stage);
+        release(&sm.empty_v[prev.stage]);
         rescale_o();
         pack_p();
-        prev_stage = slot.stage;
+        prev = slot;
       }
     } else {
       // One tile at a time: S, softmax, P V.
@@ -188,19 +201,21 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
         take_s(slot);
         named_arrive(kTurnBarrier + (wg ^ 1), 256);
         wgmma::wait<0>();
-        softmax(i, slot.stage);
+        softmax(i, take_k_mask(slot.stage));
         rescale_o();
         pack_p();
+        wait_v(slot);
         wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(slot.stage)));
         wgmma::wait_pv<D, BN>(o, a);
-        release(slot.stage);
+        release(&sm.empty_v[slot.stage]);
       }
     }
     if (lane == 0) mbar_arrive(sm.q_empty);  // every S product has completed
     if (Cfg::kOverlap && my_tiles > my_first) {
-      wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev_stage)));
+      wait_v(prev);
+      wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev.stage)));
       wgmma::wait_pv<D, BN>(o, a);
-      release(prev_stage);
+      release(&sm.empty_v[prev.stage]);
     }
     for (; i < num_tiles; ++i) pass();  // past this warpgroup's rows
 

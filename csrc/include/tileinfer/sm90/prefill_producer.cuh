@@ -16,7 +16,8 @@
 // tile that crosses the key end (at most one per item) is therefore finished
 // by the producer: its copies complete on the `tail` barrier, the warp zeroes
 // the rows from the key end on, and only then arrives on the stage's full
-// barrier. Block-table entries past the key end are never read.
+// barrier (keys and values each). Block-table entries past the key end are
+// never read.
 #pragma once
 
 #include "../attention_work.cuh"
@@ -67,52 +68,63 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
       if (i >= num_tiles || lane >= boxes || pos >= w.key_end) return -1;
       return kv.block_tables[static_cast<int64_t>(w.seq) * kv.max_pages + (pos >> page_shift)];
     };
-    int next_page = lookup(0);
-    for (int i = 0; i < num_tiles; ++i, ++tiles) {
+    // The key (or value) tile i of the item, box `lane` on `page`, into
+    // ring position `count`.
+    auto load = [&](bool values, int i, uint32_t count, int page) {
       const int tile_pos = w.key_begin + i * BN;
       const int pos = tile_pos + lane * rows;  // box `lane`'s first position
       const bool needed = lane < boxes && pos < w.key_end;
-      const int page = next_page;
-      next_page = lookup(i + 1);
-      const RingSlot<Cfg::kStages> slot(tiles);
-      mbar_wait(&sm.empty[slot.stage], slot.parity ^ 1);
-      const uint32_t outside = __ballot_sync(0xffffffffu, needed && !page_in_pool(kv, page));
+      const RingSlot<Cfg::kStages> slot(count);
+      mbar_wait(&(values ? sm.empty_v : sm.empty_k)[slot.stage], slot.parity ^ 1);
+      uint64_t* full = &(values ? sm.full_v : sm.full_k)[slot.stage];
+      uint8_t* tile = values ? sm.v(slot.stage) : sm.k(slot.stage);
       const uint32_t issued = __popc(__ballot_sync(0xffffffffu, needed));
       const bool tail = tile_pos + BN > w.key_end;
-      uint64_t* bar = tail ? sm.tail : &sm.full[slot.stage];
-      if (lane == 0) {
-        sm.stage_mask[slot.stage] = outside;  // released by the arrival below
-        mbar_arrive_expect_tx(bar, issued * 2 * kBlocks * box_bytes);
+      uint64_t* bar = tail ? sm.tail : full;
+      if (!values) {
+        // Read by the consumers between their wait on full_k and their release of empty_k.
+        const uint32_t outside = __ballot_sync(0xffffffffu, needed && !page_in_pool(kv, page));
+        if (lane == 0) sm.stage_mask[slot.stage] = outside;
       }
+      if (lane == 0) mbar_arrive_expect_tx(bar, issued * kBlocks * box_bytes);
       __syncwarp();
       if (needed) {
         const int in_page = pos & (kv.page_size - 1);
 #pragma unroll
-        for (int c = 0; c < kBlocks; ++c) {
-          const int off = c * BN * 128 + lane * rows * 128;
-          tma_load_4d(sm.k(slot.stage) + off, &p.k_map, bar, 64 * c, in_page, w.kv_head, page);
-          tma_load_4d(sm.v(slot.stage) + off, &p.v_map, bar, 64 * c, in_page, w.kv_head, page);
-        }
+        for (int c = 0; c < kBlocks; ++c)
+          tma_load_4d(tile + c * BN * 128 + lane * rows * 128, values ? &p.v_map : &p.k_map, bar, 64 * c, in_page,
+                      w.kv_head, page);
       }
       if (tail) {
         mbar_wait(sm.tail, tails & 1);
         ++tails;
-        // Zero rows [key_end - tile_pos, BN) of K and V: 128 contiguous bytes
-        // per row and 64-column block (the swizzle only permutes inside them).
+        // Zero rows [key_end - tile_pos, BN): 128 contiguous bytes per row and
+        // 64-column block (the swizzle only permutes inside them).
         const int first = w.key_end - tile_pos;
         const int chunks = (BN - first) * 8;  // 16-byte chunks of one block's rows
-        for (int x = lane; x < 2 * kBlocks * chunks; x += 32) {
-          const int part = x / chunks;  // K blocks, then V blocks
-          const int rest = x % chunks;
-          uint8_t* tile = part < kBlocks ? sm.k(slot.stage) : sm.v(slot.stage);
-          const int c = part % kBlocks;
-          *reinterpret_cast<uint4*>(tile + c * BN * 128 + first * 128 + rest * 16) = make_uint4(0, 0, 0, 0);
+        for (int x = lane; x < kBlocks * chunks; x += 32) {
+          const int c = x / chunks;
+          *reinterpret_cast<uint4*>(tile + c * BN * 128 + first * 128 + (x % chunks) * 16) = make_uint4(0, 0, 0, 0);
         }
         wgmma::fence_proxy_async_smem();  // the zeros, visible to the tensor cores
         __syncwarp();
-        if (lane == 0) mbar_arrive(&sm.full[slot.stage]);
+        if (lane == 0) mbar_arrive(full);
       }
+    };
+    // Keys of tile i, then values of tile i - 1: the consumers release a key
+    // tile as soon as its S product completes, long before the values that
+    // go with it, so the next keys can land while those values are in use.
+    int page = lookup(0);
+    int prev_page = -1;
+    for (int i = 0; i < num_tiles; ++i) {
+      const int next_page = lookup(i + 1);
+      load(false, i, tiles + i, page);
+      if (i > 0) load(true, i - 1, tiles + i - 1, prev_page);
+      prev_page = page;
+      page = next_page;
     }
+    if (num_tiles > 0) load(true, num_tiles - 1, tiles + num_tiles - 1, prev_page);
+    tiles += num_tiles;
   }
 }
 

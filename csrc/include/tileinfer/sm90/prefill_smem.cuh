@@ -3,8 +3,9 @@
 //
 //   q       [D / 64][kBlockM rows][128 B]              the item's queries
 //   stages  [kStages][K, V][D / 64][kBlockN rows][128 B] the ring of key tiles
-//   full[s]    the stage's tiles landed (1 arrival: the producer's, + bytes)
-//   empty[s]   the consumers are done with it (one arrival per consumer warp)
+//   full_k[s]  the stage's key tile landed (1 arrival: the producer's, + bytes)
+//   empty_k[s] the consumers are done with it (one arrival per consumer warp)
+//   full_v[s], empty_v[s]  the same for the value tile
 //   q_full / q_empty   the same for the query tile, once per item
 //   tail       copies of a stage that the producer finishes itself (below)
 //   stage_mask[s]  bit b: box b of the stage is on a page outside the pool
@@ -27,8 +28,10 @@ struct PrefillSmem {
 
   uint8_t* q;
   uint8_t* stages;
-  uint64_t* full;
-  uint64_t* empty;
+  uint64_t* full_k;
+  uint64_t* empty_k;
+  uint64_t* full_v;
+  uint64_t* empty_v;
   uint64_t* q_full;
   uint64_t* q_empty;
   uint64_t* tail;
@@ -40,9 +43,11 @@ struct PrefillSmem {
     const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
     q = raw + ((Cfg::kAlign - (base & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
     stages = q + Cfg::kQBytes;
-    full = reinterpret_cast<uint64_t*>(stages + Cfg::kStages * Cfg::kStageBytes);
-    empty = full + Cfg::kStages;
-    q_full = empty + Cfg::kStages;
+    full_k = reinterpret_cast<uint64_t*>(stages + Cfg::kStages * Cfg::kStageBytes);
+    empty_k = full_k + Cfg::kStages;
+    full_v = empty_k + Cfg::kStages;
+    empty_v = full_v + Cfg::kStages;
+    q_full = empty_v + Cfg::kStages;
     q_empty = q_full + 1;
     tail = q_empty + 1;
     stage_mask = reinterpret_cast<uint32_t*>(tail + 1);
@@ -54,8 +59,10 @@ struct PrefillSmem {
   // One thread, before the block barrier that precedes every other use.
   __device__ void init() const {
     for (int s = 0; s < Cfg::kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps);
+      mbar_init(&full_k[s], 1);
+      mbar_init(&empty_k[s], kConsumerWarps);
+      mbar_init(&full_v[s], 1);
+      mbar_init(&empty_v[s], kConsumerWarps);
     }
     mbar_init(q_full, 1);
     mbar_init(q_empty, kConsumerWarps);
