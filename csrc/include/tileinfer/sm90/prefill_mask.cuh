@@ -31,19 +31,27 @@ struct TileMask {
   }
 
   // s[R][2 j + e]: row R (query position qpos[R]), key 8 j + 2 quad + e.
+  // Branch-free: each row's last and first visible positions once, then
+  // two compares and a select per score (the tests written as one
+  // short-circuit chain per score compiled to a branch each).
   template <int kBlockN>
   __device__ __forceinline__ void apply(float (&s)[2][kBlockN / 4], const int (&qpos)[2], int quad) const {
+    int last[2], first[2];
+#pragma unroll
+    for (int R = 0; R < 2; ++R) {
+      last[R] = causal ? min(key_end - 1, qpos[R]) : key_end - 1;  // key_end >= 1: the tile exists
+      first[R] = window_first_key(qpos[R], window_left);
+    }
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int key = 8 * j + 2 * quad + e;
         const int kpos = tile_pos + key;
-        const bool hidden = kpos >= key_end || ((outside >> (key >> box_shift)) & 1u);
+        const bool boxed_out = (outside >> (key >> box_shift)) & 1u;
 #pragma unroll
         for (int R = 0; R < 2; ++R)
-          if (hidden || (causal && kpos > qpos[R]) || kpos < window_first_key(qpos[R], window_left))
-            s[R][2 * j + e] = kNegInf;
+          s[R][2 * j + e] = (boxed_out | (kpos > last[R]) | (kpos < first[R])) ? kNegInf : s[R][2 * j + e];
       }
   }
 };
