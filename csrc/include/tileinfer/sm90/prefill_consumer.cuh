@@ -36,7 +36,6 @@
 #include "../softmax.cuh"
 #include "prefill_epilogue.cuh"
 #include "prefill_mask.cuh"
-#include "prefill_scheduler.cuh"
 #include "prefill_smem.cuh"
 #include "wgmma.cuh"
 
@@ -46,8 +45,7 @@ namespace sm90 {
 constexpr int kTurnBarrier = 2;  // named barriers 2, 3: "consumer w may issue"
 
 template <class Cfg>
-__device__ __forceinline__ void prefill_consume(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
-                                                const PrefillScheduler& sched, int wg) {
+__device__ __forceinline__ void prefill_consume(const PrefillParams& p, const PrefillSmem<Cfg>& sm, int wg) {
   using T = typename Cfg::T;
   constexpr int D = Cfg::D;
   constexpr int BM = Cfg::kBlockM;
@@ -65,11 +63,11 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
   if (wg == 1) named_arrive(kTurnBarrier, 256);  // consumer 0 issues first
 
   uint32_t tiles = 0;
-  uint32_t items = 0;
-  for (int round = sched.template next_active<BM>(p, 0); sched.valid(round);
-       round = sched.template next_active<BM>(p, round + 1)) {
-    const WorkItem w = sched.template make<BM>(p, round);
-    if (!w.active) continue;  // (next_active read the same metadata: never taken)
+  for (uint32_t items = 0;; ++items) {
+    // The item comes with its query tile, from the producer (prefill_smem.cuh).
+    mbar_wait(sm.q_full, items & 1);
+    const WorkItem w = *sm.item;
+    if (!w.active) break;
 
     int qpos[2];
 #pragma unroll
@@ -101,9 +99,6 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       if (p.a.causal) my_tiles = min(num_tiles, max(0, ceil_div(wg_qmax + 1 - w.key_begin, BN)));
       my_first = min(my_tiles, max(0, (window_first_key(wg_qmin, p.a.window_left) - w.key_begin) / BN));
     }
-
-    mbar_wait(sm.q_full, items & 1);
-    ++items;
 
     float acc[BN / 2];       // S of the tile in flight
     float s[2][BN / 4];      // s[R][2 j + e]: row R, key 8 j + 2 quad + e; then the probabilities

@@ -2,7 +2,7 @@
 // over a cache of the same type, head dims of the tile table (prefill_tile.h),
 // group sizes that are powers of two up to kBlockM. The body only wires the
 // roles together:
-//   prefill_scheduler.cuh  which items (row tile, sequence, KV head) a block takes
+//   prefill_scheduler.cuh  which items (row tile, sequence, KV head) a block takes (the producer walks it)
 //   prefill_producer.cuh   one warp: bulk copies of Q and of K / V pages into a ring
 //   prefill_consumer.cuh   two warpgroups: products, mask, online softmax
 //   prefill_mask.cuh       which scores are hidden
@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_kernel(const __grid_
     if (threadIdx.x < 32) prefill_produce<Cfg>(p, sm, sched);
   } else {
     regs_alloc<Cfg::kConsumerRegs>();
-    prefill_consume<Cfg>(p, sm, sched, wg - 1);
+    prefill_consume<Cfg>(p, sm, wg - 1);
     allow_dependent_launch();
   }
 #elif defined(__CUDA_ARCH__)

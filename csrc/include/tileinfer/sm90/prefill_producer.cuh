@@ -1,6 +1,8 @@
-// Producer of the Hopper prefill kernel: one warp that moves each item's query
-// tile and its key / value tiles into shared memory with the bulk tensor copy
-// engine, kStages tiles ahead of the consumers.
+// Producer of the Hopper prefill kernel: one warp that walks the scheduler's
+// items and moves each item's query tile and its key / value tiles into shared
+// memory with the bulk tensor copy engine, kStages tiles ahead of the
+// consumers. The consumers take each item from shared memory with its query
+// tile (the metadata reads stay off their path from one item to the next).
 //
 // A key tile of kBlockN positions is kBlockN / box_rows boxes; box b covers
 // positions [tile_pos + b * rows, + rows) of one page of one KV head, a dense
@@ -53,6 +55,7 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
     // exactly the box {64, group, BM / group} of q at (head0, first token).
     mbar_wait(sm.q_empty, (items & 1) ^ 1);
     if (lane == 0) {
+      *sm.item = w;  // released to the consumers by the arrival below
       mbar_arrive_expect_tx(sm.q_full, Cfg::kQBytes);
       const int token0 = w.q_begin + w.row_base / w.group;
 #pragma unroll
@@ -125,6 +128,12 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
     }
     if (num_tiles > 0) load(true, num_tiles - 1, tiles + num_tiles - 1, prev_page);
     tiles += num_tiles;
+  }
+  // No item left: an inactive item, once the consumers are done with the last query tile.
+  mbar_wait(sm.q_empty, (items & 1) ^ 1);
+  if (lane == 0) {
+    sm.item->active = false;
+    mbar_arrive(sm.q_full);
   }
 }
 

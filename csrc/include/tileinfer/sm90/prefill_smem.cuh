@@ -7,6 +7,8 @@
 //   empty_k[s] the consumers are done with it (one arrival per consumer warp)
 //   full_v[s], empty_v[s]  the same for the value tile
 //   q_full / q_empty   the same for the query tile, once per item
+//   item       the work item of the query tile (written by the producer before
+//              its arrival on q_full; inactive: no item left)
 //   tail       copies of a stage that the producer finishes itself (below)
 //   stage_mask[s]  bit b: box b of the stage is on a page outside the pool
 //
@@ -16,6 +18,7 @@
 
 #include <cstdint>
 
+#include "../attention_work.cuh"
 #include "async.cuh"
 #include "prefill_tile.h"
 
@@ -36,6 +39,7 @@ struct PrefillSmem {
   uint64_t* q_empty;
   uint64_t* tail;
   uint32_t* stage_mask;
+  WorkItem* item;
 
   __device__ explicit PrefillSmem(uint8_t* raw) {
     // The swizzle is a function of address bits: align to 1024 bytes whatever
@@ -51,6 +55,7 @@ struct PrefillSmem {
     q_empty = q_full + 1;
     tail = q_empty + 1;
     stage_mask = reinterpret_cast<uint32_t*>(tail + 1);
+    item = reinterpret_cast<WorkItem*>(stage_mask + Cfg::kStages + (Cfg::kStages & 1));  // 8-byte aligned
   }
 
   __device__ uint8_t* k(int s) const { return stages + s * Cfg::kStageBytes; }

@@ -61,7 +61,8 @@ struct PrefillTile {
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage
   static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kBarBytes = (4 * kStages + 3) * 8 + kStages * 4;  // barriers + stage masks
+  // Barriers, stage masks (padded to 8 bytes) and the work item (prefill_smem.cuh).
+  static constexpr int kBarBytes = (4 * kStages + 3) * 8 + (kStages + (kStages & 1)) * 4 + 64;
   static constexpr int kAlign = 1024;
   static constexpr int kSmemBytes = kAlign + kQBytes + kStages * kStageBytes + kBarBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
