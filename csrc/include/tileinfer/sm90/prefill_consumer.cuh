@@ -65,8 +65,10 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
   uint32_t tiles = 0;
   for (uint32_t items = 0;; ++items) {
     // The item comes with its query tile, from the producer (prefill_smem.cuh).
+    // Lane 0 reads it and hands it to its warp, so that the read is ordered
+    // before its own arrival on q_empty (after which the producer writes the next).
     mbar_wait(sm.q_full, items & 1);
-    const WorkItem w = *sm.item;
+    const WorkItem w = warp_broadcast(lane == 0 ? *sm.item : WorkItem{});
     if (!w.active) break;
 
     int qpos[2];

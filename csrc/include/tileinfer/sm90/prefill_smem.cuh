@@ -76,6 +76,17 @@ struct PrefillSmem {
   }
 };
 
+// Lane 0's work item, in every lane of the warp.
+__device__ __forceinline__ WorkItem warp_broadcast(const WorkItem& w) {
+  static_assert(sizeof(WorkItem) % 4 == 0, "WorkItem: whole words");
+  WorkItem r;
+  const uint32_t* from = reinterpret_cast<const uint32_t*>(&w);
+  uint32_t* to = reinterpret_cast<uint32_t*>(&r);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(WorkItem) / 4); ++i) to[i] = __shfl_sync(0xffffffffu, from[i], 0);
+  return r;
+}
+
 // Position in the ring of a running tile count: stage and the parity of the
 // stage's current phase.
 template <int kStages>
