@@ -107,8 +107,8 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     uint32_t a[BN / 16][4];  // P rounded to T: the A operand of its P V product
     float factor[2];
     // Masked online softmax of the S just completed (`outside`: its stage's
-    // mask, from take_k): s holds its probabilities, factor what O must be
-    // multiplied by.
+    // mask, from take_k_mask): s holds its probabilities, factor what O must
+    // be multiplied by.
     auto softmax = [&](int i, uint32_t outside) {
       wgmma::fence_regs(acc);
       wgmma::acc_to_rows<BN>(acc, s);

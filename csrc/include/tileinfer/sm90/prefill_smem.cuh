@@ -25,6 +25,8 @@
 namespace tileinfer {
 namespace sm90 {
 
+static_assert(sizeof(WorkItem) <= 64, "the work item's room in PrefillTile::kBarBytes");
+
 template <class Cfg>
 struct PrefillSmem {
   static constexpr int kConsumerWarps = 4 * Cfg::kConsumers;
