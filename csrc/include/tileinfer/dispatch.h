@@ -15,64 +15,51 @@
 #include <c10/util/Exception.h>
 #include <c10/core/ScalarType.h>
 
+// One case of a dtype switch: `ALIAS` names the C++ type of the dtype in the
+// lambda's scope.
+#define TILEINFER_TYPE_CASE_(dtype, type, ALIAS, ...) \
+  case at::ScalarType::dtype: {                     \
+    using ALIAS = type;                             \
+    return __VA_ARGS__();                           \
+  }
+#define TILEINFER_UNSUPPORTED_DTYPE_(stype, NAME, what, table)                   \
+  TILEINFER_CHECK(false, NAME, ": unsupported ", what, " ", stype, " (expected ", \
+                  ::tileinfer::expected(::tileinfer::table), ")")
+
 // Element types of q / out / a non-int8 cache (tile_table.h: kFloatDtypes).
-#define TILEINFER_DISPATCH_FLOAT(stype, NAME, ...)                                   \
-  [&] {                                                                             \
-    switch (stype) {                                                                \
-      case at::ScalarType::BFloat16: {                                              \
-        using scalar_t = __nv_bfloat16;                                             \
-        return __VA_ARGS__();                                                       \
-      }                                                                             \
-      case at::ScalarType::Half: {                                                  \
-        using scalar_t = __half;                                                    \
-        return __VA_ARGS__();                                                       \
-      }                                                                             \
-      case at::ScalarType::Float: {                                                 \
-        using scalar_t = float;                                                     \
-        return __VA_ARGS__();                                                       \
-      }                                                                             \
-      default:                                                                      \
-        TILEINFER_CHECK(false, NAME, ": unsupported dtype ", stype, " (expected ",  \
-                        ::tileinfer::expected(::tileinfer::kFloatDtypes), ")");     \
-    }                                                                               \
+#define TILEINFER_DISPATCH_FLOAT(stype, NAME, ...)                          \
+  [&] {                                                                    \
+    switch (stype) {                                                       \
+      TILEINFER_TYPE_CASE_(BFloat16, __nv_bfloat16, scalar_t, __VA_ARGS__) \
+      TILEINFER_TYPE_CASE_(Half, __half, scalar_t, __VA_ARGS__)            \
+      TILEINFER_TYPE_CASE_(Float, float, scalar_t, __VA_ARGS__)            \
+      default:                                                             \
+        TILEINFER_UNSUPPORTED_DTYPE_(stype, NAME, "dtype", kFloatDtypes);  \
+    }                                                                      \
   }()
 
 // Same, without fp32 (tile_table.h: kHalfDtypes): for tensor-core kernels whose
 // fp32 path is separate.
-#define TILEINFER_DISPATCH_HALF(stype, NAME, ...)                                    \
-  [&] {                                                                             \
-    switch (stype) {                                                                \
-      case at::ScalarType::BFloat16: {                                              \
-        using scalar_t = __nv_bfloat16;                                             \
-        return __VA_ARGS__();                                                       \
-      }                                                                             \
-      case at::ScalarType::Half: {                                                  \
-        using scalar_t = __half;                                                    \
-        return __VA_ARGS__();                                                       \
-      }                                                                             \
-      default:                                                                      \
-        TILEINFER_CHECK(false, NAME, ": unsupported dtype ", stype, " (expected ",  \
-                        ::tileinfer::expected(::tileinfer::kHalfDtypes), ")");      \
-    }                                                                               \
+#define TILEINFER_DISPATCH_HALF(stype, NAME, ...)                           \
+  [&] {                                                                    \
+    switch (stype) {                                                       \
+      TILEINFER_TYPE_CASE_(BFloat16, __nv_bfloat16, scalar_t, __VA_ARGS__) \
+      TILEINFER_TYPE_CASE_(Half, __half, scalar_t, __VA_ARGS__)            \
+      default:                                                             \
+        TILEINFER_UNSUPPORTED_DTYPE_(stype, NAME, "dtype", kHalfDtypes);   \
+    }                                                                      \
   }()
 
 // Quantized cache types (tile_table.h: kQuantDtypes), with `cache_t` in scope:
 // the CacheT of the tile kernels and the cache writes (quant.cuh).
-#define TILEINFER_DISPATCH_QUANT(stype, NAME, ...)                                   \
-  [&] {                                                                             \
-    switch (stype) {                                                                \
-      case at::ScalarType::Char: {                                                  \
-        using cache_t = int8_t;                                                     \
-        return __VA_ARGS__();                                                       \
-      }                                                                             \
-      case at::ScalarType::Float8_e4m3fn: {                                         \
-        using cache_t = __nv_fp8_e4m3;                                              \
-        return __VA_ARGS__();                                                       \
-      }                                                                             \
-      default:                                                                      \
-        TILEINFER_CHECK(false, NAME, ": unsupported quantized cache dtype ", stype,  \
-                        " (expected ", ::tileinfer::expected(::tileinfer::kQuantDtypes), ")"); \
-    }                                                                               \
+#define TILEINFER_DISPATCH_QUANT(stype, NAME, ...)                                         \
+  [&] {                                                                                   \
+    switch (stype) {                                                                      \
+      TILEINFER_TYPE_CASE_(Char, int8_t, cache_t, __VA_ARGS__)                            \
+      TILEINFER_TYPE_CASE_(Float8_e4m3fn, __nv_fp8_e4m3, cache_t, __VA_ARGS__)            \
+      default:                                                                            \
+        TILEINFER_UNSUPPORTED_DTYPE_(stype, NAME, "quantized cache dtype", kQuantDtypes); \
+    }                                                                                     \
   }()
 
 // Head dims of the support table (tile_table.h: TILEINFER_HEAD_DIMS), one case
