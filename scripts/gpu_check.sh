@@ -15,7 +15,7 @@
 #   GIT_COMMIT=<sha> GIT_DIRTY=0|1   the commit the result files record, where the
 #                    tree here is a copy without .git (with .git, git says it)
 #   TEST_TIMEOUT / SANITIZE_TIMEOUT / BENCH_TIMEOUT / FI_TIMEOUT   seconds per step
-#                    (240 / 120 / 150 / 240: FlashInfer's background JIT, from the start)
+#                    (480 / 120 / 150 / 240: FlashInfer's background JIT, from the start)
 #
 # FlashInfer as a peer: its wheels travel in .whl/ (git-ignored), fetched once in
 # the checkout with
@@ -107,13 +107,13 @@ fi
 
 # --- tests ------------------------------------------------------------------------
 if [ -z "${SKIP_TESTS:-}" ]; then
-  step "tests (timeout ${TEST_TIMEOUT:-240}s)"
+  step "tests (timeout ${TEST_TIMEOUT:-480}s)"
   # shellcheck disable=SC2086
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} >"$WORK/tests.log" 2>&1
+  timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} >"$WORK/tests.log" 2>&1
   rc=$?
   grep -E "^(FAILED|ERROR)" "$WORK/tests.log" | head -20
   tail -1 "$WORK/tests.log"
-  [ $rc -eq 124 ] && echo "TESTS TIMED OUT after ${TEST_TIMEOUT:-240}s"
+  [ $rc -eq 124 ] && echo "TESTS TIMED OUT after ${TEST_TIMEOUT:-480}s"
   [ $rc -ne 0 ] && fail "tests(exit $rc)"
   step "tests: exit $rc"
 fi
