@@ -135,6 +135,29 @@ def test_int8_prefill_long(kind, dtype, head_dim, seed):
     check_lse(lse, exact_lse, p, True, f"{kind} prefill long lse")
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("page", [16, 128])
+def test_int8_prefill_many_sequences(kind, page, causal, seed):
+    """A varlen batch of 64 sequences (empty ones, single positions, chunks,
+    prompts past a few key tiles) in one launch: on Hopper, fp8 with
+    per-tensor scales runs the warp-specialized kernel, whose persistent
+    blocks, producer and converter warps walk many items each; every row
+    within the bounds, rows of no sequence untouched."""
+    need("prefill")
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = torch.randint(0, 700, (61,), generator=g).tolist() + [0, 1, 2000]
+    q_lens = [int(torch.randint(0, L + 1, (1,), generator=g)) if i % 3 else L for i, L in enumerate(seq_lens)]
+    p = quant_problem(kind, seq_lens, q_lens, 8, 2, 128, page, seed=seed)
+    exact, exact_lse = exact_attention(p, causal)
+    poison_unowned_(p)
+    n = p.q.shape[0]
+    pad = torch.randn(3, *p.q.shape[1:], device=DEV).to(p.q.dtype)  # tokens of no sequence
+    out, lse = run_prefill(dataclasses.replace(p, q=torch.cat([p.q, pad])), causal)
+    check_out(out[:n], exact, torch.bfloat16, f"{kind} prefill, 64 sequences, page {page}")
+    check_lse(lse[:n], exact_lse, p, causal, f"{kind} prefill lse, 64 sequences, page {page}")
+    assert torch.isnan(out[n:]).all() and torch.isnan(lse[n:]).all(), "rows of no sequence were written"
+
+
 # ------------------------------------------------------------------ decode: partials merged in float64
 # Per (dtype, head_dim, page): three of the nine (group, n) pairs of groups
 # 1/4/8 x n 1/4/16, rotated so that each dtype meets every pair; split counts

@@ -111,6 +111,25 @@ def test_prefill_kernels(group, head_dim, variant, window, causal, seed):
             decode=False)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("variant,window", PREFILL_CASES)
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+def test_prefill_fp8_tensor_scales(head_dim, variant, window, causal, seed):
+    """An fp8 cache with per-tensor scales: on Hopper the warp-specialized
+    kernel with its converter warps (the scales on the scores and the
+    output, the queries rounded to fp16 per row), groups 1 and 8."""
+    need("prefill")
+    window = max(window, 0)
+    group = (1, 8)[(window + head_dim // 32) % 2]
+    lens = [700, 333, 129, 1, 64 + window]
+    q_lens = [700, 200, 1, 1, 64 + window]
+    page = [16, 64, 128][(window + head_dim // 32) % 3]
+    p = scaled(make_problem(lens, q_lens, 2 * group, 2, head_dim, page, device=DEV, seed=seed, smooth=bool(window % 2),
+                            **QUANT_KINDS["fp8-tensor"]))
+    run_all(p, causal, kwargs(variant, window, 2 * group, seed), torch.bfloat16, f"fp8 {variant} window {window}",
+            decode=False, ulps=6.0)
+
+
 @pytest.mark.parametrize("variant", ["gpt-oss", "gemma2"])
 @pytest.mark.parametrize("cache", list(CACHE_KINDS))
 def test_prefill_large_tile(variant, cache, seed):

@@ -18,7 +18,7 @@ build or a device without them cannot pass the rest on the tile kernel.
 import pytest
 import torch
 
-from op_helpers import check_lse, check_out, exact_attention, has_cuda_kernel, run_prefill
+from op_helpers import QUANT_KINDS, check_lse, check_out, exact_attention, has_cuda_kernel, run_prefill
 from tileinfer_attn.testing import make_problem
 
 pytestmark = pytest.mark.gpu
@@ -27,6 +27,7 @@ DEV = "cuda"
 DTYPES = [torch.bfloat16, torch.float16]
 WARP_SPECIALIZED = "sm90::prefill_kernel"
 WGMMA = "attention_wgmma_kernel"
+TILE = "attention_tile_kernel"
 HOPPER_KERNELS = (WARP_SPECIALIZED, WGMMA)
 
 
@@ -73,6 +74,24 @@ def test_wgmma_kernel_is_used(D, group, kernel, seed):
     assert any(kernel in n for n in names), (
         f"{kernel} did not run (a build without sm_90a code? setup.py's default "
         f"TORCH_CUDA_ARCH_LIST is 9.0a); kernels seen: {sorted(set(names))}")
+
+
+@pytest.mark.parametrize("kind", ["fp8-tensor", "fp8-vector", "int8"])
+def test_quantized_cache_kernel(D, kind, seed):
+    """An fp8 cache with per-tensor scales (vLLM's layout) runs the
+    warp-specialized kernel, its converter warps turning pages into fp16
+    tiles, at d 64 and 128; per-vector scales, int8 and d 256 the mma.sync
+    tile kernel. Results within the quantized caches' 6 ulps
+    (tests/test_int8_gpu.py covers them fully)."""
+    p = make_problem([300, 41], [300, 41], 8, 2, D, 64, device=DEV, seed=seed, **QUANT_KINDS[kind])
+    hopper_kernel = kind == "fp8-tensor" and D <= 128
+    kernel = WARP_SPECIALIZED if hopper_kernel else TILE
+    run_prefill(p, True)  # warm-up (and the shared-memory opt-in) outside the profile
+    torch.cuda.synchronize()
+    names, (out, _) = kernels_run(lambda: run_prefill(p, True))
+    assert any(kernel in n for n in names), f"{kernel} did not run; kernels seen: {sorted(set(names))}"
+    exact, _ = exact_attention(p, True)
+    check_out(out, exact, torch.bfloat16, f"{kind} prefill", ulps=6.0)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])

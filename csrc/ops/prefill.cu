@@ -3,7 +3,9 @@
 //   Hopper, bf16 / fp16 cache   the warp-specialized kernel (sm90/prefill_kernel.cuh),
 //                               or the synchronous wgmma kernel for groups it
 //                               cannot copy as one box (attention_wgmma.cuh)
-//   int8 / fp8 cache, other GPUs  the mma.sync tile kernel (attention_kernel.cuh)
+//   Hopper, fp8 cache with per-tensor scales, d <= 128, groups that are
+//                               powers of two: the warp-specialized kernel
+//   other quantized cases, other GPUs  the mma.sync tile kernel (attention_kernel.cuh)
 //   fp32                        the CUDA-core kernel (attention_fp32.cuh)
 #include <optional>
 #include <type_traits>
@@ -71,25 +73,29 @@ bool is_hopper(int device) {
          cached_device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
 }
 
-// The Hopper kernels need bf16 / fp16 queries over a cache of the same type
-// (int8 / fp8 caches take the tile kernel) and a 9.0
-// device of a build with sm_90a code (setup.py defines TILEINFER_SM90A then;
-// without that code the kernels would trap).
-bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device) {
-#ifdef TILEINFER_SM90A
-  if (s.quantized) return false;
-  if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
-  return is_hopper(device);
-#else
-  return false;
-#endif
-}
-
 // The warp-specialized kernel (sm90/prefill_kernel.cuh) copies a query tile as
 // one box of {group heads x kBlockM / group tokens}: groups that are powers of
 // two up to kBlockM. Other groups take the synchronous wgmma kernel
 // (attention_wgmma.cuh), which gathers its rows one by one.
 bool use_warp_specialized(int group) { return group > 0 && (group & (group - 1)) == 0 && group <= 128; }
+
+// The Hopper kernels need bf16 / fp16 queries and a 9.0 device of a build
+// with sm_90a code (setup.py defines TILEINFER_SM90A then; without that code
+// the kernels would trap). Over a cache of the queries' type, both; over a
+// quantized cache, only the warp-specialized kernel with its converters, for
+// fp8 with per-tensor scales at tile dims up to 128 (int8, per-vector
+// scales and d 256 take the tile kernel).
+bool use_hopper_prefill(const PagedShape& s, int group, at::ScalarType dtype, int device) {
+#ifdef TILEINFER_SM90A
+  if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
+  if (s.quantized && !(s.cache_dtype == at::ScalarType::Float8_e4m3fn && s.scale_per_tensor &&
+                       tile_head_dim(s.head_dim) <= 128 && use_warp_specialized(group)))
+    return false;
+  return is_hopper(device);
+#else
+  return false;
+#endif
+}
 
 template <typename T, int D>
 using WgmmaPrefill = WgmmaPrefillConfig<T, D, 2, (D == 256 ? 64 : 128), 2>;
@@ -102,10 +108,10 @@ void launch_wgmma(const char* op, const AttentionParams& p, cudaStream_t stream)
 // warp-specialized kernel. The maps depend on pointers and shapes only.
 template <class Cfg>
 void launch_warp_specialized(const char* op, const AttentionParams& a, const at::Tensor& q, cudaStream_t stream) {
-  using T = typename Cfg::T;
+  using QT = typename Cfg::QT;
   constexpr int D = Cfg::D;
   const CUtensorMapDataType type =
-      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+      std::is_same_v<QT, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   sm90::PrefillParams p{};
   p.a = a;
   const uint32_t group = a.group_size;
@@ -122,11 +128,19 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   const int page = a.kv.page_size;
   p.box_rows = page < Cfg::kBlockN ? page : Cfg::kBlockN;
   const uint64_t sizes[4] = {uint64_t(hd), uint64_t(page), uint64_t(a.kv.num_kv_heads), uint64_t(a.kv.num_pages)};
-  const uint64_t row = uint64_t(hd) * 2;
+  const uint64_t row = uint64_t(hd) * (Cfg::kQuant ? 1 : 2);
   const uint64_t strides[3] = {row, row * page, row * page * a.kv.num_kv_heads};
-  const uint32_t box[4] = {64u, uint32_t(p.box_rows), 1u, 1u};
-  p.k_map = make_tensor_map<4>(a.kv.k_cache, type, sizes, strides, box);
-  p.v_map = make_tensor_map<4>(a.kv.v_cache, type, sizes, strides, box);
+  if constexpr (Cfg::kQuant) {
+    // Pages as stored, whole rows per box, into the converters' raw ring.
+    const uint32_t box[4] = {uint32_t(D), uint32_t(p.box_rows), 1u, 1u};
+    const auto bytes = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+    p.k_map = make_tensor_map<4>(a.kv.k_cache, bytes, sizes, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
+    p.v_map = make_tensor_map<4>(a.kv.v_cache, bytes, sizes, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
+  } else {
+    const uint32_t box[4] = {64u, uint32_t(p.box_rows), 1u, 1u};
+    p.k_map = make_tensor_map<4>(a.kv.k_cache, type, sizes, strides, box);
+    p.v_map = make_tensor_map<4>(a.kv.v_cache, type, sizes, strides, box);
+  }
   p.num_row_tiles = static_cast<int>(ceil_div<int64_t>(int64_t(a.group_size) * a.max_q_len, Cfg::kBlockM));
   const int64_t items = int64_t(p.num_row_tiles) * a.kv.num_seqs * a.kv.num_kv_heads;
   // Rounds are looked at 32 at a time past the last item (sm90/prefill_scheduler.cuh): margin for int32.
@@ -181,10 +195,13 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   // below was measured in blocks, and packing keeps the block count.
   const bool large = use_large_prefill_tile(max_q_len, s.head_dim);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (use_hopper_prefill(s, q.scalar_type(), q.get_device())) {
+  if (use_hopper_prefill(s, p.group_size, q.scalar_type(), q.get_device())) {
     TILEINFER_DISPATCH_HALF(q.scalar_type(), op, [&] {
       TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
-        if (use_warp_specialized(p.group_size)) {
+        if (s.quantized) {
+          if constexpr (TILE_DIM <= 128)  // (use_hopper_prefill)
+            launch_warp_specialized<sm90::PrefillTile<scalar_t, TILE_DIM, __nv_fp8_e4m3>>(op, p, q_c, stream);
+        } else if (use_warp_specialized(p.group_size)) {
           launch_warp_specialized<sm90::PrefillTile<scalar_t, TILE_DIM>>(op, p, q_c, stream);
         } else {
           launch_wgmma<WgmmaPrefill<scalar_t, TILE_DIM>>(op, p, stream);

@@ -381,15 +381,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   if constexpr (Work::kTree) {
     for (int r = tid; r < BM; r += Cfg::kThreads) row_tree_s[r] = tree_word(p, row_token_s[r]);
   }
-  // Quantized: 2^e of query row `row`, which puts its largest |q * smooth| in
-  // [2^13, 2^14) (1 for a row of zeros or with a non-finite value). The
-  // exponent is capped so that tiny (even subnormal) rows get a finite scale.
-  auto row_q_scale = [&](int row) {
-    const float m = __int_as_float(row_qmax_s[row]);
-    if (!(m > 0.f) || isinf(m)) return 1.f;
-    const int e = ((__float_as_int(m) >> 23) & 0xff) - 126;  // frexp's exponent (subnormals: -126)
-    return __int_as_float((127 + min(14 - e, 126)) << 23);    // 2^(14 - e), a normal float
-  };
+  // Quantized: 2^e of query row `row` (quant.cuh).
+  auto row_q_scale = [&](int row) { return query_row_scale(__int_as_float(row_qmax_s[row])); };
   if constexpr (Cfg::kQuant) {
     // Chunk c (the it-th of this thread) times the smoothing factors, in fp32.
     auto smoothed = [&](int it, int c, float (&x)[8]) {

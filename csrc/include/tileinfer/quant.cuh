@@ -54,6 +54,17 @@ struct QuantFormat<__nv_fp8_e4m3> {
   }
 };
 
+// The power of two 2^e that puts a query row's largest |q * k_smooth|
+// (`amax`) in [2^13, 2^14), where the kernels round the row to 15-bit
+// integers (int8) or fp16 (fp8); 1 for a row of zeros or with a non-finite
+// value (amax = inf). The exponent is capped so that tiny (even subnormal)
+// rows get a finite scale.
+__device__ __forceinline__ float query_row_scale(float amax) {
+  if (!(amax > 0.f) || isinf(amax)) return 1.f;
+  const int e = ((__float_as_int(amax) >> 23) & 0xff) - 126;  // frexp's exponent (subnormals: -126)
+  return __int_as_float((127 + min(14 - e, 126)) << 23);     // 2^(14 - e), a normal float
+}
+
 // Sixteen stored elements (one 16-byte vector) -> sixteen fp16 (two 16-byte
 // vectors, elements 0-7 and 8-15), exactly.
 template <typename CacheT>

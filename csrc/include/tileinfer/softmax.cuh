@@ -191,13 +191,13 @@ struct ScoreMap {
   // What apply() multiplies by, for callers that fold it into a factor of
   // their own (the int8 kernels' per-row 2^-e), and apply() for their scores.
   __device__ __forceinline__ float pre_factor() const { return cap || mul ? pre : 1.f; }
-  template <int kRows, int kCols>
+  template <bool kFastTanh = false, int kRows, int kCols>
   __device__ __forceinline__ void apply_premultiplied(float (&s)[kRows][kCols]) const {
     if (cap) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) s[r][c] = tanh_exp2(s[r][c]);
+        for (int c = 0; c < kCols; ++c) s[r][c] = kFastTanh ? tanh_approx(s[r][c]) : tanh_exp2(s[r][c]);
     }
   }
 

@@ -25,6 +25,12 @@
 //     which products are in flight, so the first tile, the steady state and
 //     the last P V are separate pieces of code.
 //
+// A quantized cache (Cfg::kQuant): the operands are fp16 (prefill_convert.cuh);
+// each warpgroup first converts its query rows, in place, and its scores
+// are multiplied by their row's factor (k_scale over the row's power of two)
+// before the softmax, P by 2^15 before it is rounded, and the output by
+// v_scale / 2^15.
+//
 // Thread layout (as the mma.m16n8k16 accumulator, repeated over N / 8): lane
 // 4 g + c of warp v holds rows 16 v + g and 16 v + g + 8 of its warpgroup; the
 // accumulator element d[4 j + 2 R + e] is row R, column 8 j + 2 c + e.
@@ -34,6 +40,7 @@
 
 #include "../attention_work.cuh"
 #include "../softmax.cuh"
+#include "prefill_convert.cuh"
 #include "prefill_epilogue.cuh"
 #include "prefill_mask.cuh"
 #include "prefill_smem.cuh"
@@ -42,7 +49,9 @@
 namespace tileinfer {
 namespace sm90 {
 
-constexpr int kTurnBarrier = 2;  // named barriers 2, 3: "consumer w may issue"
+constexpr int kTurnBarrier = 2;   // named barriers 2, 3: "consumer w may issue"
+constexpr int kQueryBarrier = 4;  // named barriers 4, 5: consumer w's queries are converted (quantized)
+constexpr float kPHeadroom = 32768.f;  // quantized: what P is multiplied by before it is rounded to fp16
 
 template <class Cfg>
 __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const PrefillSmem<Cfg>& sm, int wg) {
@@ -70,6 +79,16 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     mbar_wait(sm.q_full, items & 1);
     const WorkItem w = warp_broadcast(lane == 0 ? *sm.item : WorkItem{});
     if (!w.active) break;
+
+    // Quantized: the rows' score factors, and NaN output for a row that held
+    // a non-finite value (as the float reference gives).
+    float unscale[2] = {1.f, 1.f};
+    bool bad[2] = {false, false};
+    if constexpr (Cfg::kQuant) {
+      convert_queries<Cfg>(p, sm, w, r0, quad, smap.pre_factor(), unscale, bad);
+      wgmma::fence_proxy_async_smem();  // the converted rows, visible to the tensor cores ...
+      named_sync(kQueryBarrier + wg, 128);  // ... once the whole warpgroup's are written
+    }
 
     int qpos[2];
 #pragma unroll
@@ -112,12 +131,30 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     auto softmax = [&](int i, uint32_t outside) {
       wgmma::fence_regs(acc);
       wgmma::acc_to_rows<BN>(acc, s);
-      smap.template apply<true>(s);  // the one-MUFU tanh: this loop is bound by the MUFU pipe (softmax.cuh)
+      if constexpr (Cfg::kQuant) {
+#pragma unroll
+        for (int R = 0; R < 2; ++R)
+#pragma unroll
+          for (int c = 0; c < BN / 4; ++c) s[R][c] *= unscale[R];
+        smap.template apply_premultiplied<true>(s);
+      } else {
+        smap.template apply<true>(s);  // the one-MUFU tanh: this loop is bound by the MUFU pipe (softmax.cuh)
+      }
       const TileMask mask{w.key_begin + i * BN, w.key_end, outside, box_shift, p.a.window_left, p.a.causal};
       if (mask.template needed<BN>(wg_qmin, window_first_key(qpos[1], p.a.window_left))) {
         mask.template apply<BN>(s, qpos, quad);
       }
       smx.update(s, smap.k, factor);
+      if constexpr (Cfg::kQuant) {
+        // P in fp16 (the operands' type) times 2^15, so that probabilities
+        // down to 2^-29 stay normal numbers (a row led by a sink or a large
+        // score would lose its small ones to fp16's subnormals); the output
+        // factor takes the 2^15 back.
+#pragma unroll
+        for (int R = 0; R < 2; ++R)
+#pragma unroll
+          for (int c = 0; c < BN / 4; ++c) s[R][c] *= kPHeadroom;
+      }
     };
     auto pack_p = [&]() { wgmma::rows_to_a<T, BN>(s, a); };
     // O was accumulated against the previous maximum: rescale it before the next P joins.
@@ -216,7 +253,13 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     }
     for (; i < num_tiles; ++i) pass();  // past this warpgroup's rows
 
-    prefill_store<Cfg>(p, w, smx, o, r0, quad);
+    float out_factor[2] = {1.f, 1.f};
+    if constexpr (Cfg::kQuant) {
+      const float v_scale = __ldg(p.a.kv.v_scale) * (1.f / kPHeadroom);
+#pragma unroll
+      for (int R = 0; R < 2; ++R) out_factor[R] = bad[R] ? __int_as_float(0x7fc00000) : v_scale;
+    }
+    prefill_store<Cfg>(p, w, smx, o, r0, quad, out_factor);
   }
 }
 

@@ -1,7 +1,9 @@
 // Epilogue of the Hopper prefill kernel: each consumer thread normalizes its
 // two rows of O and stores them straight from registers (pairs of elements,
 // rounded once from fp32), with the row's natural-log lse when asked for.
-// Rows of no query are left untouched. No shared memory: the next item's
+// Rows of no query are left untouched. `factor` multiplies each row (a
+// quantized cache's v_scale; NaN for a row whose queries held a non-finite
+// value, which then gets NaN output and lse). No shared memory: the next item's
 // copies already fill the ring while the epilogue runs.
 #pragma once
 
@@ -14,12 +16,15 @@ namespace sm90 {
 
 template <class Cfg>
 __device__ __forceinline__ void prefill_store(const PrefillParams& p, const WorkItem& w, OnlineSoftmax<2, 4>& smx,
-                                              const float (&o)[Cfg::D / 2], int r0, int quad) {
-  using T = typename Cfg::T;
+                                              const float (&o)[Cfg::D / 2], int r0, int quad,
+                                              const float (&factor)[2]) {
+  using T = typename Cfg::QT;
   smx.reduce_sums();
 #pragma unroll
   for (int R = 0; R < 2; ++R) {
-    const SoftmaxResult res = softmax_result(smx.row[R].m, smx.row[R].l);
+    SoftmaxResult res = softmax_result(smx.row[R].m, smx.row[R].l);
+    res.inv_sum *= factor[R];
+    if (isnan(factor[R])) res.lse = factor[R];
     const RowQuery rq = row_query(w, r0 + 8 * R);
     if (rq.token < 0) continue;
     T* dst = output_row<T>(p.a, rq.token, rq.head) + 2 * quad;

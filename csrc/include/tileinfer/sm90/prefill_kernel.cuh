@@ -1,9 +1,11 @@
 // The warp-specialized Hopper (sm_90a) prefill kernel: bf16 / fp16 queries
-// over a cache of the same type, head dims of the tile table (prefill_tile.h),
-// group sizes that are powers of two up to kBlockM. The body only wires the
-// roles together:
+// over a cache of the same type or an fp8 one with per-tensor scales, head
+// dims of the tile table (prefill_tile.h), group sizes that are powers of two
+// up to kBlockM. The body only wires the roles together:
 //   prefill_scheduler.cuh  which items (row tile, sequence, KV head) a block takes (the producer walks it)
 //   prefill_producer.cuh   one warp: bulk copies of Q and of K / V pages into a ring
+//   prefill_convert.cuh    a quantized cache: three warps convert its pages to
+//                          fp16 operand tiles; the consumers their queries
 //   prefill_consumer.cuh   two warpgroups: products, mask, online softmax
 //   prefill_mask.cuh       which scores are hidden
 //   prefill_epilogue.cuh   normalized rows and lse out
@@ -38,7 +40,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_kernel(const __grid_
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   if (wg == 0) {
     regs_dealloc<Cfg::kProducerRegs>();
-    if (threadIdx.x < 32) prefill_produce<Cfg>(p, sm, sched);
+    if (threadIdx.x < 32) {
+      prefill_produce<Cfg>(p, sm, sched);
+    } else if constexpr (Cfg::kQuant) {
+      prefill_convert<Cfg>(p, sm, sched);
+    }
   } else {
     regs_alloc<Cfg::kConsumerRegs>();
     prefill_consume<Cfg>(p, sm, wg - 1);

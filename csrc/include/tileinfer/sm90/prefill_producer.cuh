@@ -20,6 +20,13 @@
 // the rows from the key end on, and only then arrives on the stage's full
 // barrier (keys and values each). Block-table entries past the key end are
 // never read.
+//
+// A quantized cache (Cfg::kQuant): the warp copies each K and V tile as
+// stored (bytes: boxes of {D, rows}, zeros past the head dim and for pages
+// outside the pool) into the raw ring, in the same order, K_i then V_i-1.
+// The converter warps (prefill_convert.cuh) fill the stages from it, zero
+// the rows past the key end and those of boxes outside the pool, and
+// complete the stages' full barriers; this warp finishes no tail itself.
 #pragma once
 
 #include "../attention_work.cuh"
@@ -46,6 +53,7 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
   uint32_t tiles = 0;  // tiles produced so far: the ring position
   uint32_t items = 0;  // active items so far: the query tile's phase
   uint32_t tails = 0;  // tail tiles so far: the tail barrier's phase
+  uint32_t raws = 0;   // quantized: raw tiles so far (K and V), the raw ring position
   for (int round = sched.template next_active<BM>(p, 0); sched.valid(round);
        round = sched.template next_active<BM>(p, round + 1)) {
     const WorkItem w = sched.template make<BM>(p, round);
@@ -77,6 +85,22 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
       const int tile_pos = w.key_begin + i * BN;
       const int pos = tile_pos + lane * rows;  // box `lane`'s first position
       const bool needed = lane < boxes && pos < w.key_end;
+      if constexpr (Cfg::kQuant) {
+        const RingSlot<Cfg::kRawSlots> slot(raws++);
+        uint64_t* bar = &sm.raw_full[slot.stage];
+        mbar_wait(&sm.raw_empty[slot.stage], slot.parity ^ 1);
+        const uint32_t outside = __ballot_sync(0xffffffffu, needed && !page_in_pool(kv, page));
+        const uint32_t issued = __popc(__ballot_sync(0xffffffffu, needed));
+        if (lane == 0) {
+          sm.raw_mask[slot.stage] = outside;  // released by the arrival below
+          mbar_arrive_expect_tx(bar, issued * rows * D);
+        }
+        __syncwarp();
+        if (needed)
+          tma_load_4d(sm.raw_tile(slot.stage) + lane * rows * D, values ? &p.v_map : &p.k_map, bar, 0,
+                      pos & (kv.page_size - 1), w.kv_head, page);
+        return;
+      }
       const RingSlot<Cfg::kStages> slot(count);
       mbar_wait(&(values ? sm.empty_v : sm.empty_k)[slot.stage], slot.parity ^ 1);
       uint64_t* full = &(values ? sm.full_v : sm.full_k)[slot.stage];

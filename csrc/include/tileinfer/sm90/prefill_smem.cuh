@@ -3,7 +3,9 @@
 //
 //   q       [D / 64][kBlockM rows][128 B]              the item's queries
 //   stages  [kStages][K, V][D / 64][kBlockN rows][128 B] the ring of key tiles
-//   full_k[s]  the stage's key tile landed (1 arrival: the producer's, + bytes)
+//   raw     [kRawSlots][kBlockN rows][D B]   quantized only: K or V tiles as stored
+//   full_k[s]  the stage's key tile landed (1 arrival: the producer's, + bytes;
+//              quantized: one arrival per converter warp)
 //   empty_k[s] the consumers are done with it (one arrival per consumer warp)
 //   full_v[s], empty_v[s]  the same for the value tile
 //   q_full / q_empty   the same for the query tile, once per item
@@ -11,6 +13,9 @@
 //              its arrival on q_full; inactive: no item left)
 //   tail       copies of a stage that the producer finishes itself (below)
 //   stage_mask[s]  bit b: box b of the stage is on a page outside the pool
+//   raw_full[r] / raw_empty[r]  a raw slot landed (1 arrival + bytes) / the
+//              converters are done with it (one arrival per converter warp)
+//   raw_mask[r]    stage_mask of a raw slot, handed on by the converters
 //
 // Operand tiles are in the 128-byte-swizzle layout of wgmma.cuh, each 1024-byte
 // aligned.
@@ -33,6 +38,7 @@ struct PrefillSmem {
 
   uint8_t* q;
   uint8_t* stages;
+  uint8_t* raw;
   uint64_t* full_k;
   uint64_t* empty_k;
   uint64_t* full_v;
@@ -40,36 +46,49 @@ struct PrefillSmem {
   uint64_t* q_full;
   uint64_t* q_empty;
   uint64_t* tail;
+  uint64_t* raw_full;
+  uint64_t* raw_empty;
   uint32_t* stage_mask;
+  uint32_t* raw_mask;
   WorkItem* item;
 
-  __device__ explicit PrefillSmem(uint8_t* raw) {
+  __device__ explicit PrefillSmem(uint8_t* buffer) {
     // The swizzle is a function of address bits: align to 1024 bytes whatever
     // the dynamic buffer's base (kAlign bytes of slack).
-    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
-    q = raw + ((Cfg::kAlign - (base & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
+    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(buffer));
+    q = buffer + ((Cfg::kAlign - (base & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
     stages = q + Cfg::kQBytes;
-    full_k = reinterpret_cast<uint64_t*>(stages + Cfg::kStages * Cfg::kStageBytes);
+    raw = stages + Cfg::kStages * Cfg::kStageBytes;
+    full_k = reinterpret_cast<uint64_t*>(raw + Cfg::kRawSlots * Cfg::kRawSlotBytes);
     empty_k = full_k + Cfg::kStages;
     full_v = empty_k + Cfg::kStages;
     empty_v = full_v + Cfg::kStages;
     q_full = empty_v + Cfg::kStages;
     q_empty = q_full + 1;
     tail = q_empty + 1;
-    stage_mask = reinterpret_cast<uint32_t*>(tail + 1);
-    item = reinterpret_cast<WorkItem*>(stage_mask + Cfg::kStages + (Cfg::kStages & 1));  // 8-byte aligned
+    raw_full = tail + 1;
+    raw_empty = raw_full + Cfg::kRawSlots;
+    stage_mask = reinterpret_cast<uint32_t*>(raw_empty + Cfg::kRawSlots);
+    raw_mask = stage_mask + Cfg::kStages + (Cfg::kStages & 1);
+    item = reinterpret_cast<WorkItem*>(raw_mask + Cfg::kRawSlots + (Cfg::kRawSlots & 1));  // 8-byte aligned
   }
 
   __device__ uint8_t* k(int s) const { return stages + s * Cfg::kStageBytes; }
   __device__ uint8_t* v(int s) const { return k(s) + Cfg::kTileBytes; }
+  __device__ uint8_t* raw_tile(int r) const { return raw + r * Cfg::kRawSlotBytes; }
 
   // One thread, before the block barrier that precedes every other use.
   __device__ void init() const {
+    constexpr int kFillers = Cfg::kQuant ? Cfg::kConverterWarps : 1;
     for (int s = 0; s < Cfg::kStages; ++s) {
-      mbar_init(&full_k[s], 1);
+      mbar_init(&full_k[s], kFillers);
       mbar_init(&empty_k[s], kConsumerWarps);
-      mbar_init(&full_v[s], 1);
+      mbar_init(&full_v[s], kFillers);
       mbar_init(&empty_v[s], kConsumerWarps);
+    }
+    for (int r = 0; r < Cfg::kRawSlots; ++r) {
+      mbar_init(&raw_full[r], 1);
+      mbar_init(&raw_empty[r], Cfg::kConverterWarps);
     }
     mbar_init(q_full, 1);
     mbar_init(q_empty, kConsumerWarps);

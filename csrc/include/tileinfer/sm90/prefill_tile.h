@@ -3,8 +3,12 @@
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
+#include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include "../params.h"
+#include "../quant.cuh"
 
 namespace tileinfer {
 namespace sm90 {
@@ -16,7 +20,7 @@ struct PrefillParams {
   AttentionParams a;
   CUtensorMap q_map;  // q as [num_tokens][num_q_heads][head_dim], box {64, group, kBlockM / group}
   CUtensorMap k_map;  // a pool as [num_pages][num_kv_heads][page_size][head_dim], box {64, rows, 1, 1}
-  CUtensorMap v_map;
+  CUtensorMap v_map;  //   (quantized: bytes, box {D, rows, 1, 1}, no swizzle)
   int num_row_tiles;  // ceil(group * max_q_len / kBlockM)
   int box_rows;       // keys per box: min(page_size, kBlockN)
 };
@@ -32,9 +36,21 @@ struct PrefillParams {
 //     Keys and values of a stage are released separately (prefill_smem.cuh),
 //     so two stages keep the next keys in flight; a third at d 128 measured
 //     no gain.
-template <typename T_, int D_>
+//   - An fp8 cache with per-tensor scales (CacheT = __nv_fp8_e4m3): the pages
+//     land as stored (bytes) in a second ring of kRawSlots slots, one K or V
+//     tile each, and the producer warpgroup's three other warps convert them
+//     to fp16 operand tiles (exact: every e4m3 value is an fp16 number;
+//     prefill_convert.cuh). The products run in fp16 whatever the queries'
+//     type QT: each consumer warpgroup turns its query rows into fp16 once
+//     per item (prefill_consumer.cuh), and the scales go on the scores and
+//     the output. d 64 and 128 (80 and 96 through 128); d 256 has no room
+//     for the raw ring.
+template <typename QT_, int D_, typename CacheT_ = QT_>
 struct PrefillTile {
-  using T = T_;
+  using QT = QT_;        // queries and output
+  using CacheT = CacheT_;
+  static constexpr bool kQuant = kQuantized<CacheT>;
+  using T = std::conditional_t<kQuant, __half, QT>;  // the products' operands
   static constexpr int D = D_;
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
@@ -51,9 +67,12 @@ struct PrefillTile {
   // consumers' increase waits until the producer's decrease has freed enough,
   // so a split beyond that total never starts (it hangs, it does not fail).
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  static constexpr int kProducerRegs = 40;
+  static constexpr int kConverterWarps = kQuant ? 3 : 0;  // warps 1-3 of the producer warpgroup
+  static constexpr int kProducerRegs = 40;  // the converters too (prefill_convert.cuh)
   static constexpr int kConsumerRegs = 232;
   static_assert(D == 64 || D == 128 || D == 256, "head dims of the tile table");
+  static_assert(std::is_same_v<CacheT, QT> || (std::is_same_v<CacheT, __nv_fp8_e4m3> && D <= 128),
+                "a cache of the queries' type, or fp8 at d <= 128");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
                 "setmaxnreg: within the block's registers at launch");
 
@@ -61,10 +80,16 @@ struct PrefillTile {
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage
   static constexpr int kStageBytes = 2 * kTileBytes;
-  // Barriers, stage masks (padded to 8 bytes) and the work item (prefill_smem.cuh).
-  static constexpr int kBarBytes = (4 * kStages + 3) * 8 + (kStages + (kStages & 1)) * 4 + 64;
+  // Quantized: a raw slot holds one K or V tile as stored ([kBlockN][D]
+  // bytes); 3 slots (1.5 tiles of K and V) at d 128, 4 at d 64.
+  static constexpr int kRawSlotBytes = kQuant ? kBlockN * D : 0;
+  static constexpr int kRawSlots = !kQuant ? 0 : D == 128 ? 3 : 4;
+  // Barriers, stage and raw-slot masks (each padded to 8 bytes) and the work
+  // item (prefill_smem.cuh).
+  static constexpr int kBarBytes = (4 * kStages + 3 + 2 * kRawSlots) * 8 + (kStages + (kStages & 1)) * 4 +
+                                   (kRawSlots + (kRawSlots & 1)) * 4 + 64;
   static constexpr int kAlign = 1024;
-  static constexpr int kSmemBytes = kAlign + kQBytes + kStages * kStageBytes + kBarBytes;
+  static constexpr int kSmemBytes = kAlign + kQBytes + kStages * kStageBytes + kRawSlots * kRawSlotBytes + kBarBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
 

@@ -1,0 +1,186 @@
+// The two conversions of the Hopper prefill kernel over a quantized cache
+// (Cfg::kQuant), which make its operands fp16 so that the products stay
+// those of a bf16 / fp16 cache:
+//   - keys and values: warps 1-3 of the producer warpgroup turn each raw
+//     tile (the stored bytes, prefill_producer.cuh) into an fp16 operand
+//     tile in the stage, exactly and without scales (quant.cuh's
+//     x16_to_half: 16 values for eight conversions, one 16-byte load and
+//     two 16-byte stores). The scales go on the scores (k_scale) and the
+//     output (v_scale) in the consumers.
+//   - queries: each consumer warpgroup rounds its rows of the query tile, in
+//     place, to fp16 at a per-row power of two (times the key smoothing
+//     factors), the numerics of the tile kernel (attention_kernel.cuh).
+#pragma once
+
+#include "../attention_work.cuh"
+#include "../common.cuh"
+#include "../quant.cuh"
+#include "async.cuh"
+#include "prefill_scheduler.cuh"
+#include "prefill_smem.cuh"
+#include "wgmma.cuh"
+
+namespace tileinfer {
+namespace sm90 {
+
+// One raw tile ([kBlockN rows][D bytes]) -> one operand tile (the 128-byte
+// swizzle of wgmma.cuh: 16-byte chunk c of row r at block c / 8, chunk
+// (c % 8) ^ (r % 8)). Rows from `valid` on (past the item's key end: they
+// hold anything, NaN included) and rows of boxes outside the pool (bit
+// r >> box_shift of `outside`) become zeros, so that no NaN reaches P V;
+// the consumers mask those keys.
+//
+// Thread t of the 96 takes raw chunk t % (D / 16) of rows t / (D / 16) +
+// k * 96 / (D / 16): its two output chunks stay in one 64-column block, and
+// the threads of the second half of a row store their second chunk first,
+// so that a row's eight threads hit eight different banks.
+template <class Cfg>
+__device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, int ctid, int valid,
+                                             uint32_t outside, int box_shift) {
+  constexpr int D = Cfg::D;
+  constexpr int BN = Cfg::kBlockN;
+  constexpr int kChunks = D / 16;  // raw 16-byte chunks of a row
+  constexpr int kRowStep = 32 * Cfg::kConverterWarps / kChunks;
+  static_assert((32 * Cfg::kConverterWarps) % kChunks == 0, "a thread's chunk stays the same");
+  constexpr int kSteps = (BN + kRowStep - 1) / kRowStep;
+  // Rows in flight per thread, their loads first: 4 was the fastest of 1, 2
+  // and 4 (docs/PERFORMANCE.md), though it spills a few of the producer
+  // warpgroup's 40 registers.
+  constexpr int kBatch = 4;
+  const int ch = ctid % kChunks;
+  const int row0 = ctid / kChunks;
+  const int c0 = 2 * ch + ((ch >> 2) & 1);  // the output chunk stored first, then c0 ^ 1
+  uint8_t* dst = tile + (c0 >> 3) * BN * 128;
+#pragma unroll 1
+  for (int b = 0; b < kSteps; b += kBatch) {
+    uint4 in[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int r = row0 + (b + j) * kRowStep;
+      const bool take = r < valid && ((outside >> (r >> box_shift)) & 1) == 0;  // (valid <= BN)
+      in[j] = take ? *reinterpret_cast<const uint4*>(raw + r * D + ch * 16) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int r = row0 + (b + j) * kRowStep;
+      if (b + j >= kSteps || r >= BN) break;
+      uint4 lo, hi;  // fp16 of values 0-7 (output chunk 2 ch) and 8-15 (2 ch + 1)
+      x16_to_half<typename Cfg::CacheT>(in[j], lo, hi);
+      const bool swap = c0 & 1;
+      uint8_t* row = dst + r * 128;
+      *reinterpret_cast<uint4*>(row + (((c0 & 7) ^ (r & 7)) << 4)) = swap ? hi : lo;
+      *reinterpret_cast<uint4*>(row + ((((c0 ^ 1) & 7) ^ (r & 7)) << 4)) = swap ? lo : hi;
+    }
+  }
+}
+
+// The converter warps' loop: the producer's items and tiles in the same
+// order (the same scheduler walk, K_i then V_i-1), one raw slot per tile.
+template <class Cfg>
+__device__ __forceinline__ void prefill_convert(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
+                                                const PrefillScheduler& sched) {
+  constexpr int BM = Cfg::kBlockM;
+  constexpr int BN = Cfg::kBlockN;
+  const int ctid = threadIdx.x - 32;  // warps 1-3
+  const int lane = threadIdx.x & 31;
+  const int box_shift = __ffs(p.box_rows) - 1;
+
+  uint32_t tiles = 0;  // the stage ring position, as the producer's
+  uint32_t raws = 0;   // the raw ring position
+  // Tile i of item w (keys or values) from the next raw slot into ring position `count`.
+  auto convert = [&](const WorkItem& w, bool values, int i, uint32_t count) {
+    const RingSlot<Cfg::kRawSlots> raw(raws++);
+    const RingSlot<Cfg::kStages> slot(count);
+    mbar_wait(&(values ? sm.empty_v : sm.empty_k)[slot.stage], slot.parity ^ 1);
+    mbar_wait(&sm.raw_full[raw.stage], raw.parity);
+    // Lane 0 reads the mask (before its own release of the slot) and hands it on.
+    uint32_t outside = 0;
+    if (lane == 0) outside = sm.raw_mask[raw.stage];
+    outside = __shfl_sync(0xffffffffu, outside, 0);
+    // Read by the consumers between their wait on full_k and their release of empty_k.
+    if (!values && ctid == 0) sm.stage_mask[slot.stage] = outside;
+    const int valid = min(BN, w.key_end - (w.key_begin + i * BN));
+    convert_tile<Cfg>(sm.raw_tile(raw.stage), values ? sm.v(slot.stage) : sm.k(slot.stage), ctid, valid, outside,
+                      box_shift);
+    wgmma::fence_proxy_async_smem();  // the tile, visible to the tensor cores
+    __syncwarp();
+    if (lane == 0) {
+      mbar_arrive(&sm.raw_empty[raw.stage]);
+      mbar_arrive(&(values ? sm.full_v : sm.full_k)[slot.stage]);
+    }
+  };
+  for (int round = sched.template next_active<BM>(p, 0); sched.valid(round);
+       round = sched.template next_active<BM>(p, round + 1)) {
+    const WorkItem w = sched.template make<BM>(p, round);
+    if (!w.active) continue;
+    const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
+    for (int i = 0; i < num_tiles; ++i) {
+      convert(w, false, i, tiles + i);
+      if (i > 0) convert(w, true, i - 1, tiles + i - 1);
+    }
+    if (num_tiles > 0) convert(w, true, num_tiles - 1, tiles + num_tiles - 1);
+    tiles += num_tiles;
+  }
+}
+
+// Quantized: the query rows r0 and r0 + 8 of the item (this thread's rows in
+// the accumulator layout), in place in the query tile, as fp16 of q *
+// k_smooth * 2^e, 2^e putting the row's largest |q * k_smooth| in [2^13,
+// 2^14) (quant.cuh). The row's quad converts it (a quarter of its chunks
+// each), so its 2^e stays in the registers that need it. Returns per row
+// what its scores are multiplied by (`pre`, the score map's factor, times
+// k_scale / 2^e) and whether the row held a non-finite value. The caller
+// makes the writes visible to the tensor cores.
+template <class Cfg>
+__device__ __forceinline__ void convert_queries(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
+                                                const WorkItem& w, int r0, int quad, float pre,
+                                                float (&unscale)[2], bool (&bad)[2]) {
+  using QT = typename Cfg::QT;
+  constexpr int BM = Cfg::kBlockM;
+  constexpr int kMine = Cfg::D / 32;  // 16-byte chunks of a row per quad lane: quad, quad + 4, ...
+  const PagedKVParams& kv = p.a.kv;
+  const float* smooth = kv.k_smooth == nullptr ? nullptr : kv.k_smooth + static_cast<int64_t>(w.kv_head) * kv.head_dim;
+  // Chunk m of row r times the smoothing factors (1 without; 0 past the head
+  // dim, where q is 0). One chunk at a time (no unrolling): the consumers'
+  // registers are nearly all taken by the key loop's state.
+  auto load = [&](int r, int m, float (&x)[8]) {
+    const int c = quad + 4 * m;
+    const uint4 v = *reinterpret_cast<const uint4*>(sm.q + (c >> 3) * BM * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+    const QT* e = reinterpret_cast<const QT*>(&v);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int col = 8 * c + k;
+      const float f = col >= kv.head_dim ? 0.f : smooth == nullptr ? 1.f : __ldg(smooth + col);
+      x[k] = to_float(e[k]) * f;
+    }
+  };
+  const float k_scale = __ldg(kv.k_scale);
+#pragma unroll
+  for (int R = 0; R < 2; ++R) {
+    const int r = r0 + 8 * R;
+    float amax = 0.f;
+#pragma unroll 1
+    for (int m = 0; m < kMine; ++m) {
+      float x[8];
+      load(r, m, x);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) amax = isfinite(x[k]) ? fmaxf(amax, fabsf(x[k])) : INFINITY;
+    }
+    amax = warp_max<4>(amax);
+    const float qs = query_row_scale(amax);
+    bad[R] = isinf(amax);
+    unscale[R] = pre / qs * k_scale;
+#pragma unroll 1
+    for (int m = 0; m < kMine; ++m) {
+      float x[8];
+      load(r, m, x);
+      const int c = quad + 4 * m;
+      *reinterpret_cast<uint4*>(sm.q + (c >> 3) * BM * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
+          make_uint4(pack2<__half>(x[0] * qs, x[1] * qs), pack2<__half>(x[2] * qs, x[3] * qs),
+                     pack2<__half>(x[4] * qs, x[5] * qs), pack2<__half>(x[6] * qs, x[7] * qs));
+    }
+  }
+}
+
+}  // namespace sm90
+}  // namespace tileinfer
