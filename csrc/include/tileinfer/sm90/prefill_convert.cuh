@@ -139,13 +139,19 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, const Pr
   constexpr int BM = Cfg::kBlockM;
   constexpr int kMine = Cfg::D / 32;  // 16-byte chunks of a row per quad lane: quad, quad + 4, ...
   const PagedKVParams& kv = p.a.kv;
-  const float* smooth = kv.k_smooth == nullptr ? nullptr : kv.k_smooth + static_cast<int64_t>(w.kv_head) * kv.head_dim;
+  const float* smooth =
+      kv.k_smooth == nullptr ? nullptr : kv.k_smooth + static_cast<int64_t>(w.kv_head) * kv.head_dim;
+  // This lane's chunk m of row r (the 128-byte swizzle of wgmma.cuh).
+  auto chunk = [&](int r, int m) {
+    const int c = quad + 4 * m;
+    return reinterpret_cast<uint4*>(sm.q + (c >> 3) * BM * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+  };
   // Chunk m of row r times the smoothing factors (1 without; 0 past the head
   // dim, where q is 0). One chunk at a time (no unrolling): the consumers'
   // registers are nearly all taken by the key loop's state.
   auto load = [&](int r, int m, float (&x)[8]) {
     const int c = quad + 4 * m;
-    const uint4 v = *reinterpret_cast<const uint4*>(sm.q + (c >> 3) * BM * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+    const uint4 v = *chunk(r, m);
     const QT* e = reinterpret_cast<const QT*>(&v);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -174,10 +180,8 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, const Pr
     for (int m = 0; m < kMine; ++m) {
       float x[8];
       load(r, m, x);
-      const int c = quad + 4 * m;
-      *reinterpret_cast<uint4*>(sm.q + (c >> 3) * BM * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
-          make_uint4(pack2<__half>(x[0] * qs, x[1] * qs), pack2<__half>(x[2] * qs, x[3] * qs),
-                     pack2<__half>(x[4] * qs, x[5] * qs), pack2<__half>(x[6] * qs, x[7] * qs));
+      *chunk(r, m) = make_uint4(pack2<__half>(x[0] * qs, x[1] * qs), pack2<__half>(x[2] * qs, x[3] * qs),
+                                pack2<__half>(x[4] * qs, x[5] * qs), pack2<__half>(x[6] * qs, x[7] * qs));
     }
   }
 }
