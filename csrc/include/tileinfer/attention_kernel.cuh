@@ -552,7 +552,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 #pragma unroll
     for (int x = 0; x < D / 4; ++x) o[R][x] = 0.f;
   // int8: the warp's running maximum of |value scale|, and the probabilities' factor 2^15 / vmax.
-  constexpr float kPHeadroom = 32768.f;
   float vmax = 0.f, p_factor = 0.f;
   const int quad = lane & 3;
 
@@ -790,7 +789,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 #pragma unroll
         for (int R = 0; R < kR; ++R) factor[R] *= grow;
         vmax = next;
-        p_factor = kPHeadroom * (1.f / vmax);  // a reciprocal, not a full division (registers)
+        p_factor = kProbHeadroom * (1.f / vmax);  // a reciprocal, not a full division (registers)
       }
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j) {
@@ -899,7 +898,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   if constexpr (Cfg::kQuant) {
 #pragma unroll
     for (int R = 0; R < kR; ++R) {
-      out_scale[R] *= vmax * (1.f / kPHeadroom);  // the accumulator is in units of vmax / 2^15
+      out_scale[R] *= vmax * (1.f / kProbHeadroom);  // the accumulator is in units of vmax / 2^15
       if (row_bad[R]) {  // a non-finite query value: NaN, as the reference's scores would give
         out_scale[R] = __int_as_float(0x7fc00000);
         if (warp_n == 0 && quad == 0) lse_s[row_of(R)] = out_scale[R];  // after this thread's own lse write

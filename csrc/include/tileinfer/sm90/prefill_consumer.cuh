@@ -51,7 +51,6 @@ namespace sm90 {
 
 constexpr int kTurnBarrier = 2;   // named barriers 2, 3: "consumer w may issue"
 constexpr int kQueryBarrier = 4;  // named barriers 4, 5: consumer w's queries are converted (quantized)
-constexpr float kPHeadroom = 32768.f;  // quantized: what P is multiplied by before it is rounded to fp16
 
 template <class Cfg>
 __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const PrefillSmem<Cfg>& sm, int wg) {
@@ -146,14 +145,13 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       }
       smx.update(s, smap.k, factor);
       if constexpr (Cfg::kQuant) {
-        // P in fp16 (the operands' type) times 2^15, so that probabilities
-        // down to 2^-29 stay normal numbers (a row led by a sink or a large
-        // score would lose its small ones to fp16's subnormals); the output
-        // factor takes the 2^15 back.
+        // P in fp16 times kProbHeadroom (quant.cuh): a row led by a sink or
+        // a large score would otherwise lose its small probabilities to
+        // fp16's subnormals. The output factor takes it back.
 #pragma unroll
         for (int R = 0; R < 2; ++R)
 #pragma unroll
-          for (int c = 0; c < BN / 4; ++c) s[R][c] *= kPHeadroom;
+          for (int c = 0; c < BN / 4; ++c) s[R][c] *= kProbHeadroom;
       }
     };
     auto pack_p = [&]() { wgmma::rows_to_a<T, BN>(s, a); };
@@ -255,7 +253,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 
     float out_factor[2] = {1.f, 1.f};
     if constexpr (Cfg::kQuant) {
-      const float v_scale = __ldg(p.a.kv.v_scale) * (1.f / kPHeadroom);
+      const float v_scale = __ldg(p.a.kv.v_scale) * (1.f / kProbHeadroom);
 #pragma unroll
       for (int R = 0; R < 2; ++R) out_factor[R] = bad[R] ? __int_as_float(0x7fc00000) : v_scale;
     }
