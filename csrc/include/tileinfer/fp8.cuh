@@ -21,9 +21,14 @@ namespace tileinfer {
 template <uint32_t kSel>
 __device__ __forceinline__ uint32_t fp8x2_to_half2(uint32_t w) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  const uint16_t two = static_cast<uint16_t>(kSel == 0x1404u ? w : w >> 16);
+  // The halves of w as 16-bit registers: the conversion reads the upper one
+  // in place (R.H1), with no shift.
   uint32_t h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(two));
+  if constexpr (kSel == 0x1404u) {
+    asm("{.reg .b16 l, u; mov.b32 {l, u}, %1; cvt.rn.f16x2.e4m3x2 %0, l;}" : "=r"(h) : "r"(w));
+  } else {
+    asm("{.reg .b16 l, u; mov.b32 {l, u}, %1; cvt.rn.f16x2.e4m3x2 %0, u;}" : "=r"(h) : "r"(w));
+  }
   return h;
 #else
   const uint32_t t = __byte_perm(w, 0u, kSel);                          // [0, b, 0, b']

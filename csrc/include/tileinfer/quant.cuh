@@ -71,15 +71,22 @@ __device__ __forceinline__ float query_row_scale(float amax) {
   return __int_as_float((127 + min(14 - e, 126)) << 23);     // 2^(14 - e), a normal float
 }
 
+// Eight stored elements (8 bytes) -> eight fp16 (one 16-byte vector), exactly.
+template <typename CacheT>
+__device__ __forceinline__ uint4 x8_to_half(const uint2& in) {
+  using Q = QuantFormat<CacheT>;
+  uint4 out;
+  Q::x4_to_half(in.x, out.x, out.y);
+  Q::x4_to_half(in.y, out.z, out.w);
+  return out;
+}
+
 // Sixteen stored elements (one 16-byte vector) -> sixteen fp16 (two 16-byte
 // vectors, elements 0-7 and 8-15), exactly.
 template <typename CacheT>
 __device__ __forceinline__ void x16_to_half(const uint4& in, uint4& out0, uint4& out1) {
-  using Q = QuantFormat<CacheT>;
-  Q::x4_to_half(in.x, out0.x, out0.y);
-  Q::x4_to_half(in.y, out0.z, out0.w);
-  Q::x4_to_half(in.z, out1.x, out1.y);
-  Q::x4_to_half(in.w, out1.z, out1.w);
+  out0 = x8_to_half<CacheT>(make_uint2(in.x, in.y));
+  out1 = x8_to_half<CacheT>(make_uint2(in.z, in.w));
 }
 
 }  // namespace tileinfer

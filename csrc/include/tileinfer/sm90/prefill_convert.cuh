@@ -4,7 +4,7 @@
 //   - keys and values: warps 1-3 of the producer warpgroup turn each raw
 //     tile (the stored bytes, prefill_producer.cuh) into an fp16 operand
 //     tile in the stage, exactly and without scales (quant.cuh's
-//     x16_to_half: 16 values for eight conversions, one 16-byte load and
+//     x8_to_half: 16 values for eight conversions, two 8-byte loads and
 //     two 16-byte stores). The scales go on the scores (k_scale) and the
 //     output (v_scale) in the consumers.
 //   - queries: each consumer warpgroup rounds its rows of the query tile, in
@@ -33,7 +33,11 @@ namespace sm90 {
 // Thread t of the 96 takes raw chunk t % (D / 16) of rows t / (D / 16) +
 // k * 96 / (D / 16): its two output chunks stay in one 64-column block, and
 // the threads of the second half of a row store their second chunk first,
-// so that a row's eight threads hit eight different banks.
+// so that a row's eight threads hit eight different banks. Each output chunk
+// comes from its own 8-byte load (the first stored one's half first), so
+// that the order costs no selects. No branch between a batch's rows: rows
+// past the tile (the last batch of some threads) are converted and not
+// stored, so that the batch's conversions interleave.
 template <class Cfg>
 __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, int ctid, int valid,
                                              uint32_t outside, int box_shift) {
@@ -43,33 +47,40 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, 
   constexpr int kRowStep = 32 * Cfg::kConverterWarps / kChunks;
   static_assert((32 * Cfg::kConverterWarps) % kChunks == 0, "a thread's chunk stays the same");
   constexpr int kSteps = (BN + kRowStep - 1) / kRowStep;
-  // Rows in flight per thread, their loads first: 4 was the fastest of 1, 2
-  // and 4 (docs/PERFORMANCE.md), though it spills a few of the producer
-  // warpgroup's 40 registers.
+  // Rows in flight per thread, their loads first.
   constexpr int kBatch = 4;
+  // A thread's rows are kRowStep apart, a multiple of 4: the swizzle of
+  // row0 + k * kRowStep is row0's, with bit 2 flipped for odd multiples of 4.
+  static_assert(kRowStep % 4 == 0, "rows whose swizzle differs by bit 2 at most");
   const int ch = ctid % kChunks;
   const int row0 = ctid / kChunks;
   const int c0 = 2 * ch + ((ch >> 2) & 1);  // the output chunk stored first, then c0 ^ 1
-  uint8_t* dst = tile + (c0 >> 3) * BN * 128;
+  const uint8_t* src = raw + row0 * D + ch * 16 + (c0 & 1) * 8;  // the 8 raw bytes of chunk c0 in row row0
+  const int other = (c0 & 1) ? -8 : 8;                            // those of chunk c0 ^ 1
+  uint8_t* dst = tile + (c0 >> 3) * BN * 128 + row0 * 128;
+  const int x0 = ((c0 & 7) ^ (row0 & 7)) << 4;  // chunks c0 and c0 ^ 1 in row row0
+  const int x1 = x0 ^ 16;
 #pragma unroll 1
   for (int b = 0; b < kSteps; b += kBatch) {
-    uint4 in[kBatch];
+    uint2 in[kBatch][2];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int r = row0 + (b + j) * kRowStep;
       const bool take = r < valid && ((outside >> (r >> box_shift)) & 1) == 0;  // (valid <= BN)
-      in[j] = take ? *reinterpret_cast<const uint4*>(raw + r * D + ch * 16) : make_uint4(0, 0, 0, 0);
+      const uint8_t* at = src + (b + j) * kRowStep * D;
+      in[j][0] = take ? *reinterpret_cast<const uint2*>(at) : make_uint2(0, 0);
+      in[j][1] = take ? *reinterpret_cast<const uint2*>(at + other) : make_uint2(0, 0);
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const int r = row0 + (b + j) * kRowStep;
-      if (b + j >= kSteps || r >= BN) break;
-      uint4 lo, hi;  // fp16 of values 0-7 (output chunk 2 ch) and 8-15 (2 ch + 1)
-      x16_to_half<typename Cfg::CacheT>(in[j], lo, hi);
-      const bool swap = c0 & 1;
-      uint8_t* row = dst + r * 128;
-      *reinterpret_cast<uint4*>(row + (((c0 & 7) ^ (r & 7)) << 4)) = swap ? hi : lo;
-      *reinterpret_cast<uint4*>(row + ((((c0 ^ 1) & 7) ^ (r & 7)) << 4)) = swap ? lo : hi;
+      const uint4 first = x8_to_half<typename Cfg::CacheT>(in[j][0]);
+      const uint4 second = x8_to_half<typename Cfg::CacheT>(in[j][1]);
+      uint8_t* row = dst + (b + j) * kRowStep * 128;
+      const int flip = (j * kRowStep) & 4 ? 64 : 0;  // (b is a multiple of 4)
+      if (row0 + (b + j) * kRowStep < BN) {
+        *reinterpret_cast<uint4*>(row + (x0 ^ flip)) = first;
+        *reinterpret_cast<uint4*>(row + (x1 ^ flip)) = second;
+      }
     }
   }
 }
