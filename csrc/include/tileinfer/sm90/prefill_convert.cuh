@@ -52,6 +52,7 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, 
   // A thread's rows are kRowStep apart, a multiple of 4: the swizzle of
   // row0 + k * kRowStep is row0's, with bit 2 flipped for odd multiples of 4.
   static_assert(kRowStep % 4 == 0, "rows whose swizzle differs by bit 2 at most");
+  static_assert(kBatch * kRowStep % 8 == 0, "every batch starts at row0's swizzle");
   const int ch = ctid % kChunks;
   const int row0 = ctid / kChunks;
   const int c0 = 2 * ch + ((ch >> 2) & 1);  // the output chunk stored first, then c0 ^ 1
@@ -76,7 +77,7 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, 
       const uint4 first = x8_to_half<typename Cfg::CacheT>(in[j][0]);
       const uint4 second = x8_to_half<typename Cfg::CacheT>(in[j][1]);
       uint8_t* row = dst + (b + j) * kRowStep * 128;
-      const int flip = (j * kRowStep) & 4 ? 64 : 0;  // (b is a multiple of 4)
+      const int flip = (j * kRowStep) & 4 ? 64 : 0;  // (b * kRowStep: a multiple of 8)
       if (row0 + (b + j) * kRowStep < BN) {
         *reinterpret_cast<uint4*>(row + (x0 ^ flip)) = first;
         *reinterpret_cast<uint4*>(row + (x1 ^ flip)) = second;
