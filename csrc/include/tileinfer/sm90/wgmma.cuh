@@ -38,6 +38,17 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_byte_addr, uint32_t
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32) | (uint64_t(1) << 62);
 }
 
+// A descriptor moved by `bytes` (a multiple of 16): one 32-bit add to its
+// start address field, which takes the whole sum (shared-memory addresses
+// stay below 2^18, so it never carries into the leading offset). The
+// products' k-steps are issued inside a consumer's turn at the tensor cores
+// (prefill_consumer.cuh); building each step's descriptor there (shift, mask,
+// or per operand) lengthened the turn by a third.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 __device__ __forceinline__ void fence() {
 #if TILEINFER_WGMMA_ENABLED
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -157,12 +168,14 @@ struct Mma {
 // in shared memory; k-step kk is block kk / 4, 32 (kk % 4) bytes into the atom.
 template <typename T, int kBlockM, int kBlockN, int D>
 __device__ __forceinline__ void issue_qk(float (&acc)[kBlockN / 2], uint32_t q_base, uint32_t k_tile) {
+  const uint64_t qa = desc_sw128(q_base, 16, 1024);
+  const uint64_t kb = desc_sw128(k_tile, 16, 1024);
   fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t koff = (kk & 3) * 32;
-    const uint64_t da = desc_sw128(q_base + (kk >> 2) * kBlockM * 128 + koff, 16, 1024);
-    const uint64_t db = desc_sw128(k_tile + (kk >> 2) * kBlockN * 128 + koff, 16, 1024);
+    const uint64_t da = desc_advance(qa, (kk >> 2) * kBlockM * 128 + koff);
+    const uint64_t db = desc_advance(kb, (kk >> 2) * kBlockN * 128 + koff);
     Mma<T, kBlockN>::ss(acc, da, db, kk > 0 ? 1 : 0);
   }
   commit();
@@ -205,10 +218,11 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], uint32_t (&a)[kBlock
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) fence_regs(a[kk]);
   fence_regs(o);
+  const uint64_t vb = desc_sw128(v_tile, kBlockN * 128, 1024);
   fence();
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    const uint64_t db = desc_sw128(v_tile + kk * 16 * 128, kBlockN * 128, 1024);
+    const uint64_t db = desc_advance(vb, kk * 16 * 128);
     Mma<T, D>::rs_tnsp_b(o, a[kk], db);
   }
   commit();
