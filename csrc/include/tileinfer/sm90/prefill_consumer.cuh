@@ -66,7 +66,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
   const int box_shift = __ffs(p.box_rows) - 1;
   // Scale (or soft-cap) folded into the exp2 argument when it can be (softmax.cuh).
   const ScoreMap smap = ScoreMap::make(p.a.scale, p.a.soft_cap);
-  const uint32_t q_base = smem_u32(sm.q) + 64 * wg * 128;  // this warpgroup's rows of block 0
+  const uint32_t q_base0 = smem_u32(sm.q(0)) + 64 * wg * 128;  // this warpgroup's rows of block 0, buffer 0
 
   if (wg == 1) named_arrive(kTurnBarrier, 256);  // consumer 0 issues first
 
@@ -74,17 +74,20 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
   for (uint32_t items = 0;; ++items) {
     // The item comes with its query tile, from the producer (prefill_smem.cuh).
     // Lane 0 reads it and hands it to its warp, so that the read is ordered
-    // before its own arrival on q_empty (after which the producer writes the next).
-    mbar_wait(sm.q_full, items & 1);
-    const WorkItem w = warp_broadcast(lane == 0 ? *sm.item : WorkItem{});
+    // before its own arrival on q_empty (after which the producer may write the buffer again).
+    const RingSlot<Cfg::kQBuffers> qs(items);
+    mbar_wait(&sm.q_full[qs.stage], qs.parity);
+    const WorkItem w = warp_broadcast(lane == 0 ? sm.item[qs.stage] : WorkItem{});
     if (!w.active) break;
+    uint8_t* const q_tile = sm.q(qs.stage);
+    const uint32_t q_base = q_base0 + qs.stage * Cfg::kQBytes;
 
     // Quantized: the rows' score factors, and NaN output for a row that held
     // a non-finite value (as the float reference gives).
     float unscale[2] = {1.f, 1.f};
     bool bad[2] = {false, false};
     if constexpr (Cfg::kQuant) {
-      convert_queries<Cfg>(p, sm, w, r0, quad, smap.pre_factor(), unscale, bad);
+      convert_queries<Cfg>(p, q_tile, w, r0, quad, smap.pre_factor(), unscale, bad);
       wgmma::fence_proxy_async_smem();  // the converted rows, visible to the tensor cores ...
       named_sync(kQueryBarrier + wg, 128);  // ... once the whole warpgroup's are written
     }
@@ -242,7 +245,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
         release(&sm.empty_v[slot.stage]);
       }
     }
-    if (lane == 0) mbar_arrive(sm.q_empty);  // every S product has completed
+    if (lane == 0) mbar_arrive(&sm.q_empty[qs.stage]);  // every S product has completed
     if (Cfg::kOverlap && my_tiles > my_first) {
       wait_v(prev);
       wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev.stage)));

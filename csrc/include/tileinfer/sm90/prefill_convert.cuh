@@ -144,9 +144,8 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
 // k_scale / 2^e) and whether the row held a non-finite value. The caller
 // makes the writes visible to the tensor cores.
 template <class Cfg>
-__device__ __forceinline__ void convert_queries(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
-                                                const WorkItem& w, int r0, int quad, float pre,
-                                                float (&unscale)[2], bool (&bad)[2]) {
+__device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t* q_tile, const WorkItem& w, int r0,
+                                                int quad, float pre, float (&unscale)[2], bool (&bad)[2]) {
   using QT = typename Cfg::QT;
   constexpr int BM = Cfg::kBlockM;
   constexpr int kMine = Cfg::D / 32;  // 16-byte chunks of a row per quad lane: quad, quad + 4, ...
@@ -156,7 +155,7 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, const Pr
   // This lane's chunk m of row r (the 128-byte swizzle of wgmma.cuh).
   auto chunk = [&](int r, int m) {
     const int c = quad + 4 * m;
-    return reinterpret_cast<uint4*>(sm.q + (c >> 3) * BM * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+    return reinterpret_cast<uint4*>(q_tile + (c >> 3) * BM * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
   };
   // Chunk m of row r times the smoothing factors (1 without; 0 past the head
   // dim, where q is 0). One chunk at a time (no unrolling): the consumers'

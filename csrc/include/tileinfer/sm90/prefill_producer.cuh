@@ -51,7 +51,7 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
   const uint32_t box_bytes = rows * 128;
 
   uint32_t tiles = 0;  // tiles produced so far: the ring position
-  uint32_t items = 0;  // active items so far: the query tile's phase
+  uint32_t items = 0;  // active items so far: the query ring position
   uint32_t tails = 0;  // tail tiles so far: the tail barrier's phase
   uint32_t raws = 0;   // quantized: raw tiles so far (K and V), the raw ring position
   for (int round = sched.template next_active<BM>(p, 0); sched.valid(round);
@@ -60,16 +60,20 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
     if (!w.active) continue;  // (next_active read the same metadata: never taken)
 
     // The query tile: rows (query, head) of the KV head's group, token-major,
-    // exactly the box {64, group, BM / group} of q at (head0, first token).
-    mbar_wait(sm.q_empty, (items & 1) ^ 1);
+    // exactly the box {64, group, BM / group} of q at (head0, first token),
+    // into the next query buffer once the consumers are done with it (with
+    // two buffers, the item before the last).
+    const RingSlot<Cfg::kQBuffers> qs(items++);
+    mbar_wait(&sm.q_empty[qs.stage], qs.parity ^ 1);
     if (lane == 0) {
-      *sm.item = w;  // released to the consumers by the arrival below
-      mbar_arrive_expect_tx(sm.q_full, Cfg::kQBytes);
+      sm.item[qs.stage] = w;  // released to the consumers by the arrival below
+      uint64_t* bar = &sm.q_full[qs.stage];
+      mbar_arrive_expect_tx(bar, Cfg::kQBytes);
       const int token0 = w.q_begin + w.row_base / w.group;
 #pragma unroll
-      for (int c = 0; c < kBlocks; ++c) tma_load_3d(sm.q + c * BM * 128, &p.q_map, sm.q_full, 64 * c, w.head0, token0);
+      for (int c = 0; c < kBlocks; ++c)
+        tma_load_3d(sm.q(qs.stage) + c * BM * 128, &p.q_map, bar, 64 * c, w.head0, token0);
     }
-    ++items;
 
     const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
     // Box `lane`'s page in tile i, -1 for no box. Looked up one tile ahead,
@@ -154,10 +158,11 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
     tiles += num_tiles;
   }
   // No item left: an inactive item, once the consumers are done with the last query tile.
-  mbar_wait(sm.q_empty, (items & 1) ^ 1);
+  const RingSlot<Cfg::kQBuffers> qs(items);
+  mbar_wait(&sm.q_empty[qs.stage], qs.parity ^ 1);
   if (lane == 0) {
-    sm.item->active = false;
-    mbar_arrive(sm.q_full);
+    sm.item[qs.stage].active = false;
+    mbar_arrive(&sm.q_full[qs.stage]);
   }
 }
 

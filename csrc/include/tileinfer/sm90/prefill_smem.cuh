@@ -1,16 +1,16 @@
 // Shared memory of the Hopper prefill kernel and the barriers between its
 // producer and consumers.
 //
-//   q       [D / 64][kBlockM rows][128 B]              the item's queries
+//   q       [kQBuffers][D / 64][kBlockM rows][128 B]   the items' queries
 //   stages  [kStages][K, V][D / 64][kBlockN rows][128 B] the ring of key tiles
 //   raw     [kRawSlots][kBlockN rows][D B]   quantized only: K or V tiles as stored
 //   full_k[s]  the stage's key tile landed (1 arrival: the producer's, + bytes;
 //              quantized: one arrival per converter warp)
 //   empty_k[s] the consumers are done with it (one arrival per consumer warp)
 //   full_v[s], empty_v[s]  the same for the value tile
-//   q_full / q_empty   the same for the query tile, once per item
-//   item       the work item of the query tile (written by the producer before
-//              its arrival on q_full; inactive: no item left)
+//   q_full[b] / q_empty[b]   the same for query tile b, once per item
+//   item[b]    the work item of query tile b (written by the producer before
+//              its arrival on q_full[b]; inactive: no item left)
 //   tail       copies of a stage that the producer finishes itself (below)
 //   stage_mask[s]  bit b: box b of the stage is on a page outside the pool
 //   raw_full[r] / raw_empty[r]  a raw slot landed (1 arrival + bytes) / the
@@ -30,13 +30,13 @@
 namespace tileinfer {
 namespace sm90 {
 
-static_assert(sizeof(WorkItem) <= 64, "the work item's room in PrefillTile::kBarBytes");
+static_assert(sizeof(WorkItem) <= 64, "a work item's room in PrefillTile::kBarBytes");
 
 template <class Cfg>
 struct PrefillSmem {
   static constexpr int kConsumerWarps = 4 * Cfg::kConsumers;
 
-  uint8_t* q;
+  uint8_t* q_tiles;
   uint8_t* stages;
   uint8_t* raw;
   uint64_t* full_k;
@@ -56,16 +56,16 @@ struct PrefillSmem {
     // The swizzle is a function of address bits: align to 1024 bytes whatever
     // the dynamic buffer's base (kAlign bytes of slack).
     const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(buffer));
-    q = buffer + ((Cfg::kAlign - (base & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
-    stages = q + Cfg::kQBytes;
+    q_tiles = buffer + ((Cfg::kAlign - (base & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
+    stages = q_tiles + Cfg::kQBuffers * Cfg::kQBytes;
     raw = stages + Cfg::kStages * Cfg::kStageBytes;
     full_k = reinterpret_cast<uint64_t*>(raw + Cfg::kRawSlots * Cfg::kRawSlotBytes);
     empty_k = full_k + Cfg::kStages;
     full_v = empty_k + Cfg::kStages;
     empty_v = full_v + Cfg::kStages;
     q_full = empty_v + Cfg::kStages;
-    q_empty = q_full + 1;
-    tail = q_empty + 1;
+    q_empty = q_full + Cfg::kQBuffers;
+    tail = q_empty + Cfg::kQBuffers;
     raw_full = tail + 1;
     raw_empty = raw_full + Cfg::kRawSlots;
     stage_mask = reinterpret_cast<uint32_t*>(raw_empty + Cfg::kRawSlots);
@@ -73,6 +73,7 @@ struct PrefillSmem {
     item = reinterpret_cast<WorkItem*>(raw_mask + Cfg::kRawSlots + (Cfg::kRawSlots & 1));  // 8-byte aligned
   }
 
+  __device__ uint8_t* q(int b) const { return q_tiles + b * Cfg::kQBytes; }
   __device__ uint8_t* k(int s) const { return stages + s * Cfg::kStageBytes; }
   __device__ uint8_t* v(int s) const { return k(s) + Cfg::kTileBytes; }
   __device__ uint8_t* raw_tile(int r) const { return raw + r * Cfg::kRawSlotBytes; }
@@ -90,8 +91,10 @@ struct PrefillSmem {
       mbar_init(&raw_full[r], 1);
       mbar_init(&raw_empty[r], Cfg::kConverterWarps);
     }
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, kConsumerWarps);
+    for (int b = 0; b < Cfg::kQBuffers; ++b) {
+      mbar_init(&q_full[b], 1);
+      mbar_init(&q_empty[b], kConsumerWarps);
+    }
     mbar_init(tail, 1);
     mbar_init_fence();
   }

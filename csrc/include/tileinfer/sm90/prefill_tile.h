@@ -77,19 +77,26 @@ struct PrefillTile {
                 "setmaxnreg: within the block's registers at launch");
 
   // Shared memory, in bytes, 1024-byte aligned operand tiles first.
-  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kQBytes = kBlockM * D * 2;  // one query tile
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage
   static constexpr int kStageBytes = 2 * kTileBytes;
   // Quantized: a raw slot holds one K or V tile as stored ([kBlockN][D]
   // bytes); 3 slots (1.5 tiles of K and V) at d 128, 4 at d 64.
   static constexpr int kRawSlotBytes = kQuant ? kBlockN * D : 0;
   static constexpr int kRawSlots = !kQuant ? 0 : D == 128 ? 3 : 4;
+  // Query tiles in flight: two where shared memory holds them, so that the
+  // producer copies the next item's queries and first tiles while this
+  // item's last tiles are computed (with one, it waits for this item's last
+  // S). Not at d 256, nor beside d 128's raw ring.
+  static constexpr int kQBuffers = D == 256 || (kQuant && D == 128) ? 1 : 2;
   // Barriers, stage and raw-slot masks (each padded to 8 bytes) and the work
-  // item (prefill_smem.cuh).
-  static constexpr int kBarBytes = (4 * kStages + 3 + 2 * kRawSlots) * 8 + (kStages + (kStages & 1)) * 4 +
-                                   (kRawSlots + (kRawSlots & 1)) * 4 + 64;
+  // items (prefill_smem.cuh).
+  static constexpr int kBarBytes = (4 * kStages + 2 * kQBuffers + 1 + 2 * kRawSlots) * 8 +
+                                   (kStages + (kStages & 1)) * 4 + (kRawSlots + (kRawSlots & 1)) * 4 +
+                                   64 * kQBuffers;
   static constexpr int kAlign = 1024;
-  static constexpr int kSmemBytes = kAlign + kQBytes + kStages * kStageBytes + kRawSlots * kRawSlotBytes + kBarBytes;
+  static constexpr int kSmemBytes =
+      kAlign + kQBuffers * kQBytes + kStages * kStageBytes + kRawSlots * kRawSlotBytes + kBarBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
 
