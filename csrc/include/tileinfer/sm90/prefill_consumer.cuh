@@ -80,6 +80,9 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     const WorkItem w = warp_broadcast(lane == 0 ? sm.item[qs.stage] : WorkItem{});
     if (!w.active) break;
     uint8_t* const q_tile = sm.q(qs.stage);
+    // An offset from buffer 0's address, not smem_u32(q_tile): with the
+    // address taken anew per item, ptxas built the Q descriptors inside the
+    // turn at the tensor cores (25 more instructions there, and slower).
     const uint32_t q_base = q_base0 + qs.stage * Cfg::kQBytes;
 
     // Quantized: the rows' score factors, and NaN output for a row that held
