@@ -143,12 +143,26 @@ def poison_unowned_(p, window_left=-1):
     return p
 
 
-def kernel_queries(p):
+def hopper_quantized_prefill(p):
+    """Whether `prefill` runs problem p (a quantized cache) on the Hopper
+    warp-specialized kernel: a compute-capability 9.0 device, bf16 / fp16
+    queries, head dims up to 128, groups that are powers of two (and a build
+    with sm_90a code, setup.py's default). That kernel rounds int8 problems'
+    queries to fp16, as for fp8."""
+    group = p.q.shape[1] // p.k_cache.shape[1]
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and p.q.dtype in (torch.bfloat16, torch.float16) and p.q.shape[-1] <= 128
+            and group & (group - 1) == 0 and group <= 128)
+
+
+def kernel_queries(p, prefill=False):
     """The queries as the quantized-cache kernels' products see them, as
     float64: x = q * k_smooth in fp32 (each query head times its KV head's
     factors; q alone without k_smooth), then per (token, head) row x * 2^(14 -
     e) with the row's max |x| in [2^(e-1), 2^e), rounded half-even to an
-    integer (int8 cache: 15 bits) or to fp16 (fp8 cache), times 2^(e - 14)."""
+    integer (int8 cache on the tile kernels: 15 bits) or to fp16 (fp8 cache;
+    int8 too where `prefill` runs on the Hopper kernel, with prefill=True),
+    times 2^(e - 14)."""
     group = p.q.shape[1] // p.k_cache.shape[1]
     x = p.q.float()
     if p.k_smooth is not None:
@@ -156,7 +170,7 @@ def kernel_queries(p):
     amax = x.abs().amax(dim=-1, keepdim=True)
     _, e = torch.frexp(amax)
     scale = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), (14 - e).clamp(max=126)), torch.ones_like(amax))
-    if p.k_cache.dtype == torch.int8:
+    if p.k_cache.dtype == torch.int8 and not (prefill and hopper_quantized_prefill(p)):
         q = torch.round(x * scale).clamp(-16384, 16384)
     else:
         q = (x * scale).half()

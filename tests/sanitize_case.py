@@ -167,10 +167,11 @@ def main():
             p.seq_lens[2] = -7
             run_attention_ops(p, causal=(True,), with_prefill=False)
     # The tile kernel's 128-row prefill tile, which prefill takes from 2048
-    # queries on where the wgmma kernel does not run: an int8 cache (a bf16
-    # cache too on a GPU without wgmma). Prefill only: the decode path is above.
+    # queries on where the Hopper kernels do not run: an int8 cache with a
+    # group that is not a power of two (a bf16 cache too on a GPU without
+    # wgmma). Prefill only: the decode path is above.
     for int8 in (False, True):
-        run_attention_ops(make_problem([2100, 70], [2100, 3], 4, 2, 128, 64, device=DEV, seed=7, int8=int8),
+        run_attention_ops(make_problem([2100, 70], [2100, 3], 6, 2, 128, 64, device=DEV, seed=7, int8=int8),
                           causal=(True,))
     torch.cuda.synchronize()
     print(f"sanitize_case: ok ({len(cases)} problems)", flush=True)

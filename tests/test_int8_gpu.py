@@ -9,11 +9,11 @@ captured in a CUDA graph and replayed while sequences grow; adversarial
 metadata (kept last: a fault kills the CUDA context).
 
 Numerics of the quantized kernels: queries multiplied by k_smooth in fp32 and
-rounded per row (int8: 15-bit integers; fp8: fp16, at the same per-row power
-of two); keys / values converted exactly to fp16; each key's score multiplied
-by its k_scale; each probability multiplied by its value's v_scale (over the
-running maximum of the value scales) and rounded to fp16 for the PV product on
-the tensor cores; fp32 accumulation.
+rounded per row (int8: 15-bit integers, or fp16 in Hopper prefill; fp8:
+fp16, at the same per-row power of two); keys / values converted exactly to
+fp16; each key's score multiplied by its k_scale; each probability multiplied
+by its value's v_scale (over the running maximum of the value scales) and
+rounded to fp16 for the PV product on the tensor cores; fp32 accumulation.
 
 Every case draws fresh random inputs (a seed per test id; int8 values in
 [-127, 127], fp8 values spread over e4m3's range, random scales and smoothing
@@ -74,12 +74,12 @@ def quant_problem(kind, seq_lens, q_lens, hq, hkv, head_dim, page, dtype=torch.b
 check_out = functools.partial(op_helpers.check_out, ulps=ULPS)
 
 
-def check_lse(lse, exact_lse, p, causal, what):
+def check_lse(lse, exact_lse, p, causal, what, prefill=False):
     """lse against float64, relative to max(1, |lse|). The scores of the
     kernels are those of their rounded queries (q * k_smooth in fp32, then 15
-    bits per row: with k_smooth a shift of up to ~1e-3 for d 128, above the
-    bf16 caches' 1e-4): the reference is float64 attention of those queries
-    (kernel_queries)."""
+    bits or fp16 per row: with k_smooth a shift of up to ~1e-3 for d 128,
+    above the bf16 caches' 1e-4): the reference is float64 attention of those
+    queries (kernel_queries; `prefill`: the lse came from the prefill op)."""
     lse = lse.double()
     assert not torch.isnan(lse).any(), f"{what}: NaN in lse"
     seen = torch.isfinite(exact_lse)
@@ -88,7 +88,7 @@ def check_lse(lse, exact_lse, p, causal, what):
     if not seen.any():
         return
     tol = LSE_REL * exact_lse.abs().clamp_min(1.0)
-    _, exact_lse = exact_attention(dataclasses.replace(p, q=kernel_queries(p), k_smooth=None), causal)
+    _, exact_lse = exact_attention(dataclasses.replace(p, q=kernel_queries(p, prefill), k_smooth=None), causal)
     excess = ((lse - exact_lse).abs() - tol)[seen]
     assert excess.max().item() <= 0, (f"{what}: lse error above tolerance by {excess.max().item():.3g} "
                                       f"(largest error {(lse - exact_lse)[seen].abs().max().item():.3g})")
@@ -117,7 +117,7 @@ def test_int8_prefill(kind, dtype, head_dim, page, causal, smooth, seed):
     poison_unowned_(p)
     out, lse = run_prefill(p, causal)
     check_out(out, exact, dtype, f"{kind} prefill (group {group})")
-    check_lse(lse, exact_lse, p, causal, f"{kind} prefill lse (group {group})")
+    check_lse(lse, exact_lse, p, causal, f"{kind} prefill lse (group {group})", prefill=True)
 
 
 @pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float16, 64), (torch.bfloat16, 80)],
@@ -132,7 +132,7 @@ def test_int8_prefill_long(kind, dtype, head_dim, seed):
     out, lse = run_prefill(p, True)
     exact, exact_lse = exact_attention(p, True)
     check_out(out, exact, dtype, f"{kind} prefill long")
-    check_lse(lse, exact_lse, p, True, f"{kind} prefill long lse")
+    check_lse(lse, exact_lse, p, True, f"{kind} prefill long lse", prefill=True)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
@@ -154,7 +154,7 @@ def test_int8_prefill_many_sequences(kind, page, causal, seed):
     pad = torch.randn(3, *p.q.shape[1:], device=DEV).to(p.q.dtype)  # tokens of no sequence
     out, lse = run_prefill(dataclasses.replace(p, q=torch.cat([p.q, pad])), causal)
     check_out(out[:n], exact, torch.bfloat16, f"{kind} prefill, 64 sequences, page {page}")
-    check_lse(lse[:n], exact_lse, p, causal, f"{kind} prefill lse, 64 sequences, page {page}")
+    check_lse(lse[:n], exact_lse, p, causal, f"{kind} prefill lse, 64 sequences, page {page}", prefill=True)
     assert torch.isnan(out[n:]).all() and torch.isnan(lse[n:]).all(), "rows of no sequence were written"
 
 
@@ -476,5 +476,5 @@ def test_int8_adversarial_metadata(kind, path, seed):
     check_out(out[good], exact[good], torch.bfloat16, f"{kind} {path}: sequences with good metadata")
     check_out(out, exact, torch.bfloat16, f"{kind} {path} with bad metadata (as the reference reads it)")
     if lse is not None:
-        check_lse(lse, exact_lse, p, True, f"{kind} {path} with bad metadata lse")
+        check_lse(lse, exact_lse, p, True, f"{kind} {path} with bad metadata lse", prefill=path == "prefill")
     check_context_alive(kind, seed)

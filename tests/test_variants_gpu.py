@@ -1,7 +1,8 @@
 """GPU tests of the per-layer attention variants (window_left, logits_soft_cap,
 sinks) on every CUDA kernel: the warp-specialized Hopper prefill (power-of-two
-groups), the synchronous wgmma prefill (other groups), the mma.sync tile
-kernel (int8 / fp8 caches; its 128-row tile from 2048 queries on), the fp32 kernel,
+groups; over int8 / fp8 caches too), the synchronous wgmma prefill (other
+groups), the mma.sync tile kernel (quantized caches with other groups; its
+128-row tile from 2048 queries on), the fp32 kernel,
 and the decode tiles (small, large, the int8 / fp8 ones, one split writing out
 directly); a decode step captured in a CUDA graph and replayed while the
 sequences grow past the window; bad device metadata with a window (kept last:
@@ -66,8 +67,9 @@ def run_all(p, causal, kw, dtype, what, decode=True, ulps=4.0):
     int8 kernels round them (op_helpers.kernel_queries: with k_smooth a shift
     of up to ~1e-3, above the 1e-4 bound), as in test_int8_gpu."""
     exact, exact_lse = exact_attention(p, causal, **kw)
-    if p.k_cache.dtype in (torch.int8, torch.float8_e4m3fn):
-        _, exact_lse = exact_attention(dataclasses.replace(p, q=kernel_queries(p), k_smooth=None), causal, **kw)
+    if p.k_cache.dtype in (torch.int8, torch.float8_e4m3fn):  # (the lse checked below is prefill's)
+        _, exact_lse = exact_attention(dataclasses.replace(p, q=kernel_queries(p, prefill=True), k_smooth=None),
+                                       causal, **kw)
     poison_unowned_(p, kw.get("window_left", -1))
     out, lse = run_prefill(p, causal, **kw)
     check_out(out, exact, dtype, f"prefill {what}", ulps=ulps)
@@ -114,10 +116,12 @@ def test_prefill_kernels(group, head_dim, variant, window, causal, seed):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("variant,window", PREFILL_CASES)
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
-def test_prefill_fp8_tensor_scales(head_dim, variant, window, causal, seed):
-    """An fp8 cache with per-tensor scales: on Hopper the warp-specialized
-    kernel with its converter warps (the scales on the scores and the
-    output, the queries rounded to fp16 per row), groups 1 and 8."""
+@pytest.mark.parametrize("quant", list(QUANT_KINDS))
+def test_prefill_quantized(quant, head_dim, variant, window, causal, seed):
+    """An int8 or fp8 cache: on Hopper the warp-specialized kernel with its
+    converter warps (per-tensor scales on the scores and the output,
+    per-vector ones on each score and probability column; the queries
+    rounded to fp16 per row), groups 1 and 8."""
     need("prefill")
     window = max(window, 0)
     group = (1, 8)[(window + head_dim // 32) % 2]
@@ -125,19 +129,19 @@ def test_prefill_fp8_tensor_scales(head_dim, variant, window, causal, seed):
     q_lens = [700, 200, 1, 1, 64 + window]
     page = [16, 64, 128][(window + head_dim // 32) % 3]
     p = scaled(make_problem(lens, q_lens, 2 * group, 2, head_dim, page, device=DEV, seed=seed, smooth=bool(window % 2),
-                            **QUANT_KINDS["fp8-tensor"]))
-    run_all(p, causal, kwargs(variant, window, 2 * group, seed), torch.bfloat16, f"fp8 {variant} window {window}",
-            decode=False, ulps=6.0)
+                            **QUANT_KINDS[quant]))
+    run_all(p, causal, kwargs(variant, window, 2 * group, seed), torch.bfloat16,
+            f"{quant} {variant} window {window}", decode=False, ulps=6.0)
 
 
 @pytest.mark.parametrize("variant", ["gpt-oss", "gemma2"])
 @pytest.mark.parametrize("cache", list(CACHE_KINDS))
 def test_prefill_large_tile(variant, cache, seed):
-    """2100 queries: the mma.sync kernel's 128-row tile (int8 cache; a bf16
-    cache takes it on GPUs other than Hopper), a window of 500."""
+    """2100 queries, group 3: the mma.sync kernel's 128-row tile (quantized
+    caches; a bf16 cache takes it on GPUs other than Hopper), a window of 500."""
     need("prefill")
-    p = scaled(make_problem([2100, 600], [2100, 300], 8, 2, 128, 64, device=DEV, seed=seed, **CACHE_KINDS[cache]))
-    run_all(p, True, kwargs(variant, 500, 8, seed), torch.bfloat16, f"large tile {variant}", decode=False,
+    p = scaled(make_problem([2100, 600], [2100, 300], 6, 2, 128, 64, device=DEV, seed=seed, **CACHE_KINDS[cache]))
+    run_all(p, True, kwargs(variant, 500, 6, seed), torch.bfloat16, f"large tile {variant}", decode=False,
             ulps=6.0 if cache != "bf16" else 4.0)
 
 

@@ -78,13 +78,13 @@ def test_wgmma_kernel_is_used(D, group, kernel, seed):
 
 @pytest.mark.parametrize("kind", ["fp8-tensor", "fp8-vector", "int8"])
 def test_quantized_cache_kernel(D, kind, seed):
-    """An fp8 cache with per-tensor scales (vLLM's layout) runs the
-    warp-specialized kernel, its converter warps turning pages into fp16
-    tiles, at d 64 and 128; per-vector scales, int8 and d 256 the mma.sync
-    tile kernel. Results within the quantized caches' 6 ulps
+    """A quantized cache (fp8 with per-tensor scales as vLLM lays them out,
+    fp8 or int8 with per-vector scales) runs the warp-specialized kernel, its
+    converter warps turning pages into fp16 tiles, at d 64 and 128; d 256
+    the mma.sync tile kernel. Results within the quantized caches' 6 ulps
     (tests/test_int8_gpu.py covers them fully)."""
     p = make_problem([300, 41], [300, 41], 8, 2, D, 64, device=DEV, seed=seed, **QUANT_KINDS[kind])
-    hopper_kernel = kind == "fp8-tensor" and D <= 128
+    hopper_kernel = D <= 128
     kernel = WARP_SPECIALIZED if hopper_kernel else TILE
     run_prefill(p, True)  # warm-up (and the shared-memory opt-in) outside the profile
     torch.cuda.synchronize()
@@ -252,9 +252,9 @@ def test_wgmma_prefill_deterministic(D, dtype, seed):
 def test_wgmma_prefill_other_shapes_unchanged(D, seed):
     """The kernel prefill picks next to the Hopper kernels' shapes, and the
     results: head dim 256 in fp16 takes a Hopper kernel; fp32 queries and an
-    int8 cache take the tile kernel. All stay right."""
+    int8 cache at head dim 256 take the tile kernel. All stay right."""
     for d, dtype, int8, wgmma in ((256, torch.float16, False, True), (D, torch.float32, False, False),
-                                  (D, torch.bfloat16, True, False)):
+                                  (256, torch.bfloat16, True, False)):
         p = make_problem([130, 40], [130, 40], 8, 2, d, 64, dtype=dtype, device=DEV, seed=seed, int8=int8)
         run_prefill(p, True)  # warm-up outside the profile
         names, (out, _) = kernels_run(lambda: run_prefill(p, True))

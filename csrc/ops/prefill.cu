@@ -3,8 +3,8 @@
 //   Hopper, bf16 / fp16 cache   the warp-specialized kernel (sm90/prefill_kernel.cuh),
 //                               or the synchronous wgmma kernel for groups it
 //                               cannot copy as one box (attention_wgmma.cuh)
-//   Hopper, fp8 cache with per-tensor scales, d <= 128, groups that are
-//                               powers of two: the warp-specialized kernel
+//   Hopper, int8 / fp8 cache, d <= 128, groups that are powers of two: the
+//                               warp-specialized kernel with its converter warps
 //   other quantized cases, other GPUs  the mma.sync tile kernel (attention_kernel.cuh)
 //   fp32                        the CUDA-core kernel (attention_fp32.cuh)
 #include <optional>
@@ -27,7 +27,8 @@ namespace tileinfer::cuda {
 namespace {
 
 // The mma.sync tile kernel (fp32 excepted: attention_fp32.cuh) serves
-// prefill where the Hopper kernels do not: int8 / fp8 caches, other GPUs. Two tile
+// prefill where the Hopper kernels do not: other GPUs, quantized caches at d
+// 256 or with groups that are not powers of two. Two tile
 // shapes, 4 warps each:
 // - 64-row tiles: 16 rows per warp, Q fragments in registers, keys 64 at a time,
 //   two stages (the other resident block's math hides each block's copies).
@@ -82,15 +83,19 @@ bool use_warp_specialized(int group) { return group > 0 && (group & (group - 1))
 // The Hopper kernels need bf16 / fp16 queries and a 9.0 device of a build
 // with sm_90a code (setup.py defines TILEINFER_SM90A then; without that code
 // the kernels would trap). Over a cache of the queries' type, both; over a
-// quantized cache, only the warp-specialized kernel with its converters, for
-// fp8 with per-tensor scales at tile dims up to 128 (int8, per-vector
-// scales and d 256 take the tile kernel).
-bool use_hopper_prefill(const PagedShape& s, int group, at::ScalarType dtype, int device) {
+// quantized cache (int8, fp8), only the warp-specialized kernel with its
+// converters, at tile dims up to 128, with per-vector scales whose tensors
+// start 16-byte aligned (the bulk copies' unit; an offset view takes the
+// tile kernel).
+bool use_hopper_prefill(const PagedShape& s, int group, at::ScalarType dtype, int device,
+                        const AttentionParams& p) {
 #ifdef TILEINFER_SM90A
   if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
-  if (s.quantized && !(s.cache_dtype == at::ScalarType::Float8_e4m3fn && s.scale_per_tensor &&
-                       tile_head_dim(s.head_dim) <= 128 && use_warp_specialized(group)))
-    return false;
+  if (s.quantized) {
+    if (tile_head_dim(s.head_dim) > 128 || !use_warp_specialized(group)) return false;
+    const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+    if (!s.scale_per_tensor && !(aligned(p.kv.k_scale) && aligned(p.kv.v_scale))) return false;
+  }
   return is_hopper(device);
 #else
   return false;
@@ -156,6 +161,18 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   C10_CUDA_CHECK(launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.a.programmatic, p));
 }
 
+// The warp-specialized kernel over a quantized cache: int8 (per-vector
+// scales), fp8 with per-tensor or per-vector scales.
+template <typename T, int D>
+void launch_hopper_quant(const char* op, const AttentionParams& p, const PagedShape& s, const at::Tensor& q,
+                         cudaStream_t stream) {
+  if (s.cache_dtype == at::ScalarType::Char)
+    return launch_warp_specialized<sm90::PrefillTile<T, D, int8_t, true>>(op, p, q, stream);
+  // float8_e4m3fn, the other quantized dtype (check_paged_attention)
+  if (s.scale_per_tensor) return launch_warp_specialized<sm90::PrefillTile<T, D, __nv_fp8_e4m3>>(op, p, q, stream);
+  launch_warp_specialized<sm90::PrefillTile<T, D, __nv_fp8_e4m3, true>>(op, p, q, stream);
+}
+
 // prefill_as, or (mixed_queries > 0) its part of a mixed step: the sequences
 // of more than mixed_queries queries (attention_work.cuh, "Mixed steps").
 void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,
@@ -195,12 +212,12 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   // below was measured in blocks, and packing keeps the block count.
   const bool large = use_large_prefill_tile(max_q_len, s.head_dim);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (use_hopper_prefill(s, p.group_size, q.scalar_type(), q.get_device())) {
+  if (use_hopper_prefill(s, p.group_size, q.scalar_type(), q.get_device(), p)) {
     TILEINFER_DISPATCH_HALF(q.scalar_type(), op, [&] {
       TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
         if (s.quantized) {
           if constexpr (TILE_DIM <= 128)  // (use_hopper_prefill)
-            launch_warp_specialized<sm90::PrefillTile<scalar_t, TILE_DIM, __nv_fp8_e4m3>>(op, p, q_c, stream);
+            launch_hopper_quant<scalar_t, TILE_DIM>(op, p, s, q_c, stream);
         } else if (use_warp_specialized(p.group_size)) {
           launch_warp_specialized<sm90::PrefillTile<scalar_t, TILE_DIM>>(op, p, q_c, stream);
         } else {

@@ -81,6 +81,17 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, uint64_t
       : "memory");
 #endif
 }
+// A bulk copy of `bytes` contiguous bytes global -> shared, completing on
+// `bar` (both addresses 16-byte aligned, bytes a multiple of 16). No bounds:
+// the caller copies only from inside its tensor.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if TILEINFER_WGMMA_ENABLED
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+#endif
+}
 __device__ __forceinline__ void prefetch_tma_map(const void* map) {
 #if TILEINFER_WGMMA_ENABLED
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

@@ -29,7 +29,10 @@
 // each warpgroup first converts its query rows, in place, and its scores
 // are multiplied by their row's factor (k_scale over the row's power of two)
 // before the softmax, P by 2^15 before it is rounded, and the output by
-// v_scale / 2^15.
+// v_scale / 2^15. Per-vector scales: the row's factor is its power of two
+// alone, each score column takes its key's scale, each probability column its
+// value's scale times 2^15 over the running vmax (from the tile's scale
+// slot), and the output vmax / 2^15.
 //
 // Thread layout (as the mma.m16n8k16 accumulator, repeated over N / 8): lane
 // 4 g + c of warp v holds rows 16 v + g and 16 v + g + 8 of its warpgroup; the
@@ -126,10 +129,22 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       my_first = min(my_tiles, max(0, (window_first_key(wg_qmin, p.a.window_left) - w.key_begin) / BN));
     }
 
+    // Per-vector scales: tile i's scale slot (prefill_smem.cuh), and the
+    // running max of |v_scale| that O is in units of.
+    const uint32_t tile0 = tiles;
+    auto scale_index = [&](int i) { return static_cast<int>((tile0 + i) % max(Cfg::kScaleSlots, 1)); };
+    auto scale_slot = [&](int i) { return static_cast<const float*>(sm.scale_slot(scale_index(i))); };
+    float vmax = 0.f;
+
     float acc[BN / 2];       // S of the tile in flight
     float s[2][BN / 4];      // s[R][2 j + e]: row R, key 8 j + 2 quad + e; then the probabilities
     uint32_t a[BN / 16][4];  // P rounded to T: the A operand of its P V product
     float factor[2];
+    // One arrival per warp on `bar`, once the whole warp is done.
+    auto release = [&](uint64_t* bar) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar);
+    };
     // Masked online softmax of the S just completed (`outside`: its stage's
     // mask, from take_k_mask): s holds its probabilities, factor what O must
     // be multiplied by.
@@ -141,6 +156,18 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
         for (int R = 0; R < 2; ++R)
 #pragma unroll
           for (int c = 0; c < BN / 4; ++c) s[R][c] *= unscale[R];
+        if constexpr (Cfg::kVectorScales) {  // each key's scale on its column
+          const float* ks = scale_slot(i);
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const float2 k2 = *reinterpret_cast<const float2*>(ks + 8 * j + 2 * quad);
+#pragma unroll
+            for (int R = 0; R < 2; ++R) {
+              s[R][2 * j] *= k2.x;
+              s[R][2 * j + 1] *= k2.y;
+            }
+          }
+        }
         smap.template apply_premultiplied<true>(s);
       } else {
         smap.template apply<true>(s);  // the one-MUFU tanh: this loop is bound by the MUFU pipe (softmax.cuh)
@@ -150,7 +177,29 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
         mask.template apply<BN>(s, qpos, quad);
       }
       smx.update(s, smap.k, factor);
-      if constexpr (Cfg::kQuant) {
+      if constexpr (Cfg::kVectorScales) {
+        // Each value's scale on its probabilities, times kProbHeadroom over
+        // the running vmax (hand_on_scales); a larger vmax rescales O as a
+        // larger row maximum does. Then the tile's scales are released.
+        const float* slot = scale_slot(i);
+        const float top = slot[2 * BN];
+        if (top != vmax) {  // (uniform: every thread reads the same slot)
+          const float grow = vmax / top;  // 0 on the first tile, where O is still 0
+#pragma unroll
+          for (int R = 0; R < 2; ++R) factor[R] *= grow;
+          vmax = top;
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const float2 v2 = *reinterpret_cast<const float2*>(slot + BN + 8 * j + 2 * quad);
+#pragma unroll
+          for (int R = 0; R < 2; ++R) {
+            s[R][2 * j] *= v2.x;
+            s[R][2 * j + 1] *= v2.y;
+          }
+        }
+        release(&sm.scale_empty[scale_index(i)]);
+      } else if constexpr (Cfg::kQuant) {
         // P in fp16 times kProbHeadroom (quant.cuh): a row led by a sink or
         // a large score would otherwise lose its small probabilities to
         // fp16's subnormals. The output factor takes it back.
@@ -163,10 +212,6 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     auto pack_p = [&]() { wgmma::rows_to_a<T, BN>(s, a); };
     // O was accumulated against the previous maximum: rescale it before the next P joins.
     auto rescale_o = [&]() { wgmma::rescale_rows<D>(o, factor); };
-    auto release = [&](uint64_t* bar) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar);
-    };
     // Waits for the key tile of `slot`, then issues its S = Q K^T in this warpgroup's turn.
     auto take_s = [&](const RingSlot<Cfg::kStages>& slot) {
       mbar_wait(&sm.full_k[slot.stage], slot.parity);
@@ -187,12 +232,14 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     // A tile this warpgroup's rows see none of: waited for and released in
     // its turn, so that turns and ring stay in step.
     auto pass = [&]() {
+      const int i = static_cast<int>(tiles - tile0);
       const RingSlot<Cfg::kStages> slot(tiles++);
       mbar_wait(&sm.full_k[slot.stage], slot.parity);
       wait_v(slot);
       named_sync(kTurnBarrier + wg, 256);
       named_arrive(kTurnBarrier + (wg ^ 1), 256);
       release(&sm.empty_k[slot.stage]);
+      if constexpr (Cfg::kVectorScales) release(&sm.scale_empty[scale_index(i)]);
       release(&sm.empty_v[slot.stage]);
     };
 
@@ -259,7 +306,8 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 
     float out_factor[2] = {1.f, 1.f};
     if constexpr (Cfg::kQuant) {
-      const float v_scale = __ldg(p.a.kv.v_scale) * (1.f / kProbHeadroom);
+      // O is in units of v_scale (per tensor) or vmax (per vector) over kProbHeadroom.
+      const float v_scale = (Cfg::kVectorScales ? vmax : __ldg(p.a.kv.v_scale)) * (1.f / kProbHeadroom);
 #pragma unroll
       for (int R = 0; R < 2; ++R) out_factor[R] = bad[R] ? __int_as_float(0x7fc00000) : v_scale;
     }

@@ -6,7 +6,9 @@
 //     tile in the stage, exactly and without scales (quant.cuh's
 //     x8_to_half: 16 values for eight conversions, two 8-byte loads and
 //     two 16-byte stores). The scales go on the scores (k_scale) and the
-//     output (v_scale) in the consumers.
+//     output (v_scale, per tensor) or the probabilities (per vector) in the
+//     consumers; per-vector scales reach them through the scale slots
+//     (hand_on_scales).
 //   - queries: each consumer warpgroup rounds its rows of the query tile, in
 //     place, to fp16 at a per-row power of two (times the key smoothing
 //     factors), the numerics of the tile kernel (attention_kernel.cuh).
@@ -86,6 +88,43 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, 
   }
 }
 
+// Per-vector scales: one converter warp's share of a key tile's scales, from
+// its raw slot into scale slot `slot` ([k][v], kBlockN each, then vmax).
+// Rows from `valid` on and rows of boxes outside the pool get zeros (their
+// scales were not copied, or hold anything). Every converter warp computes
+// the tile's largest |v_scale| and the item's running maximum `vmax` (the
+// same value in each), and stores the v scales times kProbHeadroom / vmax:
+// the factor that the consumers' probabilities take before they are rounded
+// to fp16 (attention_kernel.cuh has the same numerics: a key with a huge
+// value scale does not push the others into fp16's subnormals). Warp `cw`
+// stores rows lane + 32 k for k = cw, cw + 3, ...
+template <class Cfg>
+__device__ __forceinline__ void hand_on_scales(const float* raw, float* slot, int valid, uint32_t outside,
+                                               int box_shift, int cw, int lane, float& vmax) {
+  constexpr int BN = Cfg::kBlockN;
+  constexpr int kRows = BN / 32;
+  float ks[kRows], vs[kRows];
+  float tile_vmax = 0.f;
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    const int r = lane + 32 * k;
+    const bool take = r < valid && ((outside >> (r >> box_shift)) & 1) == 0;
+    ks[k] = take ? raw[r] : 0.f;
+    vs[k] = take ? raw[BN + r] : 0.f;
+    tile_vmax = fmaxf(tile_vmax, fabsf(vs[k]));
+  }
+  vmax = fmaxf(vmax, warp_max<32>(tile_vmax));
+  const float top = fmaxf(vmax, 0x1p-100f);  // keeps kProbHeadroom / top finite for subnormal scales
+  const float factor = kProbHeadroom * (1.f / top);
+#pragma unroll
+  for (int k = 0; k < kRows; ++k)
+    if (k % Cfg::kConverterWarps == cw) {
+      slot[lane + 32 * k] = ks[k];
+      slot[BN + lane + 32 * k] = vs[k] * factor;
+    }
+  if (cw == 0 && lane == 0) slot[2 * BN] = top;
+}
+
 // The converter warps' loop: the producer's items and tiles in the same
 // order (the same scheduler walk, K_i then V_i-1), one raw slot per tile.
 template <class Cfg>
@@ -99,11 +138,18 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
 
   uint32_t tiles = 0;  // the stage ring position, as the producer's
   uint32_t raws = 0;   // the raw ring position
+  float vmax = 0.f;    // per-vector scales: the item's running max of |v_scale|
   // Tile i of item w (keys or values) from the next raw slot into ring position `count`.
   auto convert = [&](const WorkItem& w, bool values, int i, uint32_t count) {
     const RingSlot<Cfg::kRawSlots> raw(raws++);
     const RingSlot<Cfg::kStages> slot(count);
     mbar_wait(&(values ? sm.empty_v : sm.empty_k)[slot.stage], slot.parity ^ 1);
+    if constexpr (Cfg::kVectorScales) {
+      if (!values) {
+        const RingSlot<Cfg::kScaleSlots> scales(count);
+        mbar_wait(&sm.scale_empty[scales.stage], scales.parity ^ 1);
+      }
+    }
     mbar_wait(&sm.raw_full[raw.stage], raw.parity);
     // Lane 0 reads the mask (before its own release of the slot) and hands it on.
     uint32_t outside = 0;
@@ -112,6 +158,11 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
     // Read by the consumers between their wait on full_k and their release of empty_k.
     if (!values && ctid == 0) sm.stage_mask[slot.stage] = outside;
     const int valid = min(BN, w.key_end - (w.key_begin + i * BN));
+    if constexpr (Cfg::kVectorScales) {
+      if (!values)
+        hand_on_scales<Cfg>(sm.raw_scales(raw.stage), sm.scale_slot(count % Cfg::kScaleSlots), valid, outside,
+                            box_shift, ctid >> 5, lane, vmax);
+    }
     convert_tile<Cfg>(sm.raw_tile(raw.stage), values ? sm.v(slot.stage) : sm.k(slot.stage), ctid, valid, outside,
                       box_shift);
     wgmma::fence_proxy_async_smem();  // the tile, visible to the tensor cores
@@ -126,6 +177,7 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
     const WorkItem w = sched.template make<BM>(p, round);
     if (!w.active) continue;
     const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
+    vmax = 0.f;
     for (int i = 0; i < num_tiles; ++i) {
       convert(w, false, i, tiles + i);
       if (i > 0) convert(w, true, i - 1, tiles + i - 1);
@@ -141,8 +193,9 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
 // 2^14) (quant.cuh). The row's quad converts it (a quarter of its chunks
 // each), so its 2^e stays in the registers that need it. Returns per row
 // what its scores are multiplied by (`pre`, the score map's factor, times
-// k_scale / 2^e) and whether the row held a non-finite value. The caller
-// makes the writes visible to the tensor cores.
+// k_scale / 2^e; per-vector k scales go on each column instead) and whether
+// the row held a non-finite value. The caller makes the writes visible to
+// the tensor cores.
 template <class Cfg>
 __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t* q_tile, const WorkItem& w, int r0,
                                                 int quad, float pre, float (&unscale)[2], bool (&bad)[2]) {
@@ -171,7 +224,7 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t*
       x[k] = to_float(e[k]) * f;
     }
   };
-  const float k_scale = __ldg(kv.k_scale);
+  const float k_scale = Cfg::kVectorScales ? 1.f : __ldg(kv.k_scale);  // (per vector: on each score column)
 #pragma unroll
   for (int R = 0; R < 2; ++R) {
     const int r = r0 + 8 * R;

@@ -1,5 +1,5 @@
 // The warp-specialized Hopper (sm_90a) prefill kernel: bf16 / fp16 queries
-// over a cache of the same type or an fp8 one with per-tensor scales, head
+// over a cache of the same type, an int8 one or an fp8 one, head
 // dims of the tile table (prefill_tile.h), group sizes that are powers of two
 // up to kBlockM. The body only wires the roles together:
 //   prefill_scheduler.cuh  which items (row tile, sequence, KV head) a block takes (the producer walks it)

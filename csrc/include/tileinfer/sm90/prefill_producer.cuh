@@ -23,7 +23,10 @@
 //
 // A quantized cache (Cfg::kQuant): the warp copies each K and V tile as
 // stored (bytes: boxes of {D, rows}, zeros past the head dim and for pages
-// outside the pool) into the raw ring, in the same order, K_i then V_i-1.
+// outside the pool) into the raw ring, in the same order, K_i then V_i-1;
+// with per-vector scales, each key tile's slot also gets the k and v scales
+// of the tile's positions (the consumers need a tile's value scales with its
+// softmax, long before its values land).
 // The converter warps (prefill_convert.cuh) fill the stages from it, zero
 // the rows past the key end and those of boxes outside the pool, and
 // complete the stages' full barriers; this warp finishes no tail itself.
@@ -93,16 +96,29 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
         const RingSlot<Cfg::kRawSlots> slot(raws++);
         uint64_t* bar = &sm.raw_full[slot.stage];
         mbar_wait(&sm.raw_empty[slot.stage], slot.parity ^ 1);
-        const uint32_t outside = __ballot_sync(0xffffffffu, needed && !page_in_pool(kv, page));
+        const bool in_pool = page_in_pool(kv, page);
+        const uint32_t outside = __ballot_sync(0xffffffffu, needed && !in_pool);
         const uint32_t issued = __popc(__ballot_sync(0xffffffffu, needed));
+        // Per-vector scales: a key tile's slot also takes the k and v scales
+        // of its boxes, plain bulk copies (no bounds: boxes on pages inside
+        // the pool only; the converters zero the others' scales).
+        const bool scaled = Cfg::kVectorScales && !values && needed && in_pool;
+        const uint32_t scaled_boxes = __popc(__ballot_sync(0xffffffffu, scaled));
         if (lane == 0) {
           sm.raw_mask[slot.stage] = outside;  // released by the arrival below
-          mbar_arrive_expect_tx(bar, issued * rows * D);
+          mbar_arrive_expect_tx(bar, issued * rows * D + scaled_boxes * 2 * rows * 4);
         }
         __syncwarp();
+        const int in_page = pos & (kv.page_size - 1);
         if (needed)
-          tma_load_4d(sm.raw_tile(slot.stage) + lane * rows * D, values ? &p.v_map : &p.k_map, bar, 0,
-                      pos & (kv.page_size - 1), w.kv_head, page);
+          tma_load_4d(sm.raw_tile(slot.stage) + lane * rows * D, values ? &p.v_map : &p.k_map, bar, 0, in_page,
+                      w.kv_head, page);
+        if (scaled) {
+          const int64_t at = (static_cast<int64_t>(page) * kv.num_kv_heads + w.kv_head) * kv.page_size + in_page;
+          float* dst = sm.raw_scales(slot.stage) + lane * rows;
+          bulk_load(dst, kv.k_scale + at, rows * 4, bar);
+          bulk_load(dst + BN, kv.v_scale + at, rows * 4, bar);
+        }
         return;
       }
       const RingSlot<Cfg::kStages> slot(count);

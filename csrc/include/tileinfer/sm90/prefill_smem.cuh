@@ -4,6 +4,9 @@
 //   q       [kQBuffers][D / 64][kBlockM rows][128 B]   the items' queries
 //   stages  [kStages][K, V][D / 64][kBlockN rows][128 B] the ring of key tiles
 //   raw     [kRawSlots][kBlockN rows][D B]   quantized only: K or V tiles as stored
+//           (+ per-vector scales: [2][kBlockN] fp32, a key tile's k and v scales)
+//   scales  [kScaleSlots]: [2][kBlockN] fp32 k and v scales of a tile, then
+//           its running max of |v_scale| (per-vector scales only)
 //   full_k[s]  the stage's key tile landed (1 arrival: the producer's, + bytes;
 //              quantized: one arrival per converter warp)
 //   empty_k[s] the consumers are done with it (one arrival per consumer warp)
@@ -16,6 +19,9 @@
 //   raw_full[r] / raw_empty[r]  a raw slot landed (1 arrival + bytes) / the
 //              converters are done with it (one arrival per converter warp)
 //   raw_mask[r]    stage_mask of a raw slot, handed on by the converters
+//   scale_empty[c]  the consumers are done with scale slot c (one arrival per
+//              consumer warp); the converters fill it before their arrival on
+//              the tile's full_k
 //
 // Operand tiles are in the 128-byte-swizzle layout of wgmma.cuh, each 1024-byte
 // aligned.
@@ -39,6 +45,7 @@ struct PrefillSmem {
   uint8_t* q_tiles;
   uint8_t* stages;
   uint8_t* raw;
+  uint8_t* scales;
   uint64_t* full_k;
   uint64_t* empty_k;
   uint64_t* full_v;
@@ -48,6 +55,7 @@ struct PrefillSmem {
   uint64_t* tail;
   uint64_t* raw_full;
   uint64_t* raw_empty;
+  uint64_t* scale_empty;
   uint32_t* stage_mask;
   uint32_t* raw_mask;
   WorkItem* item;
@@ -59,7 +67,8 @@ struct PrefillSmem {
     q_tiles = buffer + ((Cfg::kAlign - (base & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
     stages = q_tiles + Cfg::kQBuffers * Cfg::kQBytes;
     raw = stages + Cfg::kStages * Cfg::kStageBytes;
-    full_k = reinterpret_cast<uint64_t*>(raw + Cfg::kRawSlots * Cfg::kRawSlotBytes);
+    scales = raw + Cfg::kRawSlots * Cfg::kRawSlotBytes;
+    full_k = reinterpret_cast<uint64_t*>(scales + Cfg::kScaleSlots * Cfg::kScaleSlotBytes);
     empty_k = full_k + Cfg::kStages;
     full_v = empty_k + Cfg::kStages;
     empty_v = full_v + Cfg::kStages;
@@ -68,7 +77,8 @@ struct PrefillSmem {
     tail = q_empty + Cfg::kQBuffers;
     raw_full = tail + 1;
     raw_empty = raw_full + Cfg::kRawSlots;
-    stage_mask = reinterpret_cast<uint32_t*>(raw_empty + Cfg::kRawSlots);
+    scale_empty = raw_empty + Cfg::kRawSlots;
+    stage_mask = reinterpret_cast<uint32_t*>(scale_empty + Cfg::kScaleSlots);
     raw_mask = stage_mask + Cfg::kStages + (Cfg::kStages & 1);
     item = reinterpret_cast<WorkItem*>(raw_mask + Cfg::kRawSlots + (Cfg::kRawSlots & 1));  // 8-byte aligned
   }
@@ -77,6 +87,10 @@ struct PrefillSmem {
   __device__ uint8_t* k(int s) const { return stages + s * Cfg::kStageBytes; }
   __device__ uint8_t* v(int s) const { return k(s) + Cfg::kTileBytes; }
   __device__ uint8_t* raw_tile(int r) const { return raw + r * Cfg::kRawSlotBytes; }
+  // Per-vector scales: the k scales of a raw slot's key tile (its v scales follow, kBlockN on).
+  __device__ float* raw_scales(int r) const { return reinterpret_cast<float*>(raw_tile(r) + Cfg::kBlockN * Cfg::D); }
+  // Scale slot c: k scales, v scales (kBlockN each), then the running max of |v_scale|.
+  __device__ float* scale_slot(int c) const { return reinterpret_cast<float*>(scales + c * Cfg::kScaleSlotBytes); }
 
   // One thread, before the block barrier that precedes every other use.
   __device__ void init() const {
@@ -91,6 +105,7 @@ struct PrefillSmem {
       mbar_init(&raw_full[r], 1);
       mbar_init(&raw_empty[r], Cfg::kConverterWarps);
     }
+    for (int c = 0; c < Cfg::kScaleSlots; ++c) mbar_init(&scale_empty[c], kConsumerWarps);
     for (int b = 0; b < Cfg::kQBuffers; ++b) {
       mbar_init(&q_full[b], 1);
       mbar_init(&q_empty[b], kConsumerWarps);

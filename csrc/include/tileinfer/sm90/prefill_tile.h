@@ -36,20 +36,24 @@ struct PrefillParams {
 //     Keys and values of a stage are released separately (prefill_smem.cuh),
 //     so two stages keep the next keys in flight; a third at d 128 measured
 //     no gain.
-//   - An fp8 cache with per-tensor scales (CacheT = __nv_fp8_e4m3): the pages
-//     land as stored (bytes) in a second ring of kRawSlots slots, one K or V
+//   - A quantized cache (CacheT = __nv_fp8_e4m3 or int8_t): the pages land
+//     as stored (bytes) in a second ring of kRawSlots slots, one K or V
 //     tile each, and the producer warpgroup's three other warps convert them
-//     to fp16 operand tiles (exact: every e4m3 value is an fp16 number;
-//     prefill_convert.cuh). The products run in fp16 whatever the queries'
-//     type QT: each consumer warpgroup turns its query rows into fp16 once
-//     per item (prefill_consumer.cuh), and the scales go on the scores and
-//     the output. d 64 and 128 (80 and 96 through 128); d 256 has no room
-//     for the raw ring.
-template <typename QT_, int D_, typename CacheT_ = QT_>
+//     to fp16 operand tiles (exact: every e4m3 and int8 value is an fp16
+//     number; prefill_convert.cuh). The products run in fp16 whatever the
+//     queries' type QT: each consumer warpgroup turns its query rows into
+//     fp16 once per item (prefill_consumer.cuh), and the scales go on the
+//     scores and the probabilities (kVectorScales: one per key and value
+//     vector, which travel with the keys' raw slot and reach the consumers
+//     through a ring of kScaleSlots) or on the scores and the output (one
+//     per tensor, fp8 only). d 64 and 128 (80 and 96 through 128); d 256 has
+//     no room for the raw ring.
+template <typename QT_, int D_, typename CacheT_ = QT_, bool kVectorScales_ = false>
 struct PrefillTile {
   using QT = QT_;        // queries and output
   using CacheT = CacheT_;
   static constexpr bool kQuant = kQuantized<CacheT>;
+  static constexpr bool kVectorScales = kVectorScales_;
   using T = std::conditional_t<kQuant, __half, QT>;  // the products' operands
   static constexpr int D = D_;
   static constexpr int kConsumers = 2;
@@ -71,8 +75,9 @@ struct PrefillTile {
   static constexpr int kProducerRegs = 40;  // the converters too (prefill_convert.cuh)
   static constexpr int kConsumerRegs = 232;
   static_assert(D == 64 || D == 128 || D == 256, "head dims of the tile table");
-  static_assert(std::is_same_v<CacheT, QT> || (std::is_same_v<CacheT, __nv_fp8_e4m3> && D <= 128),
-                "a cache of the queries' type, or fp8 at d <= 128");
+  static_assert(std::is_same_v<CacheT, QT> || (kQuant && D <= 128), "a cache of the queries' type, or a quantized one at d <= 128");
+  static_assert(!kVectorScales || kQuant, "per-vector scales: a quantized cache");
+  static_assert(!std::is_same_v<CacheT, int8_t> || kVectorScales, "an int8 cache has per-vector scales");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
                 "setmaxnreg: within the block's registers at launch");
 
@@ -81,9 +86,18 @@ struct PrefillTile {
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage
   static constexpr int kStageBytes = 2 * kTileBytes;
   // Quantized: a raw slot holds one K or V tile as stored ([kBlockN][D]
-  // bytes); 3 slots (1.5 tiles of K and V) at d 128, 4 at d 64.
-  static constexpr int kRawSlotBytes = kQuant ? kBlockN * D : 0;
+  // bytes); 3 slots (1.5 tiles of K and V) at d 128, 4 at d 64. With
+  // per-vector scales, a key tile's slot also holds the key and value
+  // scales of its kBlockN positions, and a scale slot hands them on to the
+  // consumers: kStages + 1 slots, so that the converters never wait for one
+  // (the consumers release a tile's scales after its softmax, before they
+  // release the key stage two tiles on).
+  static constexpr int kScaleBytes = kVectorScales ? 2 * kBlockN * 4 : 0;  // k then v scales of one tile
+  static constexpr int kRawSlotBytes = kQuant ? kBlockN * D + kScaleBytes : 0;
   static constexpr int kRawSlots = !kQuant ? 0 : D == 128 ? 3 : 4;
+  static constexpr int kScaleSlots = kVectorScales ? kStages + 1 : 0;
+  // (each slot: the scales, then the running maximum of |v_scale| as of its tile, padded to 16 bytes)
+  static constexpr int kScaleSlotBytes = kVectorScales ? kScaleBytes + 16 : 0;
   // Query tiles in flight: two where shared memory holds them, so that the
   // producer copies the next item's queries and first tiles while this
   // item's last tiles are computed (with one, it waits for this item's last
@@ -91,12 +105,13 @@ struct PrefillTile {
   static constexpr int kQBuffers = D == 256 || (kQuant && D == 128) ? 1 : 2;
   // Barriers, stage and raw-slot masks (each padded to 8 bytes) and the work
   // items (prefill_smem.cuh).
-  static constexpr int kBarBytes = (4 * kStages + 2 * kQBuffers + 1 + 2 * kRawSlots) * 8 +
+  static constexpr int kBarBytes = (4 * kStages + 2 * kQBuffers + 1 + 2 * kRawSlots + kScaleSlots) * 8 +
                                    (kStages + (kStages & 1)) * 4 + (kRawSlots + (kRawSlots & 1)) * 4 +
                                    64 * kQBuffers;
   static constexpr int kAlign = 1024;
   static constexpr int kSmemBytes =
-      kAlign + kQBuffers * kQBytes + kStages * kStageBytes + kRawSlots * kRawSlotBytes + kBarBytes;
+      kAlign + kQBuffers * kQBytes + kStages * kStageBytes + kRawSlots * kRawSlotBytes +
+      kScaleSlots * kScaleSlotBytes + kBarBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
 
