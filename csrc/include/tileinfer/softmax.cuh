@@ -62,6 +62,20 @@ struct SoftmaxRow {
     l = owner && sink != kNegInf ? 1.f : 0.f;
   }
 
+  // A sink joined after the keys (complete sums), for kernels whose
+  // probabilities must stay relative to the keys' maximum (the quantized
+  // Hopper prefill rounds them to fp16: a row led by a large sink would push
+  // every key's probability toward fp16's subnormals). Returns what the
+  // accumulator, built against the keys' maximum, must be multiplied by.
+  __device__ __forceinline__ float join_sink(float sink) {
+    if (sink == kNegInf) return 1.f;
+    const float m_new = fmaxf(m, sink);
+    const float factor = fast_exp2(m - m_new);  // m = -inf: 0
+    l = l * factor + fast_exp2(sink - m_new);
+    m = m_new;
+    return factor;
+  }
+
   // Exponent offset for the current tile: m, or 0 while nothing is visible.
   __device__ __forceinline__ float offset() const { return m == kNegInf ? 0.f : m; }
 

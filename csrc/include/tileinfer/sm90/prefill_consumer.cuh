@@ -108,10 +108,16 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     const int wg_qmin = wg_has_rows ? row_query(w, 64 * wg).qpos : INT_MAX;
     const int wg_qmax = wg_has_rows ? row_query(w, 64 * wg + wg_rows - 1).qpos : INT_MIN;
 
+    // A sink starts the row (softmax.cuh); quantized: it joins the row in the
+    // epilogue instead, so that P keeps its fp16 headroom against the keys.
     OnlineSoftmax<2, 4> smx;
+    float late_sink[2] = {kNegInf, kNegInf};
 #pragma unroll
-    for (int R = 0; R < 2; ++R)  // a sink starts the row (softmax.cuh)
-      smx.row[R].init(PrefillWork::sink(p.a, w, row_query(w, r0 + 8 * R).head), quad == 0);
+    for (int R = 0; R < 2; ++R) {
+      const float sink = PrefillWork::sink(p.a, w, row_query(w, r0 + 8 * R).head);
+      if constexpr (Cfg::kQuant) late_sink[R] = sink;
+      smx.row[R].init(Cfg::kQuant ? kNegInf : sink, quad == 0);
+    }
     float o[D / 2];
 #pragma unroll
     for (int x = 0; x < D / 2; ++x) o[x] = 0.f;
@@ -200,9 +206,9 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
         }
         release(&sm.scale_empty[scale_index(i)]);
       } else if constexpr (Cfg::kQuant) {
-        // P in fp16 times kProbHeadroom (quant.cuh): a row led by a sink or
-        // a large score would otherwise lose its small probabilities to
-        // fp16's subnormals. The output factor takes it back.
+        // P in fp16 times kProbHeadroom (quant.cuh): a row led by a large
+        // score would otherwise lose its small probabilities to fp16's
+        // subnormals. The output factor takes it back.
 #pragma unroll
         for (int R = 0; R < 2; ++R)
 #pragma unroll
@@ -311,7 +317,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 #pragma unroll
       for (int R = 0; R < 2; ++R) out_factor[R] = bad[R] ? __int_as_float(0x7fc00000) : v_scale;
     }
-    prefill_store<Cfg>(p, w, smx, o, r0, quad, out_factor);
+    prefill_store<Cfg>(p, w, smx, o, r0, quad, out_factor, late_sink);
   }
 }
 

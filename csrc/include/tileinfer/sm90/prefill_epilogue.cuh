@@ -3,8 +3,10 @@
 // rounded once from fp32), with the row's natural-log lse when asked for.
 // Rows of no query are left untouched. `factor` multiplies each row (a
 // quantized cache's v_scale; NaN for a row whose queries held a non-finite
-// value, which then gets NaN output and lse). No shared memory: the next item's
-// copies already fill the ring while the epilogue runs.
+// value, which then gets NaN output and lse). `sink`: a sink logit (log2
+// units) that joins each row only now (quantized caches: SoftmaxRow::join_sink),
+// -inf for none or one already in the row. No shared memory: the next
+// item's copies already fill the ring while the epilogue runs.
 #pragma once
 
 #include "../attention_work.cuh"
@@ -17,13 +19,14 @@ namespace sm90 {
 template <class Cfg>
 __device__ __forceinline__ void prefill_store(const PrefillParams& p, const WorkItem& w, OnlineSoftmax<2, 4>& smx,
                                               const float (&o)[Cfg::D / 2], int r0, int quad,
-                                              const float (&factor)[2]) {
+                                              const float (&factor)[2], const float (&sink)[2]) {
   using T = typename Cfg::QT;
   smx.reduce_sums();
 #pragma unroll
   for (int R = 0; R < 2; ++R) {
+    const float keep = smx.row[R].join_sink(sink[R]);
     SoftmaxResult res = softmax_result(smx.row[R].m, smx.row[R].l);
-    res.inv_sum *= factor[R];
+    res.inv_sum *= factor[R] * keep;
     if (isnan(factor[R])) res.lse = factor[R];
     const RowQuery rq = row_query(w, r0 + 8 * R);
     if (rq.token < 0) continue;
