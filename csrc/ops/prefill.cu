@@ -166,11 +166,12 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
 template <typename T, int D>
 void launch_hopper_quant(const char* op, const AttentionParams& p, const PagedShape& s, const at::Tensor& q,
                          cudaStream_t stream) {
-  if (s.cache_dtype == at::ScalarType::Char)
-    return launch_warp_specialized<sm90::PrefillTile<T, D, int8_t, true>>(op, p, q, stream);
-  // float8_e4m3fn, the other quantized dtype (check_paged_attention)
-  if (s.scale_per_tensor) return launch_warp_specialized<sm90::PrefillTile<T, D, __nv_fp8_e4m3>>(op, p, q, stream);
-  launch_warp_specialized<sm90::PrefillTile<T, D, __nv_fp8_e4m3, true>>(op, p, q, stream);
+  TILEINFER_DISPATCH_QUANT(s.cache_dtype, op, [&] {
+    if constexpr (std::is_same_v<cache_t, __nv_fp8_e4m3>) {
+      if (s.scale_per_tensor) return launch_warp_specialized<sm90::PrefillTile<T, D, cache_t>>(op, p, q, stream);
+    }
+    launch_warp_specialized<sm90::PrefillTile<T, D, cache_t, true>>(op, p, q, stream);
+  });
 }
 
 // prefill_as, or (mixed_queries > 0) its part of a mixed step: the sequences

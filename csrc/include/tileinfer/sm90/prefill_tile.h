@@ -75,7 +75,8 @@ struct PrefillTile {
   static constexpr int kProducerRegs = 40;  // the converters too (prefill_convert.cuh)
   static constexpr int kConsumerRegs = 232;
   static_assert(D == 64 || D == 128 || D == 256, "head dims of the tile table");
-  static_assert(std::is_same_v<CacheT, QT> || (kQuant && D <= 128), "a cache of the queries' type, or a quantized one at d <= 128");
+  static_assert(std::is_same_v<CacheT, QT> || (kQuant && D <= 128),
+                "a cache of the queries' type, or a quantized one at d <= 128");
   static_assert(!kVectorScales || kQuant, "per-vector scales: a quantized cache");
   static_assert(!std::is_same_v<CacheT, int8_t> || kVectorScales, "an int8 cache has per-vector scales");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
@@ -90,8 +91,9 @@ struct PrefillTile {
   // per-vector scales, a key tile's slot also holds the key and value
   // scales of its kBlockN positions, and a scale slot hands them on to the
   // consumers: kStages + 1 slots, so that the converters never wait for one
-  // (the consumers release a tile's scales after its softmax, before they
-  // release the key stage two tiles on).
+  // (the consumers release a tile's scales after its softmax, before the key
+  // stage of the next tile, which the converters of the tile kStages + 1 on
+  // wait for first).
   static constexpr int kScaleBytes = kVectorScales ? 2 * kBlockN * 4 : 0;  // k then v scales of one tile
   static constexpr int kRawSlotBytes = kQuant ? kBlockN * D + kScaleBytes : 0;
   static constexpr int kRawSlots = !kQuant ? 0 : D == 128 ? 3 : 4;
