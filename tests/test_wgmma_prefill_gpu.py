@@ -94,6 +94,33 @@ def test_quantized_cache_kernel(D, kind, seed):
     check_out(out, exact, torch.bfloat16, f"{kind} prefill", ulps=6.0)
 
 
+@pytest.mark.parametrize("kind", ["fp8-vector", "int8"])
+def test_misaligned_vector_scales_take_the_tile_kernel(kind, seed):
+    """Per-vector scales that start 4 bytes past a 16-byte boundary (a
+    contiguous view into a larger buffer: valid input) cannot be bulk-copied:
+    prefill takes the mma.sync tile kernel for them, and stays right."""
+    if not has_cuda_kernel("prefill"):
+        pytest.skip("this build has no CUDA kernel for tileinfer_attn::prefill")
+    if not hopper():
+        pytest.skip("the kernel choice tested here is Hopper's")
+    p = make_problem([300, 41], [300, 41], 8, 2, 128, 64, device=DEV, seed=seed, **QUANT_KINDS[kind])
+
+    def shifted(t):
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        view = buf[1:].view(t.shape)
+        view.copy_(t)
+        assert view.data_ptr() % 16 != 0 and view.is_contiguous()
+        return view
+
+    p.k_scale, p.v_scale = shifted(p.k_scale), shifted(p.v_scale)
+    run_prefill(p, True)  # warm-up outside the profile
+    torch.cuda.synchronize()
+    names, (out, _) = kernels_run(lambda: run_prefill(p, True))
+    assert any(TILE in n for n in names), f"{TILE} did not run; kernels seen: {sorted(set(names))}"
+    exact, _ = exact_attention(p, True)
+    check_out(out, exact, torch.bfloat16, f"{kind} prefill, misaligned scales", ulps=6.0)
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 128])
 def test_persistent_scheduler_covers_every_row(D, page, causal, seed):
