@@ -146,13 +146,14 @@ def poison_unowned_(p, window_left=-1):
 def hopper_quantized_prefill(p):
     """Whether `prefill` runs problem p (a quantized cache) on the Hopper
     warp-specialized kernel: a compute-capability 9.0 device, bf16 / fp16
-    queries, head dims up to 128, groups that are powers of two (and a build
-    with sm_90a code, setup.py's default). That kernel rounds int8 problems'
-    queries to fp16, as for fp8."""
+    queries, head dims up to 128, groups that are powers of two, per-vector
+    scales starting 16-byte aligned (and a build with sm_90a code, setup.py's
+    default). That kernel rounds int8 problems' queries to fp16, as for fp8."""
     group = p.q.shape[1] // p.k_cache.shape[1]
+    aligned = p.k_scale.numel() == 1 or (p.k_scale.data_ptr() % 16 == 0 and p.v_scale.data_ptr() % 16 == 0)
     return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
             and p.q.dtype in (torch.bfloat16, torch.float16) and p.q.shape[-1] <= 128
-            and group & (group - 1) == 0 and group <= 128)
+            and group & (group - 1) == 0 and group <= 128 and aligned)
 
 
 def kernel_queries(p, prefill=False):

@@ -114,7 +114,7 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
           tma_load_4d(sm.raw_tile(slot.stage) + lane * rows * D, values ? &p.v_map : &p.k_map, bar, 0, in_page,
                       w.kv_head, page);
         if (scaled) {
-          const int64_t at = (static_cast<int64_t>(page) * kv.num_kv_heads + w.kv_head) * kv.page_size + in_page;
+          const int at = pool_row_on_page(kv, page, w.kv_head, pos);  // (in the pool: not -1)
           float* dst = sm.raw_scales(slot.stage) + lane * rows;
           bulk_load(dst, kv.k_scale + at, rows * 4, bar);
           bulk_load(dst + BN, kv.v_scale + at, rows * 4, bar);
