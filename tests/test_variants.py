@@ -124,8 +124,9 @@ def test_int8_cache_with_variants(quant, variant, device, seed):
     """The int8 and fp8 caches (smoothing factors included) with each model's variants:
     prefill and the attention op's decode path, against float64 attention on
     the dequantized cache. On CUDA the lse is checked against float64
-    attention of the queries as the int8 kernels round them (kernel_queries:
-    q * k_smooth to 15 bits per row moves lse by up to ~1e-3); the CPU op
+    attention of the queries as the prefill kernel rounds them
+    (kernel_queries(prefill=True): q * k_smooth per row to 15-bit integers,
+    or to fp16 on the Hopper kernel, moves lse by up to ~1e-3); the CPU op
     does not round them."""
     if device == "cuda":
         need_path("attention")
@@ -136,7 +137,8 @@ def test_int8_cache_with_variants(quant, variant, device, seed):
         p = problem(lens, q_lens, (8, 2), page, torch.bfloat16, device, seed, **QUANT_KINDS[quant])
         exact, exact_lse = exact_attention(p, True, **kw)
         if device == "cuda":
-            _, exact_lse = exact_attention(dataclasses.replace(p, q=kernel_queries(p), k_smooth=None), True, **kw)
+            queries = kernel_queries(p, prefill=True)
+            _, exact_lse = exact_attention(dataclasses.replace(p, q=queries, k_smooth=None), True, **kw)
         poison_unowned_(p, window)
         out, lse = run_prefill(p, True, **kw)
         check_all(out, lse, exact, exact_lse, torch.bfloat16, f"{quant} prefill {variant} q_lens={q_lens}", ulps=6)
