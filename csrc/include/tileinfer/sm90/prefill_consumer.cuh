@@ -301,7 +301,9 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
         release(&sm.empty_v[slot.stage]);
       }
     }
-    if (lane == 0) mbar_arrive(&sm.q_empty[qs.stage]);  // every S product has completed
+    // Every S product has completed: the query tile is free (kStagedStore:
+    // once the epilogue has staged its rows there).
+    if (!Cfg::kStagedStore && lane == 0) mbar_arrive(&sm.q_empty[qs.stage]);
     if (Cfg::kOverlap && my_tiles > my_first) {
       wait_v(prev);
       wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev.stage)));
@@ -317,7 +319,8 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 #pragma unroll
       for (int R = 0; R < 2; ++R) out_factor[R] = bad[R] ? __int_as_float(0x7fc00000) : v_scale;
     }
-    prefill_store<Cfg>(p, w, smx, o, r0, quad, out_factor, late_sink);
+    prefill_store<Cfg>(p, w, smx, o, r0, quad, out_factor, late_sink, q_tile, wg, tid);
+    if (Cfg::kStagedStore) release(&sm.q_empty[qs.stage]);
   }
 }
 

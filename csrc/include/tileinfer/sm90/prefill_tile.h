@@ -105,6 +105,11 @@ struct PrefillTile {
   // item's last tiles are computed (with one, it waits for this item's last
   // S). Not at d 256, nor beside d 128's raw ring.
   static constexpr int kQBuffers = D == 256 || (kQuant && D == 128) ? 1 : 2;
+  // With two, an item's query buffer also stages its output rows, so that
+  // they leave as whole 16-byte chunks (prefill_epilogue.cuh): the producer
+  // refills it only after the epilogue, while the other buffer holds the
+  // next item's queries.
+  static constexpr bool kStagedStore = kQBuffers == 2;
   // Barriers, stage and raw-slot masks (each padded to 8 bytes) and the work
   // items (prefill_smem.cuh).
   static constexpr int kBarBytes = (4 * kStages + 2 * kQBuffers + 1 + 2 * kRawSlots + kScaleSlots) * 8 +
