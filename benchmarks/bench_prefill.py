@@ -6,7 +6,9 @@ page 64) at prompt lengths 512 / 2k / 8k / 16k for one sequence, batches of
 4 x 2k, 8 x 512 and 16 x 1k, a mixed batch of 1 x 8k + 31 x 256 (no SDPA
 peer: it needs equal lengths), and head dims 64, 80, 96 and 256. Mixed steps: prompt
 chunks beside single-query decodes through the attention op, against the
-same chunks and decodes run alone and the prefill op over the whole step. FLOPs: 2 * 2 * L * L / 2 * d * Hq
+same chunks and decodes run alone and the prefill op over the whole step. Per-item
+cost: uniform batches of 1-64 prompts, each launch's time (ours and cuDNN's)
+fitted to the key tiles and items of our busiest block. FLOPs: 2 * 2 * L * L / 2 * d * Hq
 per prompt (half the query-key pairs); TFLOP/s against the bf16 GEMM rate
 measured in this run.
 
@@ -163,6 +165,73 @@ def run_variant(label, length, window, cap, sinks, args, errors):
     return [dict(case=label, variant_us=v, plain_us=plain, over_plain=v / plain if v and plain else None)]
 
 
+# Per-item cost: uniform causal batches of Qwen3-4B prompts (batch, tokens)
+# from one item per block to 32, ours and cuDNN timed in the same run. Each
+# launch time is fitted to `a * key tiles + b * items + c` of its busiest
+# block, counted by item_counts (the warp-specialized kernel's scheduler).
+ITEM_CASES = [(1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192), (2, 1024), (4, 1024), (16, 1024),
+              (64, 256), (32, 512), (16, 512), (4, 2048), (8, 2048)]
+ITEM_QUICK = {(1, 2048), (1, 8192), (16, 1024), (64, 256), (16, 512)}
+
+
+def item_counts(batch, tokens, group=4, kv_heads=8, rows=128, keys=128, blocks=132):
+    """Key tiles and items of each block of the Hopper prefill kernel on a
+    uniform causal batch, as sm90/prefill_scheduler.cuh hands them out: items
+    (row tile, sequence, KV head) heaviest row tile first, round r of the
+    grid in order on even rounds and reversed on odd ones; a row tile is
+    `rows` packed rows (rows / group tokens), and sees the key tiles up to
+    its last token."""
+    per_tile = rows // group
+    row_tiles = -(-tokens // per_tile)
+    sizes = []
+    for item in range(row_tiles * batch * kv_heads):
+        row_tile = row_tiles - 1 - item // (batch * kv_heads)
+        sizes.append(-(-min(tokens, per_tile * (row_tile + 1)) // keys))
+    grid = min(blocks, len(sizes))
+    tiles, items = [0] * grid, [0] * grid
+    for i, n in enumerate(sizes):
+        rnd, pos = divmod(i, grid)
+        b = pos if rnd % 2 == 0 else grid - 1 - pos
+        tiles[b] += n
+        items[b] += 1
+    return tiles, items
+
+
+def fit_items(rows, key):
+    """Least squares of rows[key] (us) on the busiest block's key tiles and
+    items, plus a constant."""
+    import numpy as np
+    ok = [r for r in rows if r.get(key) is not None]
+    if len(ok) < 4:
+        return None
+    a = np.array([[r["busiest_tiles"], r["busiest_items"], 1.0] for r in ok])
+    coef = np.linalg.lstsq(a, np.array([r[key] for r in ok]), rcond=None)[0]
+    return dict(us_per_key_tile=float(coef[0]), us_per_item=float(coef[1]), us_fixed=float(coef[2]))
+
+
+def run_items(args, errors):
+    rows = []
+    for batch, tokens in ITEM_CASES:
+        if args.quick and (batch, tokens) not in ITEM_QUICK:
+            continue
+        lens = [tokens] * batch
+        one = ap.make_sets(lens, lens, QWEN3["hq"], QWEN3["hkv"], QWEN3["d"], n_sets=1)[0]
+        sets = ap.make_sets(lens, lens, QWEN3["hq"], QWEN3["hkv"], QWEN3["d"],
+                            n_sets=common.sets_for(ap.set_bytes(one), cap=8))
+        times = {}
+        for name, make in (("ours", ap.ours_prefill), ("cudnn", lambda p: ap.sdpa_contiguous(p, "cudnn"))):
+            r = ap.timed(f"items {batch}x{tokens} {name}", make, sets, True, errors, rep_ms=60, warmup_ms=20)
+            times[name] = r[0].median_us if r else None
+        tiles, items = item_counts(batch, tokens)
+        b = max(range(len(tiles)), key=lambda i: (tiles[i], items[i]))
+        rows.append(dict(case=f"{batch}x{tokens}", batch=batch, tokens=tokens, ours_us=times["ours"],
+                         cudnn_us=times["cudnn"], busiest_tiles=tiles[b], busiest_items=items[b],
+                         cudnn_over_ours=times["cudnn"] / times["ours"] if times["ours"] and times["cudnn"] else None))
+        del sets, one
+        torch.cuda.empty_cache()
+    return rows, {"ours": fit_items(rows, "ours_us"), "cudnn": fit_items(rows, "cudnn_us")}
+
+
 def main():
     args = common.parser(__doc__.splitlines()[0]).parse_args()
     env = common.print_header(NAME)
@@ -207,8 +276,20 @@ def main():
         common.print_table(variants, [("case", "case", ""), ("variant us", "variant_us", ".1f"),
                                       ("plain us", "plain_us", ".1f"), ("t / plain", "over_plain", ".2f")],
                            title="\nvariants (attention op, against plain prefill of the same prompt)")
+    items, items_fit = [], {}
+    if status["prefill"][0] and (not args.only or args.only in "items"):
+        print("-- per-item cost: uniform causal batches")
+        items, items_fit = common.attempt("items", lambda: run_items(args, errors), errors) or ([], {})
+        common.print_table(items, [("case", "case", ""), ("ours us", "ours_us", ".1f"), ("cudnn us", "cudnn_us", ".1f"),
+                                   ("t_cudnn / t", "cudnn_over_ours", ".2f"), ("busiest tiles", "busiest_tiles", ""),
+                                   ("busiest items", "busiest_items", "")],
+                           title="\nper-item cost (ours: the busiest block's key tiles and items)")
+        for who, fit in items_fit.items():
+            if fit:
+                print(f"   fit {who}: {fit['us_per_key_tile']:.2f} us per key tile, {fit['us_per_item']:.2f} us per "
+                      f"item, {fit['us_fixed']:.1f} us fixed" + (" (our counts, for scale)" if who == "cudnn" else ""))
     common.save(NAME, dict(env=env, ceilings=ceil, status=status, rows=rows, mixed=mixed, variants=variants,
-                           errors=errors), args)
+                           items=items, items_fit=items_fit, errors=errors), args)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@
 #   GIT_COMMIT=<sha> GIT_DIRTY=0|1   the commit the result files record, where the
 #                    tree here is a copy without .git (with .git, git says it)
 #   TEST_TIMEOUT / SANITIZE_TIMEOUT / BENCH_TIMEOUT / FI_TIMEOUT   seconds per step
-#                    (480 / 150 / 150 / 240: FlashInfer's background JIT, from the start)
+#                    (480 / 150 / 210 / 240: FlashInfer's background JIT, from the start)
 #
 # FlashInfer as a peer: its wheels travel in .whl/ (git-ignored), fetched once in
 # the checkout with
@@ -146,14 +146,14 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     f=benchmarks/bench_$b.py
     want_bench "$b" || continue
     [ -f "$f" ] || { step "$f absent"; continue; }
-    step "bench_$b $flags (timeout ${BENCH_TIMEOUT:-150}s)"
+    step "bench_$b $flags (timeout ${BENCH_TIMEOUT:-210}s)"
     rm -f "$RESULTS/$b.json" "$RESULTS/$b.png"
     # shellcheck disable=SC2086
-    timeout "${BENCH_TIMEOUT:-150}" python3 "$f" $flags ${BENCH_ARGS:-} >"$WORK/bench_$b.log" 2>&1
+    timeout "${BENCH_TIMEOUT:-210}" python3 "$f" $flags ${BENCH_ARGS:-} >"$WORK/bench_$b.log" 2>&1
     rc=$?
     RAN="${RAN:+$RAN,}$b"
     for x in json png; do [ -f "$RESULTS/$b.$x" ] && WROTE+=("$b.$x"); done
-    [ $rc -eq 124 ] && echo "bench_$b TIMED OUT after ${BENCH_TIMEOUT:-150}s (no JSON written)"
+    [ $rc -eq 124 ] && echo "bench_$b TIMED OUT after ${BENCH_TIMEOUT:-210}s (no JSON written)"
     [ $rc -ne 0 ] && fail "bench_$b(exit $rc)"
     # What was skipped and why, then the tables (they start after an empty line).
     grep -E "^\s+\[skip\]" "$WORK/bench_$b.log" | head -12
