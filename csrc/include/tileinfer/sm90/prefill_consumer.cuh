@@ -302,7 +302,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       }
     }
     // Every S product has completed: the query tile is free (kStagedStore:
-    // once the epilogue has staged its rows there).
+    // once the epilogue has stored the output rows it stages there).
     if (!Cfg::kStagedStore && lane == 0) mbar_arrive(&sm.q_empty[qs.stage]);
     if (Cfg::kOverlap && my_tiles > my_first) {
       wait_v(prev);
@@ -320,7 +320,10 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       for (int R = 0; R < 2; ++R) out_factor[R] = bad[R] ? __int_as_float(0x7fc00000) : v_scale;
     }
     prefill_store<Cfg>(p, w, smx, o, r0, quad, out_factor, late_sink, q_tile, wg, tid);
-    if (Cfg::kStagedStore) release(&sm.q_empty[qs.stage]);
+    if constexpr (Cfg::kStagedStore) {
+      wgmma::fence_proxy_async_smem();  // the staging stores, ordered before the producer's next copy into the tile
+      release(&sm.q_empty[qs.stage]);
+    }
   }
 }
 

@@ -1,7 +1,8 @@
 // Shared memory of the Hopper prefill kernel and the barriers between its
 // producer and consumers.
 //
-//   q       [kQBuffers][D / 64][kBlockM rows][128 B]   the items' queries
+//   q       [kQBuffers][D / 64][kBlockM rows][128 B]   the items' queries (kStagedStore:
+//           then their output rows, prefill_epilogue.cuh)
 //   stages  [kStages][K, V][D / 64][kBlockN rows][128 B] the ring of key tiles
 //   raw     [kRawSlots][kBlockN rows][D B]   quantized only: K or V tiles as stored
 //           (+ per-vector scales: [2][kBlockN] fp32, a key tile's k and v scales)
@@ -11,7 +12,8 @@
 //              quantized: one arrival per converter warp)
 //   empty_k[s] the consumers are done with it (one arrival per consumer warp)
 //   full_v[s], empty_v[s]  the same for the value tile
-//   q_full[b] / q_empty[b]   the same for query tile b, once per item
+//   q_full[b] / q_empty[b]   the same for query tile b, once per item (kStagedStore:
+//              empty once the epilogue has stored the rows it staged there)
 //   item[b]    the work item of query tile b (written by the producer before
 //              its arrival on q_full[b]; inactive: no item left)
 //   tail       copies of a stage that the producer finishes itself (below)
