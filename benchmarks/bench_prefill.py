@@ -174,11 +174,12 @@ ITEM_CASES = [(1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192), (2, 1024), (
 ITEM_QUICK = {(1, 2048), (1, 8192), (16, 1024), (64, 256), (16, 512)}
 
 
-def item_counts(batch, tokens, group=4, kv_heads=8, rows=128, keys=128, blocks=132):
+def item_counts(batch, tokens, blocks, group=4, kv_heads=8, rows=128, keys=128):
     """Key tiles and items of each block of the Hopper prefill kernel on a
     uniform causal batch, as sm90/prefill_scheduler.cuh hands them out: items
-    (row tile, sequence, KV head) heaviest row tile first, round r of the
-    grid in order on even rounds and reversed on odd ones; a row tile is
+    (row tile, sequence, KV head) heaviest row tile first, over a grid of at
+    most `blocks` (one per SM), round r in block order on even rounds and
+    reversed on odd ones; a row tile is
     `rows` packed rows (rows / group tokens), and sees the key tiles up to
     its last token."""
     per_tile = rows // group
@@ -222,7 +223,7 @@ def run_items(args, errors):
         for name, make in (("ours", ap.ours_prefill), ("cudnn", lambda p: ap.sdpa_contiguous(p, "cudnn"))):
             r = ap.timed(f"items {batch}x{tokens} {name}", make, sets, True, errors, rep_ms=60, warmup_ms=20)
             times[name] = r[0].median_us if r else None
-        tiles, items = item_counts(batch, tokens)
+        tiles, items = item_counts(batch, tokens, torch.cuda.get_device_properties(0).multi_processor_count)
         b = max(range(len(tiles)), key=lambda i: (tiles[i], items[i]))
         rows.append(dict(case=f"{batch}x{tokens}", batch=batch, tokens=tokens, ours_us=times["ours"],
                          cudnn_us=times["cudnn"], busiest_tiles=tiles[b], busiest_items=items[b],
