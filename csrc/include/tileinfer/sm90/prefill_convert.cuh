@@ -172,10 +172,9 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
       mbar_arrive(&(values ? sm.full_v : sm.full_k)[slot.stage]);
     }
   };
-  for (int round = sched.template next_active<BM>(p, 0); sched.valid(round);
-       round = sched.template next_active<BM>(p, round + 1)) {
-    const WorkItem w = sched.template make<BM>(p, round);
-    if (!w.active) continue;
+  int round = 0;
+  for (WorkItem w = sched.template next_item<BM>(p, round); w.active;
+       w = sched.template next_item<BM>(p, ++round)) {
     const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
     vmax = 0.f;
     for (int i = 0; i < num_tiles; ++i) {

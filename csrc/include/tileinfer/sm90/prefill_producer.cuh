@@ -57,10 +57,9 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
   uint32_t items = 0;  // active items so far: the query ring position
   uint32_t tails = 0;  // tail tiles so far: the tail barrier's phase
   uint32_t raws = 0;   // quantized: raw tiles so far (K and V), the raw ring position
-  for (int round = sched.template next_active<BM>(p, 0); sched.valid(round);
-       round = sched.template next_active<BM>(p, round + 1)) {
-    const WorkItem w = sched.template make<BM>(p, round);
-    if (!w.active) continue;  // (next_active read the same metadata: never taken)
+  int round = 0;
+  for (WorkItem w = sched.template next_item<BM>(p, round); w.active;
+       w = sched.template next_item<BM>(p, ++round)) {
 
     // The query tile: rows (query, head) of the KV head's group, token-major,
     // exactly the box {64, group, BM / group} of q at (head0, first token),

@@ -9,7 +9,7 @@
 // lightest of the next, which evens out the blocks' sums of key tiles (with
 // the same direction every round, block 0 would take the heaviest item of
 // every round). Row tiles past a sequence's queries, and a mixed step's decode
-// sequences, are inactive: next_active skips them 32 rounds at a time. The
+// sequences, are inactive: next_item skips them 32 rounds at a time. The
 // order is a function of shapes only; positions are read on the device.
 //
 // A mixed step (p.a.mixed_queries > 0: the attention op) numbers its items
@@ -42,37 +42,46 @@ struct PrefillScheduler {
   __device__ int item_at(int round) const {
     return round * gridDim.x + (round % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x);
   }
-  __device__ bool valid(int round) const { return item_at(round) < num_items; }
 
-  // The first round from `round` on whose item has rows to compute, or a
-  // round past the end. Called by whole warps: the lanes look at 32 rounds at
-  // once. Inactive items (row tiles past a sequence's queries, the decode
+  // The first item from round `round` on that has rows to compute, and its
+  // round (`round` is set to it), or an inactive item and a round past the
+  // end. Called by whole warps: the lanes look at 32 rounds at once.
+  // Inactive items (row tiles past a sequence's queries, the decode
   // sequences of a mixed step) are most of the items of a varlen or mixed
   // step (1 x 8k + 31 x 256: 62k of 66k); one metadata round trip each
-  // would add up to tens of microseconds per block.
+  // would add up to tens of microseconds per block. Each lane reads all of
+  // its item's metadata at once and the item is built from the first taken
+  // lane's (shuffled to every lane): one global round trip per call.
   template <int kBlockM>
-  __device__ int next_active(const PrefillParams& p, int round) const {
+  __device__ WorkItem next_item(const PrefillParams& p, int& round) const {
     const int lane = threadIdx.x & 31;
     for (;; round += 32) {
       const int item = item_at(round + lane);
+      Pos pos{0, 0, 0};
+      StepMeta m{0, 0, 0, 0};
       bool take = false;
       if (item < num_items) {
-        const Pos pos = at(p, item);
-        const QueryRange qr =
-            clamp_query_range(p.a.kv.cu_seqlens_q[pos.seq], p.a.kv.cu_seqlens_q[pos.seq + 1], p.a.num_tokens);
+        pos = at(p, item);
+        m = read_seq_meta<false>(p.a.kv, pos.seq);
+        const QueryRange qr = clamp_query_range(m.q_begin, m.q_end, p.a.num_tokens);
         take = prefill_takes(p.a, qr.count, pos.row_tile * kBlockM);
       }
       const unsigned hit = __ballot_sync(0xffffffffu, take);
-      if (hit != 0) return round + __ffs(hit) - 1;
-      if (__ballot_sync(0xffffffffu, item < num_items) == 0) return round;  // past the end
+      if (hit != 0) {
+        const int src = __ffs(hit) - 1;
+        round += src;
+        pos = {__shfl_sync(0xffffffffu, pos.row_tile, src), __shfl_sync(0xffffffffu, pos.seq, src),
+               __shfl_sync(0xffffffffu, pos.kv_head, src)};
+        m = {__shfl_sync(0xffffffffu, m.seq_len, src), __shfl_sync(0xffffffffu, m.q_begin, src),
+             __shfl_sync(0xffffffffu, m.q_end, src), 0};
+        return PrefillWork::make_at<kBlockM>(p.a, m, pos.seq, pos.kv_head, pos.row_tile * kBlockM);
+      }
+      if (__ballot_sync(0xffffffffu, item < num_items) == 0) {  // past the end
+        WorkItem none{};
+        none.active = false;
+        return none;
+      }
     }
-  }
-
-  template <int kBlockM>
-  __device__ WorkItem make(const PrefillParams& p, int round) const {
-    const Pos pos = at(p, item_at(round));
-    return PrefillWork::make_at<kBlockM>(p.a, read_seq_meta<false>(p.a.kv, pos.seq), pos.seq, pos.kv_head,
-                                         pos.row_tile * kBlockM);
   }
 
  private:
