@@ -404,6 +404,12 @@ def timed(label: str, make: Callable, problems: Sequence[Problem], graph: bool, 
     return t, note, first
 
 
+def gpu_columns(t: "common.Timing") -> dict:
+    """The card's state over a timed call (common.gpu_state) as row columns."""
+    g = t.gpu or {}
+    return dict(sm_mhz=g.get("sm_mhz"), power_w=g.get("power_w"), power_capped=g.get("power_capped"))
+
+
 def time_impls(label: str, impls: Sequence[tuple], sets: Sequence[Problem], errors: list, *, ours: str,
                base: Sequence[str], metrics: Callable, extra: Optional[dict] = None, **bench_kw) -> list:
     """Times every (name, make, graph[, role]) of one case on the same input
@@ -422,7 +428,7 @@ def time_impls(label: str, impls: Sequence[tuple], sets: Sequence[Problem], erro
         outs[name] = packed_output(sets[0], out)
         rows.append(dict(case=label, impl=name, role="ours" if name == ours else (role[0] if role else "peer"),
                          **(extra or {}), us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us,
-                         mode=t.mode, sets=t.sets, note=note, **metrics(t)))
+                         mode=t.mode, sets=t.sets, note=note, **gpu_columns(t), **metrics(t)))
         sys.stdout.flush()
     base_name = next((b for b in base if b in outs), None)
     mine = next((r for r in rows if r["impl"] == ours), None)

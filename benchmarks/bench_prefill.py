@@ -219,14 +219,15 @@ def run_items(args, errors):
         one = ap.make_sets(lens, lens, QWEN3["hq"], QWEN3["hkv"], QWEN3["d"], n_sets=1)[0]
         sets = ap.make_sets(lens, lens, QWEN3["hq"], QWEN3["hkv"], QWEN3["d"],
                             n_sets=common.sets_for(ap.set_bytes(one), cap=8))
-        times = {}
+        times, clocks = {}, {}
         for name, make in (("ours", ap.ours_prefill), ("cudnn", lambda p: ap.sdpa_contiguous(p, "cudnn"))):
             r = ap.timed(f"items {batch}x{tokens} {name}", make, sets, True, errors, rep_ms=60, warmup_ms=20)
             times[name] = r[0].median_us if r else None
+            clocks[f"{name}_sm_mhz"] = ap.gpu_columns(r[0])["sm_mhz"] if r else None
         tiles, items = item_counts(batch, tokens, torch.cuda.get_device_properties(0).multi_processor_count)
         b = max(range(len(tiles)), key=lambda i: (tiles[i], items[i]))
         rows.append(dict(case=f"{batch}x{tokens}", batch=batch, tokens=tokens, ours_us=times["ours"],
-                         cudnn_us=times["cudnn"], busiest_tiles=tiles[b], busiest_items=items[b],
+                         cudnn_us=times["cudnn"], busiest_tiles=tiles[b], busiest_items=items[b], **clocks,
                          cudnn_over_ours=times["cudnn"] / times["ours"] if times["ours"] and times["cudnn"] else None))
         del sets, one
         torch.cuda.empty_cache()
@@ -252,6 +253,7 @@ def main():
     common.print_table(rows, [("case", "case", ""), ("impl", "impl", ""), ("us", "us", ".1f"),
                               ("TFLOP/s", "tflops", ".0f"), ("%gemm", "pct_gemm", ".0f"),
                               ("t/t_ours", "t_over_ours", ".2f"), ("rel diff", "rel_diff", ".1e"),
+                              ("SM MHz", "sm_mhz", ".0f"), ("W", "power_w", ".0f"), ("capped", "power_capped", ".2f"),
                               ("mode", "mode", ""), ("sets", "sets", ""), ("role", "role", ""), ("note", "note", "")],
                        title=f"\n{NAME} (t/t_ours > 1: ours faster; rel diff vs sdpa flash, else the next peer)")
     mixed = []
@@ -283,7 +285,8 @@ def main():
         items, items_fit = common.attempt("items", lambda: run_items(args, errors), errors) or ([], {})
         common.print_table(items, [("case", "case", ""), ("ours us", "ours_us", ".1f"), ("cudnn us", "cudnn_us", ".1f"),
                                    ("t_cudnn / t", "cudnn_over_ours", ".2f"), ("busiest tiles", "busiest_tiles", ""),
-                                   ("busiest items", "busiest_items", "")],
+                                   ("busiest items", "busiest_items", ""), ("ours MHz", "ours_sm_mhz", ".0f"),
+                                   ("cudnn MHz", "cudnn_sm_mhz", ".0f")],
                            title="\nper-item cost (ours: the busiest block's key tiles and items)")
         for who, fit in items_fit.items():
             if fit:

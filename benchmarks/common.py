@@ -33,6 +33,7 @@ Timing rules encoded here:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import importlib
 import importlib.util
@@ -57,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 __all__ = [
-    "ROOT", "RESULTS_DIR", "Timing", "parser", "environment", "git_state", "print_header", "bench",
+    "ROOT", "RESULTS_DIR", "Timing", "gpu_state", "parser", "environment", "git_state", "print_header", "bench",
     "sets_for", "l2_bytes", "measure_ceilings", "copy_bandwidth", "gemm_rate", "results_path",
     "save", "print_table", "attempt", "load_tileinfer", "load_reference", "has_cuda_kernel", "fmt",
 ]
@@ -198,6 +199,7 @@ class Timing:
     reps: int
     mode: str  # "events", "events+flush", "graph", "host" (no GPU)
     sets: int  # input sets rotated
+    gpu: Optional[dict] = None  # the card's clock and power over the same work (gpu_state), when NVML answers
 
     @property
     def seconds(self) -> float:
@@ -242,6 +244,90 @@ def _cycle(fn: Callable, sets: Sequence[tuple]):
         fn(*sets[i % len(sets)])
         i += 1
     return call
+
+
+class _Nvml:
+    """The card's SM clock, power draw and clock-event reasons through NVML
+    (the driver's libnvidia-ml, through ctypes: no Python package needed).
+    One instance per process; get() returns None where NVML does not answer."""
+    SM_CLOCK = 1           # NVML_CLOCK_SM
+    POWER_CAP = 0x4        # clock-event reason: software power cap
+    SLOWDOWN = 0x8 | 0x20 | 0x40 | 0x80  # hardware slowdown, software / hardware thermal, power brake
+    _inst = None
+
+    @classmethod
+    def get(cls) -> Optional["_Nvml"]:
+        if cls._inst is None:
+            try:
+                cls._inst = cls()
+            except Exception:  # no driver library (CPU machine), or an older driver without these calls
+                cls._inst = False
+        return cls._inst or None
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        if self.lib.nvmlInit_v2() != 0:
+            raise RuntimeError("nvmlInit failed")
+        self.handle = ctypes.c_void_p()
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        if all(hasattr(props, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+            bus = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0".encode()
+            rc = self.lib.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(bus), ctypes.byref(self.handle))
+        else:  # the CUDA index, which is NVML's without CUDA_VISIBLE_DEVICES
+            rc = self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(torch.cuda.current_device()),
+                                                        ctypes.byref(self.handle))
+        if rc != 0:
+            raise RuntimeError("no NVML handle for the device")
+        # (renamed from ...ThrottleReasons in newer drivers, which keep the old name too)
+        self.reasons = (getattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                        or self.lib.nvmlDeviceGetCurrentClocksThrottleReasons)
+        self.sample()  # raises here, once, if a call is missing
+
+    def sample(self) -> tuple[int, float, int]:
+        """(SM clock in MHz, power in W, clock-event reason bits)."""
+        clk, mw, why = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
+        if (self.lib.nvmlDeviceGetClockInfo(self.handle, self.SM_CLOCK, ctypes.byref(clk))
+                or self.lib.nvmlDeviceGetPowerUsage(self.handle, ctypes.byref(mw))
+                or self.reasons(self.handle, ctypes.byref(why))):
+            raise RuntimeError("NVML query failed")
+        return clk.value, mw.value / 1e3, why.value
+
+
+def gpu_state(run_once: Callable[[], None], call_ms: float, ms: float = 50.0) -> Optional[dict]:
+    """Runs run_once() for about `ms` of GPU time after the timing (never
+    during it: the samples take the host), reading the card's SM clock, power
+    and clock-event reasons between calls and until the stream drains.
+    Returns their medians and the share of samples under the power cap or a
+    thermal / hardware slowdown, or None where NVML does not answer. A
+    compute-bound kernel that runs below the card's top clock with the power
+    cap set is held by the power limit: idle cycles cost it nothing there."""
+    nv = _Nvml.get()
+    if nv is None or not torch.cuda.is_available():
+        return None
+    try:
+        calls = max(1, math.ceil(ms / max(call_ms, 1e-3)))
+        every = max(1, int(1.0 / max(call_ms, 1e-3)))  # about one sample per ms of GPU work
+        deadline = time.perf_counter() + 2 * ms / 1e3  # calls shorter than their launch: the host's pace
+        samples = []
+        for i in range(calls):
+            run_once()
+            if i % every == every - 1:
+                samples.append(nv.sample())
+            if time.perf_counter() > deadline:
+                break
+        stream = torch.cuda.current_stream()
+        while not stream.query():
+            samples.append(nv.sample())
+            time.sleep(0.0005)
+        torch.cuda.synchronize()
+    except Exception:
+        return None
+    if not samples:
+        return None
+    n = len(samples)
+    return {"sm_mhz": statistics.median(s[0] for s in samples), "power_w": statistics.median(s[1] for s in samples),
+            "power_capped": sum(1 for s in samples if s[2] & _Nvml.POWER_CAP) / n,
+            "slowdown": sum(1 for s in samples if s[2] & _Nvml.SLOWDOWN) / n, "samples": n}
 
 
 def bench(
@@ -301,8 +387,9 @@ def bench(
         call()
         e.record()
     torch.cuda.synchronize()
-    return _stats([s.elapsed_time(e) * 1e3 for s, e in events], "events+flush" if flush_l2 else "events",
-                  len(sets))
+    t = _stats([s.elapsed_time(e) * 1e3 for s, e in events], "events+flush" if flush_l2 else "events", len(sets))
+    t.gpu = gpu_state(call, t.median_us / 1e3)
+    return t
 
 
 def _bench_graph(fn, sets, est_ms, rep_ms, min_reps, max_reps, graph_min_us, max_graph_calls) -> Timing:
@@ -335,6 +422,7 @@ def _bench_graph(fn, sets, est_ms, rep_ms, min_reps, max_reps, graph_min_us, max
         e.record()
     torch.cuda.synchronize()
     t = _stats([s.elapsed_time(e) * 1e3 / calls for s, e in events], "graph", n)
+    t.gpu = gpu_state(g.replay, t.median_us * calls / 1e3)
     del g
     return t
 
