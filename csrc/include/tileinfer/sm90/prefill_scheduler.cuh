@@ -76,11 +76,7 @@ struct PrefillScheduler {
              __shfl_sync(0xffffffffu, m.q_end, src), 0};
         return PrefillWork::make_at<kBlockM>(p.a, m, pos.seq, pos.kv_head, pos.row_tile * kBlockM);
       }
-      if (__ballot_sync(0xffffffffu, item < num_items) == 0) {  // past the end
-        WorkItem none{};
-        none.active = false;
-        return none;
-      }
+      if (__ballot_sync(0xffffffffu, item < num_items) == 0) return WorkItem{};  // past the end: inactive
     }
   }
 
