@@ -174,27 +174,32 @@ ITEM_CASES = [(1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192), (2, 1024), (
 ITEM_QUICK = {(1, 2048), (1, 8192), (16, 1024), (64, 256), (16, 512)}
 
 
-def item_counts(batch, tokens, blocks, group=4, kv_heads=8, rows=128, keys=128):
+def item_counts(batch, tokens, blocks, group=4, kv_heads=8, rows=128, keys=128, tail_rounds=3):
     """Key tiles and items of each block of the Hopper prefill kernel on a
-    uniform causal batch, as sm90/prefill_scheduler.cuh hands them out: items
-    (row tile, sequence, KV head) heaviest row tile first, over a grid of at
-    most `blocks` (one per SM), round r in block order on even rounds and
-    reversed on odd ones; a row tile is
-    `rows` packed rows (rows / group tokens), and sees the key tiles up to
-    its last token."""
+    uniform causal batch, as sm90/prefill_scheduler.cuh hands them out: units
+    of two row tiles (R - 1 - j and j) pair by pair ((sequence, KV head)), then
+    the last ceil(tail_rounds * blocks / R) pairs item by item, row tile major
+    and the heaviest first; unit u of round r goes to block u - r * G on even
+    rounds and the reverse on odd ones (G blocks, at most one per SM). A row
+    tile is `rows` packed rows (rows / group tokens) and sees the key tiles up
+    to its last token."""
     per_tile = rows // group
-    row_tiles = -(-tokens // per_tile)
-    sizes = []
-    for item in range(row_tiles * batch * kv_heads):
-        row_tile = row_tiles - 1 - item // (batch * kv_heads)
-        sizes.append(-(-min(tokens, per_tile * (row_tile + 1)) // keys))
-    grid = min(blocks, len(sizes))
+    R = -(-tokens // per_tile)
+    pairs = batch * kv_heads
+    tail = min(pairs, -(-tail_rounds * blocks // R))
+    halves = (R + 1) // 2
+
+    def key_tiles(row_tile):
+        return -(-min(tokens, per_tile * (row_tile + 1)) // keys)
+    units = [[R - 1 - j] + ([j] if j < R - 1 - j else []) for _ in range(pairs - tail) for j in range(halves)]
+    units += [[R - 1 - t // tail] for t in range(tail * R)]
+    grid = min(blocks, len(units))
     tiles, items = [0] * grid, [0] * grid
-    for i, n in enumerate(sizes):
-        rnd, pos = divmod(i, grid)
+    for u, row_tiles in enumerate(units):
+        rnd, pos = divmod(u, grid)
         b = pos if rnd % 2 == 0 else grid - 1 - pos
-        tiles[b] += n
-        items[b] += 1
+        tiles[b] += sum(key_tiles(t) for t in row_tiles)
+        items[b] += len(row_tiles)
     return tiles, items
 
 

@@ -166,6 +166,18 @@ def main():
             p.seq_lens[1] = p.block_tables.shape[1] * 16 + 1000
             p.seq_lens[2] = -7
             run_attention_ops(p, causal=(True,), with_prefill=False)
+    # The Hopper prefill scheduler's doubles (two row tiles of one sequence and
+    # KV head per unit) before its tail of single items: a prompt batch with
+    # more pairs than its tail (20 x 2 pairs, 13 row tiles); then, unless
+    # clean only, query counts past max_q_len (garbage cu_seqlens_q: a
+    # sequence's own row tiles past the launch's) and a bad length.
+    lens = [100 + (37 * i) % 321 for i in range(20)]
+    p = make_problem(lens, lens, 8, 2, 128, 16, device=DEV, seed=13)
+    run_attention_ops(p, causal=(True,))
+    if not args.clean_only:
+        p.cu_seqlens_q[3:] += 500
+        p.seq_lens[7] = p.block_tables.shape[1] * 16 + 1000
+        run_attention_ops(p, causal=(True,))
     # The tile kernel's 128-row prefill tile, which prefill takes from 2048
     # queries on where the Hopper kernels do not run: an int8 cache with a
     # group that is not a power of two (a bf16 cache too on a GPU without

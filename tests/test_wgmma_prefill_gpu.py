@@ -125,9 +125,11 @@ def test_misaligned_vector_scales_take_the_tile_kernel(kind, seed):
 @pytest.mark.parametrize("page", [16, 128])
 def test_persistent_scheduler_covers_every_row(D, page, causal, seed):
     """The warp-specialized kernel's persistent grid (at most one block per SM)
-    walks every (row tile, sequence, KV head) item: a random varlen batch of
-    many sequences (empty ones, single positions, chunks, prompts past a few
-    tiles) has more items than blocks; every row right, padding untouched."""
+    walks every (row tile, sequence, KV head) item once: a random varlen batch
+    of many sequences (empty ones, single positions, chunks, prompts past a
+    few tiles) has more items than blocks, and more (sequence, KV head) pairs
+    than the scheduler's tail, so most pairs go by doubles of row tiles R - 1 -
+    j and j of their own R; every row right, padding untouched."""
     g = torch.Generator().manual_seed(seed)
     seq_lens = torch.randint(0, 700, (61,), generator=g).tolist() + [0, 1, 2000]
     q_lens = [int(torch.randint(0, L + 1, (1,), generator=g)) if i % 3 else L for i, L in enumerate(seq_lens)]

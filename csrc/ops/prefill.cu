@@ -147,12 +147,25 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
     p.v_map = make_tensor_map<4>(a.kv.v_cache, type, sizes, strides, box);
   }
   p.num_row_tiles = static_cast<int>(ceil_div<int64_t>(int64_t(a.group_size) * a.max_q_len, Cfg::kBlockM));
-  const int64_t items = int64_t(p.num_row_tiles) * a.kv.num_seqs * a.kv.num_kv_heads;
-  // Rounds are looked at 32 at a time past the last item (sm90/prefill_scheduler.cuh): margin for int32.
-  TILEINFER_CHECK(items < (int64_t(1) << 31) - (int64_t(1) << 16), op,
-                  ": too many work items (row tiles x sequences x KV heads)");
+  // The scheduler's order and tail (sm90/prefill_scheduler.cuh): about
+  // three rounds of single items end a prompt batch.
+  const int64_t pairs = int64_t(a.kv.num_seqs) * a.kv.num_kv_heads;
   const int sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>(c10::cuda::current_device());
-  const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));
+  int64_t units = pairs * p.num_row_tiles;
+  if (a.mixed_queries > 0) {
+    p.order = sm90::PrefillOrder::kSequences;
+  } else {
+    constexpr int64_t kTailRounds = 3;
+    p.order = sm90::PrefillOrder::kPairs;
+    const int64_t tail = ceil_div<int64_t>(kTailRounds * sms, p.num_row_tiles);
+    p.tail_pairs = static_cast<int>(tail < pairs ? tail : pairs);
+    units = (pairs - p.tail_pairs) * ((p.num_row_tiles + 1) / 2) + int64_t(p.tail_pairs) * p.num_row_tiles;
+  }
+  // Items are numbered 2 * unit + half, and looked at 32 at a time past the
+  // last one (sm90/prefill_scheduler.cuh): margin for int32.
+  TILEINFER_CHECK(2 * units < (int64_t(1) << 31) - (int64_t(1) << 16), op,
+                  ": too many work items (row tiles x sequences x KV heads)");
+  const dim3 grid(static_cast<unsigned>(units < sms ? units : sms));
 
   constexpr auto kernel = sm90::prefill_kernel<Cfg>;
   static SmemOptIn opt_in;
