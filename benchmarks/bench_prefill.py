@@ -174,19 +174,22 @@ ITEM_CASES = [(1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192), (2, 1024), (
 ITEM_QUICK = {(1, 2048), (1, 8192), (16, 1024), (64, 256), (16, 512)}
 
 
-def item_counts(batch, tokens, blocks, group=4, kv_heads=8, rows=128, keys=128, tail_rounds=3):
+def item_counts(batch, tokens, blocks, group=4, kv_heads=8, rows=128, keys=128, tail_rounds=3, l2_bytes=0,
+                d=128):
     """Key tiles and items of each block of the Hopper prefill kernel on a
     uniform causal batch, as sm90/prefill_scheduler.cuh hands them out: units
     of two row tiles (R - 1 - j and j) pair by pair ((sequence, KV head)), then
     the last ceil(tail_rounds * blocks / R) pairs item by item, row tile major
-    and the heaviest first; unit u of round r goes to block u - r * G on even
+    and the heaviest first (all pairs when the batch's bf16 keys and values
+    fit in half of `l2_bytes`); unit u of round r goes to block u - r * G on even
     rounds and the reverse on odd ones (G blocks, at most one per SM). A row
     tile is `rows` packed rows (rows / group tokens) and sees the key tiles up
     to its last token."""
     per_tile = rows // group
     R = -(-tokens // per_tile)
     pairs = batch * kv_heads
-    tail = min(pairs, -(-tail_rounds * blocks // R))
+    fits_l2 = 2 * pairs * tokens * d * 2 <= l2_bytes // 2
+    tail = pairs if fits_l2 else min(pairs, -(-tail_rounds * blocks // R))
     halves = (R + 1) // 2
 
     def key_tiles(row_tile):
@@ -229,7 +232,8 @@ def run_items(args, errors):
             r = ap.timed(f"items {batch}x{tokens} {name}", make, sets, True, errors, rep_ms=60, warmup_ms=20)
             times[name] = r[0].median_us if r else None
             clocks[f"{name}_sm_mhz"] = ap.gpu_columns(r[0])["sm_mhz"] if r else None
-        tiles, items = item_counts(batch, tokens, torch.cuda.get_device_properties(0).multi_processor_count)
+        tiles, items = item_counts(batch, tokens, torch.cuda.get_device_properties(0).multi_processor_count,
+                                   l2_bytes=common.l2_bytes())
         b = max(range(len(tiles)), key=lambda i: (tiles[i], items[i]))
         rows.append(dict(case=f"{batch}x{tokens}", batch=batch, tokens=tokens, ours_us=times["ours"],
                          cudnn_us=times["cudnn"], busiest_tiles=tiles[b], busiest_items=items[b], **clocks,

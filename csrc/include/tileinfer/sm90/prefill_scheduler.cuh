@@ -23,7 +23,8 @@
 //     heaviest first (the last row tiles, whose queries see the most keys),
 //     about three rounds of them: the launch ends on the lightest items, and
 //     the blocks that took no double in the round where the doubles end take
-//     the heaviest of these. A batch with fewer items than that is all tail.
+//     the heaviest of these. A batch with fewer items than that is all tail,
+//     and so is one whose keys and values fit in half the L2 (prefill.cu).
 //
 // A mixed step (PrefillOrder::kSequences, p.a.mixed_queries > 0: the
 // attention op) takes single items sequence by sequence (each sequence's row
