@@ -178,7 +178,8 @@ def item_counts(batch, tokens, blocks, group=4, kv_heads=8, rows=128, keys=128, 
                 d=128):
     """Key tiles and items of each block of the Hopper prefill kernel on a
     uniform causal batch, as sm90/prefill_scheduler.cuh hands them out: units
-    of two row tiles (R - 1 - j and j) pair by pair ((sequence, KV head)), then
+    of two row tiles (R - 1 - j and j) pair by pair ((sequence, KV head), j
+    from the pair's index on, wrapping around), then
     the last ceil(tail_rounds * blocks / R) pairs item by item, row tile major
     and the heaviest first (all pairs when the batch's bf16 keys and values
     fit in half of `l2_bytes`); unit u of round r goes to block u - r * G on even
@@ -194,7 +195,8 @@ def item_counts(batch, tokens, blocks, group=4, kv_heads=8, rows=128, keys=128, 
 
     def key_tiles(row_tile):
         return -(-min(tokens, per_tile * (row_tile + 1)) // keys)
-    units = [[R - 1 - j] + ([j] if j < R - 1 - j else []) for _ in range(pairs - tail) for j in range(halves)]
+    js = [(k + pair) % halves for pair in range(pairs - tail) for k in range(halves)]  # each pair's units rotated
+    units = [[R - 1 - j] + ([j] if j < R - 1 - j else []) for j in js]
     units += [[R - 1 - t // tail] for t in range(tail * R)]
     grid = min(blocks, len(units))
     tiles, items = [0] * grid, [0] * grid

@@ -18,7 +18,13 @@
 //     L2. (Row tile major over all pairs, the heaviest first, every round
 //     touched every pair's pages and read most of them from memory again
 //     once the batch's keys and values outgrew L2: 16 prompts of 1k tokens,
-//     L2 hit rate 44%, 82% pair by pair, 11% faster.)
+//     L2 hit rate 44%, 82% pair by pair, 11% faster.) Every pair has J units
+//     (from max_q_len), taken from j = pair mod J on and wrapping around: a
+//     short sequence's active units are its first j's, and at the same place
+//     in every pair they fell on the few blocks that the stride J reaches
+//     modulo the grid (1 x 2048 queries + 64 single ones at 4k positions,
+//     J = 32 on 132 blocks: the 64 single queries' items all on 33 blocks,
+//     the launch 1.9x slower).
 //   - then the last `tail_pairs` pairs item by item, row tile major, the
 //     heaviest first (the last row tiles, whose queries see the most keys),
 //     about three rounds of them: the launch ends on the lightest items, and
@@ -138,12 +144,14 @@ struct PrefillScheduler {
     return {p.num_row_tiles - 1 - t / p.tail_pairs, pair / heads, pair % heads};
   }
   // Item 2 * unit + half of a double: row tile R - 1 - j (half 0) or j (half
-  // 1) of the sequence's own R row tiles, j = unit % doubles; -1 where there
-  // is none (j past the middle, or the middle tile of an odd R as half 1).
+  // 1) of the sequence's own R row tiles, j = (unit + pair) % doubles (the
+  // pair's units rotated by the pair); -1 where there is none (j past the
+  // middle, or the middle tile of an odd R as half 1).
   template <int kBlockM>
   __device__ int double_row_tile(const PrefillParams& p, int q_count, int item) const {
     const int R = ceil_div(q_count * p.a.group_size, kBlockM);
-    const int j = (item >> 1) % doubles;
+    const int unit = item >> 1;
+    const int j = (unit + unit / doubles) % doubles;
     const int heavy = R - 1 - j;
     if (heavy < j) return -1;
     if (item & 1) return heavy > j ? j : -1;
