@@ -167,11 +167,13 @@ def main():
             p.seq_lens[2] = -7
             run_attention_ops(p, causal=(True,), with_prefill=False)
     # The Hopper prefill scheduler's doubles (two row tiles of one sequence and
-    # KV head per unit) before its tail of single items: a prompt batch with
-    # more pairs than its tail (20 x 2 pairs, 13 row tiles); then, unless
-    # clean only, query counts past max_q_len (garbage cu_seqlens_q: a
-    # sequence's own row tiles past the launch's) and a bad length.
-    lens = [100 + (37 * i) % 321 for i in range(20)]
+    # KV head per unit) before its tail of single items: a prompt batch whose
+    # keys and values, as max_q_len counts them (28 x 2 pairs x 1200
+    # positions, 34 MB), exceed half the L2, with more pairs than its tail (11
+    # of 38 row tiles); then, unless clean only, query counts past max_q_len
+    # (garbage cu_seqlens_q: a sequence's own row tiles past the launch's) and
+    # a bad length.
+    lens = [1200] + [100 + (37 * i) % 321 for i in range(27)]
     p = make_problem(lens, lens, 8, 2, 128, 16, device=DEV, seed=13)
     run_attention_ops(p, causal=(True,))
     if not args.clean_only:
