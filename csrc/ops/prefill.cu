@@ -168,9 +168,10 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
     p.tail_pairs = static_cast<int>(tail < pairs ? tail : pairs);
     units = (pairs - p.tail_pairs) * ((p.num_row_tiles + 1) / 2) + int64_t(p.tail_pairs) * p.num_row_tiles;
   }
-  // Items are numbered 2 * unit + half, and looked at 32 at a time past the
-  // last one (sm90/prefill_scheduler.cuh): margin for int32.
-  TILEINFER_CHECK(2 * units < (int64_t(1) << 31) - (int64_t(1) << 16), op,
+  // Items are numbered 2 * unit + half, and a warp looks at 32 at a time: up
+  // to 63 rounds of 2 * G item numbers past the last unit
+  // (sm90/prefill_scheduler.cuh), all in int32.
+  TILEINFER_CHECK(2 * units + 128 * int64_t(sms) < (int64_t(1) << 31), op,
                   ": too many work items (row tiles x sequences x KV heads)");
   const dim3 grid(static_cast<unsigned>(units < sms ? units : sms));
 
