@@ -147,27 +147,21 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
     p.v_map = make_tensor_map<4>(a.kv.v_cache, type, sizes, strides, box);
   }
   p.num_row_tiles = static_cast<int>(ceil_div<int64_t>(int64_t(a.group_size) * a.max_q_len, Cfg::kBlockM));
-  // The scheduler's order and tail (sm90/prefill_scheduler.cuh): about
-  // three rounds of single items end a prompt batch. A batch whose keys and
-  // values (estimated from max_q_len: a prompt's; a chunk after a cached
-  // prefix holds more) fit in half the L2 is all tail, heaviest first: there
-  // the doubles gain nothing from L2 and their coarser end cost 3-6% (1 x
-  // 3456, 3 x 1152, 5 x 700 tokens).
+  // The scheduler's order and tail (sm90/prefill_order.h). A batch whose
+  // keys and values (estimated from max_q_len: a prompt's; a chunk after a
+  // cached prefix holds more) fit in half the L2 is all tail, heaviest first:
+  // there the doubles gain nothing from L2 and their coarser end cost 3-6%
+  // (1 x 3456, 3 x 1152, 5 x 700 tokens).
   const int device = c10::cuda::current_device();
-  const int64_t pairs = int64_t(a.kv.num_seqs) * a.kv.num_kv_heads;
   const int sms = cached_device_attribute<cudaDevAttrMultiProcessorCount>(device);
-  int64_t units = pairs * p.num_row_tiles;
-  if (a.mixed_queries > 0) {
-    p.order = sm90::PrefillOrder::kSequences;
-  } else {
-    constexpr int64_t kTailRounds = 3;
-    const int64_t kv_bytes = 2 * pairs * a.max_q_len * a.kv.head_dim * (Cfg::kQuant ? 1 : 2);
-    const bool fits_l2 = kv_bytes <= cached_device_attribute<cudaDevAttrL2CacheSize>(device) / 2;
-    p.order = sm90::PrefillOrder::kPairs;
-    const int64_t tail = fits_l2 ? pairs : ceil_div<int64_t>(kTailRounds * sms, p.num_row_tiles);
-    p.tail_pairs = static_cast<int>(tail < pairs ? tail : pairs);
-    units = (pairs - p.tail_pairs) * ((p.num_row_tiles + 1) / 2) + int64_t(p.tail_pairs) * p.num_row_tiles;
-  }
+  const int64_t kv_bytes =
+      int64_t(2) * a.kv.num_seqs * a.kv.num_kv_heads * a.max_q_len * a.kv.head_dim * (Cfg::kQuant ? 1 : 2);
+  const bool fits_l2 = kv_bytes <= cached_device_attribute<cudaDevAttrL2CacheSize>(device) / 2;
+  const sm90::PrefillPlan plan = sm90::plan_prefill_order(a.kv.num_seqs, a.kv.num_kv_heads, p.num_row_tiles,
+                                                          a.mixed_queries > 0, fits_l2, sms);
+  p.order = plan.order;
+  p.tail_pairs = plan.tail_pairs;
+  const int64_t units = plan.units;
   // Items are numbered 2 * unit + half, and a warp looks at 32 at a time: up
   // to 63 rounds of 2 * G item numbers past the last unit
   // (sm90/prefill_scheduler.cuh), all in int32.

@@ -1,6 +1,9 @@
 // Persistent tile scheduler of the Hopper prefill kernel: a grid of at most
 // one block per SM walks the work items (row tile, sequence, KV head). The
-// order is a function of shapes only (positions are read on the device).
+// order is a function of shapes only (positions are read on the device); this
+// file says why it is what it is, prefill_order.h holds it as arithmetic
+// (shared with the host's plan and a CPU test), and next_item below takes a
+// block's items with rows to compute.
 //
 // Units and rounds. The items are grouped into units of one or two items,
 // numbered in the order below; block b takes unit b of round 0, unit
@@ -48,34 +51,18 @@
 #pragma once
 
 #include "../attention_work.cuh"
+#include "prefill_order.h"
 #include "prefill_tile.h"
 
 namespace tileinfer {
 namespace sm90 {
 
 struct PrefillScheduler {
-  int pairs;         // (sequence, KV head) pairs
-  int doubles;       // doubles per pair, ceil(num_row_tiles / 2)
-  int double_units;  // doubles before the tail: (pairs - tail_pairs) * doubles
-  int num_units;
-  int last_double_round;  // this block's round past its last double
+  PrefillWalk walk;  // the order, as arithmetic (prefill_order.h)
 
   __device__ explicit PrefillScheduler(const PrefillParams& p)
-      : pairs(p.a.kv.num_seqs * p.a.kv.num_kv_heads), doubles((p.num_row_tiles + 1) / 2) {
-    const bool by_pairs = p.order == PrefillOrder::kPairs;
-    double_units = by_pairs ? (pairs - p.tail_pairs) * doubles : 0;
-    num_units = by_pairs ? double_units + p.tail_pairs * p.num_row_tiles : pairs * p.num_row_tiles;
-    const int full = double_units / gridDim.x;  // rounds of doubles only
-    last_double_round = full + (position(full) < double_units - full * static_cast<int>(gridDim.x) ? 1 : 0);
-  }
-
-  // Item i of this block (i = 0, 1, ...) as 2 * unit + half (the second item
-  // of a double has half 1). Items grow with i, so once one is past the end,
-  // so are all later ones.
-  __device__ int item_at(int i) const {
-    if (i < 2 * last_double_round) return 2 * unit_at(i >> 1) + (i & 1);
-    return 2 * unit_at(last_double_round + i - 2 * last_double_round);
-  }
+      : walk(p.order, p.a.kv.num_seqs, p.a.kv.num_kv_heads, p.num_row_tiles, p.tail_pairs,
+             static_cast<int>(gridDim.x), static_cast<int>(blockIdx.x)) {}
 
   // This block's first item from its `i`-th on that has rows to compute, with
   // `i` set to it, or an inactive item and `i` past the end. Called by whole
@@ -85,21 +72,23 @@ struct PrefillScheduler {
   // metadata round trip each would add up to tens of microseconds per block.
   // Each lane reads all of its item's metadata at once and the item is built
   // from the first taken lane's (shuffled to every lane): one global round
-  // trip per call.
+  // trip per call. Items grow with i, so once one is past the end, so are
+  // all later ones.
   template <int kBlockM>
   __device__ WorkItem next_item(const PrefillParams& p, int& i) const {
     const int lane = threadIdx.x & 31;
     for (;; i += 32) {
-      const int item = item_at(i + lane);
-      const bool in_range = (item >> 1) < num_units;
-      Pos pos{-1, 0, 0};
+      const int item = walk.item_at(i + lane);
+      const bool in_range = walk.in_range(item);
+      PrefillWalk::Slot pos{-1, 0, 0};
       StepMeta m{0, 0, 0, 0};
       bool take = false;
       if (in_range) {
-        pos = at(p, item >> 1);
+        pos = walk.at(item);
         m = read_seq_meta<false>(p.a.kv, pos.seq);
         const QueryRange qr = clamp_query_range(m.q_begin, m.q_end, p.a.num_tokens);
-        if ((item >> 1) < double_units) pos.row_tile = double_row_tile<kBlockM>(p, qr.count, item);
+        if (walk.is_double(item))
+          pos.row_tile = walk.double_row_tile(ceil_div(qr.count * p.a.group_size, kBlockM), item);
         take = pos.row_tile >= 0 && prefill_takes(p.a, qr.count, pos.row_tile * kBlockM);
       }
       const unsigned hit = __ballot_sync(0xffffffffu, take);
@@ -114,48 +103,6 @@ struct PrefillScheduler {
       }
       if (__ballot_sync(0xffffffffu, in_range) == 0) return WorkItem{};  // past the end: inactive
     }
-  }
-
- private:
-  struct Pos {
-    int row_tile, seq, kv_head;
-  };
-  // Where this block sits in round r (its unit is r * G + position(r)).
-  __device__ int position(int r) const {
-    return r % 2 == 0 ? static_cast<int>(blockIdx.x) : static_cast<int>(gridDim.x - 1 - blockIdx.x);
-  }
-  __device__ int unit_at(int r) const { return r * static_cast<int>(gridDim.x) + position(r); }
-
-  // The sequence and head of a unit, and the row tile of a single item (a
-  // double's row tiles depend on the sequence's queries: double_row_tile).
-  __device__ Pos at(const PrefillParams& p, int unit) const {
-    const int heads = p.a.kv.num_kv_heads;
-    if (p.order == PrefillOrder::kSequences) {
-      const int per_seq = p.num_row_tiles * heads;
-      const int rest = unit % per_seq;
-      return {p.num_row_tiles - 1 - rest / heads, unit / per_seq, rest % heads};
-    }
-    if (unit < double_units) {
-      const int pair = unit / doubles;
-      return {-1, pair / heads, pair % heads};
-    }
-    const int t = unit - double_units;  // the tail, row tile major
-    const int pair = pairs - p.tail_pairs + t % p.tail_pairs;
-    return {p.num_row_tiles - 1 - t / p.tail_pairs, pair / heads, pair % heads};
-  }
-  // Item 2 * unit + half of a double: row tile R - 1 - j (half 0) or j (half
-  // 1) of the sequence's own R row tiles, j = (unit + pair) % doubles (the
-  // pair's units rotated by the pair); -1 where there is none (j past the
-  // middle, or the middle tile of an odd R as half 1).
-  template <int kBlockM>
-  __device__ int double_row_tile(const PrefillParams& p, int q_count, int item) const {
-    const int R = ceil_div(q_count * p.a.group_size, kBlockM);
-    const int unit = item >> 1;
-    const int j = (unit + unit / doubles) % doubles;
-    const int heavy = R - 1 - j;
-    if (heavy < j) return -1;
-    if (item & 1) return heavy > j ? j : -1;
-    return heavy;
   }
 };
 

@@ -9,16 +9,10 @@
 
 #include "../params.h"
 #include "../quant.cuh"
+#include "prefill_order.h"
 
 namespace tileinfer {
 namespace sm90 {
-
-// The order in which the persistent grid walks the work items
-// (prefill_scheduler.cuh).
-enum class PrefillOrder : int {
-  kPairs,      // prompts: pair by pair two row tiles at a time, then a tail heaviest first
-  kSequences,  // mixed steps: sequence by sequence, each one's row tiles heaviest first
-};
 
 // The kernel's launch parameters: the attention params plus the tensor maps of
 // the bulk copies, built on the host from the tensors' shapes and pointers
@@ -30,8 +24,8 @@ struct PrefillParams {
   CUtensorMap v_map;  //   (quantized: bytes, box {D, rows, 1, 1}, no swizzle)
   int num_row_tiles;  // ceil(group * max_q_len / kBlockM)
   int box_rows;       // keys per box: min(page_size, kBlockN)
-  PrefillOrder order;
-  int tail_pairs;     // kPairs: the last pairs, taken item by item
+  PrefillOrder order;  // prefill_order.h
+  int tail_pairs;      // kPairs: the last pairs, taken item by item
 };
 
 // Shape of one head dim's instantiation.
