@@ -185,7 +185,8 @@ def item_counts(batch, tokens, blocks, group=4, kv_heads=8, rows=128, keys=128, 
     fit in half of `l2_bytes`); unit u of round r goes to block u - r * G on even
     rounds and the reverse on odd ones (G blocks, at most one per SM). A row
     tile is `rows` packed rows (rows / group tokens) and sees the key tiles up
-    to its last token."""
+    to its last token. tests/test_prefill_order.py checks it against the
+    header."""
     per_tile = rows // group
     R = -(-tokens // per_tile)
     pairs = batch * kv_heads

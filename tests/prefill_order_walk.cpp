@@ -12,7 +12,6 @@
 
 #include "tileinfer/sm90/prefill_order.h"
 
-using tileinfer::sm90::PrefillOrder;
 using tileinfer::sm90::PrefillPlan;
 using tileinfer::sm90::PrefillWalk;
 
@@ -24,18 +23,18 @@ int main() {
     for (auto& x : q) std::scanf("%lld", &x);
     const long long row_tiles = (group * max_q_len + block_m - 1) / block_m;
     const PrefillPlan plan = tileinfer::sm90::plan_prefill_order(n, heads, row_tiles, mixed != 0, fits_l2 != 0, sms);
-    const long long grid = plan.units < sms ? static_cast<long long>(plan.units) : sms;
-    std::printf("plan %d %d %lld %lld\n", static_cast<int>(plan.order), plan.tail_pairs,
-                static_cast<long long>(plan.units), grid);
-    for (int b = 0; b < grid; ++b) {
+    std::printf("plan %d %d %lld %d\n", static_cast<int>(plan.order), plan.tail_pairs,
+                static_cast<long long>(plan.units), plan.grid);
+    for (int b = 0; b < plan.grid; ++b) {
       const PrefillWalk walk(plan.order, static_cast<int>(n), static_cast<int>(heads), static_cast<int>(row_tiles),
-                             plan.tail_pairs, static_cast<int>(grid), b);
+                             plan.tail_pairs, plan.grid, b);
       for (int i = 0;; ++i) {
         const int item = walk.item_at(i);
         if (!walk.in_range(item)) break;
         PrefillWalk::Slot s = walk.at(item);
         const long long rows = q[s.seq] * group;
-        if (walk.is_double(item)) s.row_tile = walk.double_row_tile(static_cast<int>((rows + block_m - 1) / block_m), item);
+        const int own_row_tiles = static_cast<int>((rows + block_m - 1) / block_m);
+        if (walk.is_double(item)) s.row_tile = walk.double_row_tile(own_row_tiles, item);
         if (s.row_tile >= 0 && s.row_tile * block_m < rows)
           std::printf("%d %d %d %d %d\n", b, item, s.seq, s.kv_head, s.row_tile);
       }

@@ -128,3 +128,27 @@ def test_doubles_spread_short_sequences(walk):
     singles = {blk for blk, _, s, _, _ in items if s > 0}
     assert plan["tail_pairs"] < 64 * 8, "the single queries should be mostly in the doubles"
     assert len(singles) >= 100, f"the single queries' items sit on {len(singles)} blocks"
+
+
+def test_benchmark_model_matches(walk):
+    """bench_prefill.item_counts (the model its per-item fit counts with)
+    hands out the same items per block as the header, on uniform causal
+    batches of Qwen3-4B heads, whether they fit in L2 or not, with even and
+    odd row-tile counts."""
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_prefill
+
+    def key_tiles(tokens, row_tile):  # 32 tokens a row tile, 128 keys a tile
+        return -(-min(tokens, 32 * (row_tile + 1)) // 128)
+    l2 = 60 << 20
+    cases = [(1, 512), (1, 2048), (1, 8192), (16, 1024), (64, 256), (16, 512), (3, 1152), (1, 3456), (8, 4000),
+             (16, 1000)]
+    batches = [dict(sms=132, heads=8, group=4, block_m=128, max_q_len=t, mixed=False,
+                    fits_l2=2 * b * 8 * t * 128 * 2 <= l2 // 2, q=[t] * b) for b, t in cases]
+    for (b, t), batch, (plan, items) in zip(cases, batches, walk(batches)):
+        tiles, counts = [0] * plan["grid"], [0] * plan["grid"]
+        for blk, _, _, _, row_tile in items:
+            tiles[blk] += key_tiles(t, row_tile)
+            counts[blk] += 1
+        assert bench_prefill.item_counts(b, t, 132, l2_bytes=l2) == (tiles, counts), f"{b} x {t}"

@@ -161,13 +161,12 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
                                                           a.mixed_queries > 0, fits_l2, sms);
   p.order = plan.order;
   p.tail_pairs = plan.tail_pairs;
-  const int64_t units = plan.units;
   // Items are numbered 2 * unit + half, and a warp looks at 32 at a time: up
   // to 63 rounds of 2 * G item numbers past the last unit
   // (sm90/prefill_scheduler.cuh), all in int32.
-  TILEINFER_CHECK(2 * units + 128 * int64_t(sms) < (int64_t(1) << 31), op,
+  TILEINFER_CHECK(2 * plan.units + 128 * int64_t(sms) < (int64_t(1) << 31), op,
                   ": too many work items (row tiles x sequences x KV heads)");
-  const dim3 grid(static_cast<unsigned>(units < sms ? units : sms));
+  const dim3 grid(static_cast<unsigned>(plan.grid));
 
   constexpr auto kernel = sm90::prefill_kernel<Cfg>;
   static SmemOptIn opt_in;

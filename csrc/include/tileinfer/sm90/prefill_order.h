@@ -23,12 +23,13 @@ enum class PrefillOrder : int {
   kSequences,  // mixed steps: sequence by sequence, each one's row tiles heaviest first
 };
 
-// What the host chooses from shapes: the order, the tail, and the units
-// (grid: min(units, SMs)).
+// What the host chooses from shapes: the order, the tail, the units and the
+// grid (at most one block per SM).
 struct PrefillPlan {
   PrefillOrder order;
   int tail_pairs;  // kPairs: the last pairs, taken item by item
   int64_t units;
+  int grid;        // min(units, SMs)
 };
 
 // About three rounds of single items end a prompt batch; one whose keys and
@@ -37,10 +38,15 @@ inline PrefillPlan plan_prefill_order(int64_t num_seqs, int64_t num_kv_heads, in
                                       bool fits_l2, int64_t sms) {
   constexpr int64_t kTailRounds = 3;
   const int64_t pairs = num_seqs * num_kv_heads;
-  if (mixed) return {PrefillOrder::kSequences, 0, pairs * num_row_tiles};
-  int64_t tail = fits_l2 ? pairs : (kTailRounds * sms + num_row_tiles - 1) / num_row_tiles;
-  if (tail > pairs) tail = pairs;
-  return {PrefillOrder::kPairs, static_cast<int>(tail), (pairs - tail) * ((num_row_tiles + 1) / 2) + tail * num_row_tiles};
+  PrefillPlan plan{PrefillOrder::kSequences, 0, pairs * num_row_tiles, 0};
+  if (!mixed) {
+    int64_t tail = fits_l2 ? pairs : (kTailRounds * sms + num_row_tiles - 1) / num_row_tiles;
+    if (tail > pairs) tail = pairs;
+    const int64_t units = (pairs - tail) * ((num_row_tiles + 1) / 2) + tail * num_row_tiles;
+    plan = {PrefillOrder::kPairs, static_cast<int>(tail), units, 0};
+  }
+  plan.grid = static_cast<int>(plan.units < sms ? plan.units : sms);
+  return plan;
 }
 
 // One block's walk. Its items are numbered 2 * unit + half (the second item
