@@ -168,11 +168,12 @@ struct OnlineSoftmax {
 // one uniform test per tile.
 // Two forms of the tanh: tanh_exp2 (exact to ~2^-22, two MUFU operations per
 // score) by default, and tanh.approx.f32 (one MUFU, relative error 2^-11) for
-// the Hopper prefill kernel (kFastTanh), where the MUFU pipe bounds a capped
-// tile: with the softmax's exp2 that is two operations per score against
-// three. On the H200 (1 x 8k causal, cap 50) the capped prefill took 1.12x
-// the plain one's time with it, 1.37x with tanh_exp2, and its outputs stayed
-// within the same ulps of float64 (docs/PERFORMANCE.md).
+// the Hopper prefill kernel (kFastTanh), where each instruction of the
+// softmax lengthens a warpgroup's path between its products: one instruction
+// per score against ex2, rcp and the arithmetic around them. On the H200
+// (1 x 8k causal, cap 50) the capped prefill took 1.12-1.20x the plain one's
+// time with it, 1.37x with tanh_exp2, and its outputs stayed within the same
+// ulps of float64 (docs/PERFORMANCE.md).
 struct ScoreMap {
   float pre;  // what x is multiplied by first (scale / cap, or scale * log2(e) when not folded)
   float k;    // update's multiplier

@@ -176,7 +176,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
         }
         smap.template apply_premultiplied<true>(s);
       } else {
-        smap.template apply<true>(s);  // the one-MUFU tanh: this loop is bound by the MUFU pipe (softmax.cuh)
+        smap.template apply<true>(s);  // the one-instruction tanh (softmax.cuh)
       }
       const TileMask mask{w.key_begin + i * BN, w.key_end, outside, box_shift, p.a.window_left, p.a.causal};
       if (mask.template needed<BN>(wg_qmin, window_first_key(qpos[1], p.a.window_left))) {
