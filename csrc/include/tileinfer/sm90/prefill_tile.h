@@ -68,7 +68,7 @@ struct PrefillTile {
   // runs while the P V product of tile i - 1 does, which keeps a second S
   // and P in registers. At d 256 the 128-register O accumulator leaves no room
   // for them (spills, and slower than without).
-  static constexpr bool kOverlap = D <= 128;
+  static constexpr bool kOverlap = true;
   // Registers per thread after setmaxnreg. The warpgroups trade within what
   // the block got at launch (65536 / kThreads, rounded down to 8: 168): the
   // consumers' increase waits until the producer's decrease has freed enough,
