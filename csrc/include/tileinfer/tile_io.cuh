@@ -99,29 +99,14 @@ struct KeyTiles {
     // registers, spilled with it.
     const int pos = tile_start(tile);
     const int row0 = rows[0];
-    if (kPageRuns && (pos >> page_shift) == ((pos + kBlockN - 1) >> page_shift) && pos + kBlockN <= w.key_end &&
+    if (kPageRuns && row_bytes == kRowBytes && (pos >> page_shift) == ((pos + kBlockN - 1) >> page_shift) && pos + kBlockN <= w.key_end &&
         row0 >= 0) {
-      if (row_bytes == kRowBytes) {
-        const int64_t src = static_cast<int64_t>(row0) * kRowBytes + tid * 16;
+      const int64_t src = static_cast<int64_t>(row0) * kRowBytes + tid * 16;
 #pragma unroll
-        for (int i = 0; i < kBlockN * kChunks / kThreads; ++i) {
-          const int dst = offset(tid / kChunks + i * (kThreads / kChunks), tid % kChunks);
-          cp_async_16(k_dst + dst, k_pool + src + i * kThreads * 16, true);
-          cp_async_16(v_dst + dst, v_pool + src + i * kThreads * 16, true);
-        }
-      } else {
-        // Rows shorter than the tile's (head dims 80, 96): the same run at
-        // the cached row's stride, zeros past its end.
-        const int ch = tid % kChunks;
-        const bool valid = ch * 16 < row_bytes;
-        const int64_t src = valid ? static_cast<int64_t>(row0 + tid / kChunks) * row_bytes + ch * 16 : 0;
-        const int64_t step = valid ? static_cast<int64_t>(kThreads / kChunks) * row_bytes : 0;
-#pragma unroll
-        for (int i = 0; i < kBlockN * kChunks / kThreads; ++i) {
-          const int dst = offset(tid / kChunks + i * (kThreads / kChunks), ch);
-          cp_async_16(k_dst + dst, k_pool + src + i * step, valid);
-          cp_async_16(v_dst + dst, v_pool + src + i * step, valid);
-        }
+      for (int i = 0; i < kBlockN * kChunks / kThreads; ++i) {
+        const int dst = offset(tid / kChunks + i * (kThreads / kChunks), tid % kChunks);
+        cp_async_16(k_dst + dst, k_pool + src + i * kThreads * 16, true);
+        cp_async_16(v_dst + dst, v_pool + src + i * kThreads * 16, true);
       }
       fetch_entries(tile + kStages);
       return;
