@@ -10,16 +10,15 @@
 // values) and on empty_v after P V.
 //
 // Two overlaps keep the tensor cores busy:
-//   - ping-pong: warpgroup w issues the S of each tile (with Cfg::kOverlap,
-//     together with the P V of the tile before) only in its turn (named
-//     barrier kTurnBarrier + w) and hands the turn over right after, so the
-//     tensor cores run one warpgroup's products while the other does its
-//     softmax. The P V products issued after a softmax (every tile without
-//     the overlap, an item's last tile with it) do not wait for a turn.
+//   - ping-pong: warpgroup w issues the S of each tile (together with the
+//     P V of the tile before) only in its turn (named barrier
+//     kTurnBarrier + w) and hands the turn over right after, so the tensor
+//     cores run one warpgroup's products while the other does its softmax.
+//     An item's last P V, issued after its softmax, does not wait for a turn.
 //     Both warpgroups walk every tile of every item (one whose rows
 //     see none of a tile skips the math, not the turn): turns and ring stay
 //     in step.
-//   - intra-warpgroup (Cfg::kOverlap): S of tile i is issued together with
+//   - intra-warpgroup: S of tile i is issued together with
 //     P V of tile i - 1, and the softmax of tile i runs while that P V does.
 //     ptxas keeps the order only if the steady-state loop has no branch on
 //     which products are in flight, so the first tile, the steady state and
@@ -251,60 +250,43 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 
     int i = 0;
     for (; i < my_first; ++i) pass();  // before the window of every row
-    RingSlot<Cfg::kStages> prev(0);  // the tile whose P V is pending (overlap)
-    if constexpr (Cfg::kOverlap) {
-      // The first tile: S, softmax, P.
-      if (i < my_tiles) {
-        const RingSlot<Cfg::kStages> slot(tiles++);
-        take_s(slot);
-        named_arrive(kTurnBarrier + (wg ^ 1), 256);
-        wgmma::wait<0>();
-        softmax(i, take_k_mask(slot.stage));
-        pack_p();
-        prev = slot;
-        ++i;
-      }
-      // The other tiles up to my_tiles - 1: S of tile i and P V of tile i - 1 in flight
-      // together; the softmax of tile i runs while P V still does.
-      for (; i < my_tiles; ++i) {
-        const RingSlot<Cfg::kStages> slot(tiles++);
-        wait_v(prev);  // before the turn: values land later than keys
-        take_s(slot);
-        wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev.stage)));
-        named_arrive(kTurnBarrier + (wg ^ 1), 256);
-        wgmma::wait<1>();  // S of tile i
-        const uint32_t outside = take_k_mask(slot.stage);
-        softmax(i, outside);
-        // Pinned before the wait, so that the softmax stays ahead of it.
+    RingSlot<Cfg::kStages> prev(0);  // the tile whose P V is pending
+    // The first tile: S, softmax, P.
+    if (i < my_tiles) {
+      const RingSlot<Cfg::kStages> slot(tiles++);
+      take_s(slot);
+      named_arrive(kTurnBarrier + (wg ^ 1), 256);
+      wgmma::wait<0>();
+      softmax(i, take_k_mask(slot.stage));
+      pack_p();
+      prev = slot;
+      ++i;
+    }
+    // The other tiles up to my_tiles - 1: S of tile i and P V of tile i - 1 in flight
+    // together; the softmax of tile i runs while P V still does.
+    for (; i < my_tiles; ++i) {
+      const RingSlot<Cfg::kStages> slot(tiles++);
+      wait_v(prev);  // before the turn: values land later than keys
+      take_s(slot);
+      wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev.stage)));
+      named_arrive(kTurnBarrier + (wg ^ 1), 256);
+      wgmma::wait<1>();  // S of tile i
+      const uint32_t outside = take_k_mask(slot.stage);
+      softmax(i, outside);
+      // Pinned before the wait, so that the softmax stays ahead of it.
 #pragma unroll
-        for (int R = 0; R < 2; ++R) wgmma::fence_regs(s[R]);
-        wgmma::fence_regs(factor);
-        wgmma::wait_pv<D, BN>(o, a);  // P V of tile i - 1: its A registers are free again
-        release(&sm.empty_v[prev.stage]);
-        rescale_o();
-        pack_p();
-        prev = slot;
-      }
-    } else {
-      // One tile at a time: S, softmax, P V.
-      for (; i < my_tiles; ++i) {
-        const RingSlot<Cfg::kStages> slot(tiles++);
-        take_s(slot);
-        named_arrive(kTurnBarrier + (wg ^ 1), 256);
-        wgmma::wait<0>();
-        softmax(i, take_k_mask(slot.stage));
-        rescale_o();
-        pack_p();
-        wait_v(slot);
-        wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(slot.stage)));
-        wgmma::wait_pv<D, BN>(o, a);
-        release(&sm.empty_v[slot.stage]);
-      }
+      for (int R = 0; R < 2; ++R) wgmma::fence_regs(s[R]);
+      wgmma::fence_regs(factor);
+      wgmma::wait_pv<D, BN>(o, a);  // P V of tile i - 1: its A registers are free again
+      release(&sm.empty_v[prev.stage]);
+      rescale_o();
+      pack_p();
+      prev = slot;
     }
     // Every S product has completed: the query tile is free (kStagedStore:
     // once the epilogue has stored the output rows it stages there).
     if (!Cfg::kStagedStore && lane == 0) mbar_arrive(&sm.q_empty[qs.stage]);
-    if (Cfg::kOverlap && my_tiles > my_first) {
+    if (my_tiles > my_first) {
       wait_v(prev);
       wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev.stage)));
       wgmma::wait_pv<D, BN>(o, a);

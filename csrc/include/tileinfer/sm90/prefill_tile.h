@@ -35,6 +35,9 @@ struct PrefillParams {
 //     (ping-pong): one's softmax runs while the other's products do.
 //   - kBlockN keys per stage: 128 at d <= 128 (the S accumulator is 64
 //     registers, O 32 / 64); 64 at d 256, whose O accumulator is 128 registers.
+//     Every head dim runs the consumers' in-warpgroup overlap
+//     (prefill_consumer.cuh), which keeps a second S and its P in registers:
+//     at d 256, 128 + 32 + 16 of them fit in kConsumerRegs without spills.
 //   - kStages: 4 at d 64 (144 KB), 2 at d 128 (160 KB) and d 256 (192 KB).
 //     Keys and values of a stage are released separately (prefill_smem.cuh),
 //     so two stages keep the next keys in flight; a third at d 128 measured
@@ -64,11 +67,6 @@ struct PrefillTile {
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = D <= 128 ? 128 : 64;
   static constexpr int kStages = D == 64 ? 4 : 2;
-  // Intra-warpgroup overlap (prefill_consumer.cuh): the softmax of tile i
-  // runs while the P V product of tile i - 1 does, which keeps a second S
-  // and P in registers. At d 256 the 128-register O accumulator leaves no room
-  // for them (spills, and slower than without).
-  static constexpr bool kOverlap = true;
   // Registers per thread after setmaxnreg. The warpgroups trade within what
   // the block got at launch (65536 / kThreads, rounded down to 8: 168): the
   // consumers' increase waits until the producer's decrease has freed enough,
