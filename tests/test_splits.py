@@ -1,6 +1,6 @@
 """The decode split rule (tileinfer/decode_splits.h, the op decode_num_splits):
 about two blocks per SM over the (sequence, KV head) pairs, rounded down, at
-most 32 splits (256 / pairs for fewer than 8 pairs), never fewer than 1, whatever the step's query count or cache
+most 32 splits (256 / pairs, at most 128, for fewer than 8 pairs), never fewer than 1, whatever the step's query count or cache
 type (the op takes only the SM count and the pairs); the CPU path counts 8
 "SMs" and two blocks each."""
 import pytest
@@ -16,7 +16,7 @@ split = torch.ops.tileinfer_attn.decode_num_splits
     ((132, 8, 8), 4),     # 264 slots / 64 (sequence, head) pairs
     ((132, 1, 8), 32),    # one sequence: capped at 32
     ((132, 32, 8), 1),    # more pairs than slots: one split
-    ((132, 1, 1), 256),   # one sequence of an MQA model: 256 / 1 pairs
+    ((132, 1, 1), 128),   # one sequence of an MQA model: 256 / 1 pairs, capped at 128
     ((132, 1, 2), 128),   # 256 / 2 pairs
     ((132, 2, 2), 64),    # 256 / 4 pairs (264 / 4 = 66 slots' worth)
     ((132, 1, 4), 64),

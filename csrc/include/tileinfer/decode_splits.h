@@ -17,9 +17,11 @@ namespace tileinfer {
 // speed up a single long sequence by a few percent but slow short ones (1k-4k
 // positions) by 10-15%, and combine's cost grows with them. Fewer than 8
 // (sequence, KV head) pairs (one sequence of an MQA model, or of 2-4 KV heads)
-// raise that cap to 256 / pairs, so the step still fills the SMs once: one
-// sequence of one KV head at 32k positions takes 28 us with 32 blocks on the
-// H200, twice cuDNN's time.
+// raise that cap to 256 / pairs, at most 128, so the step still fills the SMs
+// about once: one sequence of one KV head (32 query heads) at 32k positions
+// takes 28 us with 32 blocks on the H200, twice cuDNN's time, 15.5 us with 128
+// and 16.3 with 256; at 4k positions 10.3 us with 128 and 16-17 with 256,
+// whose blocks mostly hold no page and whose partials combine reads.
 // The same rule for every step (1-16 queries) and cache type: a step of 16
 // queries of one sequence at 8k positions takes half the time with 32 splits
 // as with a cap of 8, and the int8 cache's wide tile also runs two blocks per SM. Never depends on
@@ -29,7 +31,7 @@ inline int64_t decode_num_splits_for(int64_t num_sms, int64_t num_seqs, int64_t 
   const int64_t sms = num_sms > 0 ? num_sms : 8;  // 8: the CPU path's "SMs" (threads it splits over)
   constexpr int64_t per_sm = 2;
   const int64_t work = std::max<int64_t>(1, num_seqs * num_kv_heads);
-  const int64_t max_splits = std::max<int64_t>(32, 256 / work);
+  const int64_t max_splits = std::clamp<int64_t>(256 / work, 32, 128);
   const int64_t want = (per_sm * sms) / work;
   return std::min(max_splits, std::max<int64_t>(1, want));
 }
