@@ -20,6 +20,7 @@ FlashInfer's paged decode if it imports. The verify grid's rows are internal
 Writes benchmarks/results/decode.json and decode.png.
 
     python3 benchmarks/bench_decode.py [--quick] [--only 32k] [--no-verify] [--out-dir DIR]
+    python3 benchmarks/bench_decode.py --only splits   # forced split counts alone
 """
 from __future__ import annotations
 
@@ -171,6 +172,36 @@ def run_variant(label, batch, ctx, window, cap, sinks, plain, args, errors):
                  over_plain=v / same if v and same else None, over_reads=v / reads if v and reads else None)]
 
 
+# Split counts forced on the decode path (decode + combine: the attention op's
+# kernels at another count than decode_num_splits), beside the op (the rule's
+# count) and cuDNN: how the rule stands against the counts it could pick.
+# Full runs, or --only splits.
+SPLIT_CASES = [
+    ("MQA 32/1 1x4k", 1, 4096, dict(hq=32, hkv=1, d=128), [16, 32, 64, 128, 256]),
+    ("MQA 32/1 1x32k", 1, 32768, dict(hq=32, hkv=1, d=128), [32, 64, 128, 256]),
+    ("28/4 32x4k", 32, 4096, dict(hq=28, hkv=4, d=128), [1, 2, 3, 4]),
+    ("1x32k", 1, 32768, QWEN3, [16, 32, 64]),
+]
+
+
+def run_splits(label, batch, ctx, cfg, counts, args, errors):
+    import tileinfer_attn as ti
+    sets = sets_of(batch, ctx, 1, cfg)
+    rule = ti.decode_num_splits(sets[0].q.device, batch, cfg["hkv"])
+    kw = dict(rep_ms=60, warmup_ms=20)
+    impls = [(f"attention op ({rule} splits)", lambda p: ap.ours_attention(p)),
+             ("sdpa cudnn (contiguous)", lambda p: ap.sdpa_contiguous(p, "cudnn"))]
+    impls += [(f"{s} splits", lambda p, s=s: ap.ours_decode_combine(p, s)) for s in counts]
+    rows = []
+    for name, make in impls:
+        r = ap.timed(f"{label} {name}", make, sets, True, errors, **kw)
+        if r is not None:
+            rows.append(dict(case=label, impl=name, us=r[0].median_us, rule_splits=rule))
+    del sets
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--no-verify", action="store_true", help="skip the verify-step grid")
@@ -224,8 +255,17 @@ def main():
                                       ("plain at", "plain_reads", ""), ("us", "plain_reads_us", ".1f"),
                                       ("t / that", "over_reads", ".2f")],
                            title="\nvariants (attention op; plain decode on the same inputs and at the window's length)")
+    splits = []
+    if status["decode"][0] and (not args.quick and not args.only or args.only == "splits"):
+        for label, batch, ctx, cfg, counts in SPLIT_CASES:
+            print(f"-- split counts: {label}")
+            splits += common.attempt(f"splits {label}",
+                                     lambda a=(label, batch, ctx, cfg, counts): run_splits(*a, args, errors),
+                                     errors) or []
+        common.print_table(splits, [("case", "case", ""), ("impl", "impl", ""), ("us", "us", ".1f")],
+                           title="\nsplit counts (decode + combine at forced counts; the op at the rule's)")
     common.save(NAME, dict(env=env, ceilings=ceil, status=status, rows=rows, verify=verify, variants=variants,
-                           errors=errors), args)
+                           splits=splits, errors=errors), args)
 
 
 if __name__ == "__main__":
