@@ -1,4 +1,4 @@
-// The decode kernel's tile configurations (TileConfig, attention_kernel.cuh),
+// The decode kernel's tile configurations (TileConfig, tile_config.cuh),
 // which csrc/ops/decode.cu picks from per launch. Their shapes, and why, are in the support table
 // (tile_table.h: decode_tile_small, decode_tile_quant_wide, decode_tile_large).
 #pragma once

@@ -109,7 +109,7 @@ std::string expected(const T (&list)[N]) {
   return s;
 }
 
-// ---- tile shapes (TileConfig's parameters, attention_kernel.cuh)
+// ---- tile shapes (TileConfig's parameters, tile_config.cuh)
 
 struct TileShape {
   int warps_m;    // warps over query rows
