@@ -14,9 +14,10 @@
 #
 # The command runs from each tree's root with that tree's extension first on
 # PYTHONPATH; each line it prints comes back prefixed "base rN: " or
-# "cand rN: ". Builds: both at once, MAX_JOBS (default 16) shared between
-# them; logs in /tmp/ab_build_{base,cand}.log. Exit status: 1 if a build
-# failed, else 0 (a failing command shows in its own output).
+# "cand rN: ". Builds: both at once with scripts/gpu_build.sh, MAX_JOBS
+# (default 16) shared between them; logs in /tmp/ab_build_{base,cand}/.
+# Exit status: 1 if a build failed, else 0 (a failing command shows in its
+# own output).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -45,16 +46,15 @@ done
 
 if [ -n "$build" ]; then
   jobs=$(( ${MAX_JOBS:-16} / 2 )); [ "$jobs" -ge 1 ] || jobs=1
-  start=$(date +%s)
-  (cd "$base" && MAX_JOBS=$jobs python3 setup.py build_ext --inplace >/tmp/ab_build_base.log 2>&1) &
+  mkdir -p /tmp/ab_build_base /tmp/ab_build_cand
+  (cd "$base" && OUT=/tmp/ab_build_base MAX_JOBS=$jobs bash scripts/gpu_build.sh 2>&1 | sed "s/^/base build: /") &
   pid_base=$!
-  (MAX_JOBS=$jobs python3 setup.py build_ext --inplace >/tmp/ab_build_cand.log 2>&1) &
+  (OUT=/tmp/ab_build_cand MAX_JOBS=$jobs bash scripts/gpu_build.sh 2>&1 | sed "s/^/cand build: /") &
   pid_cand=$!
   failed=""
   wait $pid_base || failed="$failed base"
   wait $pid_cand || failed="$failed cand"
-  echo "ab.sh: builds done in $(( $(date +%s) - start )) s${failed:+, FAILED:$failed (see /tmp/ab_build_*.log)}"
-  [ -z "$failed" ] || exit 1
+  [ -z "$failed" ] || { echo "ab.sh: build FAILED:$failed"; exit 1; }
 fi
 
 for r in $(seq 1 "$rounds"); do
