@@ -174,6 +174,12 @@ ITEM_CASES = [(1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192), (2, 1024), (
 ITEM_QUICK = {(1, 2048), (1, 8192), (16, 1024), (64, 256), (16, 512)}
 
 
+def kv_fits_l2(batch, tokens, l2_bytes, kv_heads=8, d=128):
+    """Whether a batch's bf16 keys and values fit in half the L2, as prefill.cu
+    estimates it (from max_q_len): such a batch is all tail, heaviest first."""
+    return 2 * batch * kv_heads * tokens * d * 2 <= l2_bytes // 2
+
+
 def item_counts(batch, tokens, blocks, group=4, kv_heads=8, rows=128, keys=128, tail_rounds=3, l2_bytes=0,
                 d=128):
     """Key tiles and items of each block of the Hopper prefill kernel on a
@@ -190,8 +196,7 @@ def item_counts(batch, tokens, blocks, group=4, kv_heads=8, rows=128, keys=128, 
     per_tile = rows // group
     R = -(-tokens // per_tile)
     pairs = batch * kv_heads
-    fits_l2 = 2 * pairs * tokens * d * 2 <= l2_bytes // 2
-    tail = pairs if fits_l2 else min(pairs, -(-tail_rounds * blocks // R))
+    tail = pairs if kv_fits_l2(batch, tokens, l2_bytes, kv_heads, d) else min(pairs, -(-tail_rounds * blocks // R))
     halves = (R + 1) // 2
 
     def key_tiles(row_tile):

@@ -145,7 +145,7 @@ def test_benchmark_model_matches(walk):
     cases = [(1, 512), (1, 2048), (1, 8192), (16, 1024), (64, 256), (16, 512), (3, 1152), (1, 3456), (8, 4000),
              (16, 1000)]
     batches = [dict(sms=132, heads=8, group=4, block_m=128, max_q_len=t, mixed=False,
-                    fits_l2=2 * b * 8 * t * 128 * 2 <= l2 // 2, q=[t] * b) for b, t in cases]
+                    fits_l2=bench_prefill.kv_fits_l2(b, t, l2), q=[t] * b) for b, t in cases]
     for (b, t), batch, (plan, items) in zip(cases, batches, walk(batches)):
         tiles, counts = [0] * plan["grid"], [0] * plan["grid"]
         for blk, _, _, _, row_tile in items:
