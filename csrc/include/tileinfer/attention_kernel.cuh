@@ -20,6 +20,15 @@
 // the end (flash-decoding inside the block).
 // The epilogue normalizes, stages the output in shared memory as fp32 and writes
 // 16-byte vectors: `out` (prefill) or the fp32 partial (decode), plus the lse.
+// The body below wires the roles, each in its own file:
+//   tile_config.cuh    the tile's shape (TileConfig) and its swizzle
+//   tile_smem.cuh      the shared-memory layout
+//   tile_io.cuh        block-table lookups, K / V tile copies, query rows in
+//   tile_query.cuh     queries over a quantized cache (int8 planes, fp16)
+//   tile_products.cuh  S = Q K^T and O += P V per cache type
+//   tile_mask.cuh      which scores of a tile are hidden
+//   softmax.cuh        the online softmax (shared with the Hopper kernel)
+//   tile_epilogue.cuh  the key-slice merge, normalization and stores
 //
 // INT8 cache (CacheT = int8_t): the int8 tiles and their
 // per-key fp32 scales are copied as above (half the bytes); no dequantized
@@ -73,7 +82,12 @@
 #include "params.h"
 #include "softmax.cuh"
 #include "tile_config.cuh"
+#include "tile_epilogue.cuh"
 #include "tile_io.cuh"
+#include "tile_mask.cuh"
+#include "tile_products.cuh"
+#include "tile_query.cuh"
+#include "tile_smem.cuh"
 
 namespace tileinfer {
 
@@ -83,32 +97,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   using QT = typename Cfg::QT;  // also the output's element type
   // The quantized cache's conversions (a placeholder for the others, whose code never uses it).
   using QCacheT = std::conditional_t<Cfg::kQuant, typename Cfg::CacheT, int8_t>;
-  using QF = QuantFormat<QCacheT>;
   constexpr int D = Cfg::D;
   constexpr int BM = Cfg::kBlockM;
   constexpr int BN = Cfg::kBlockN;
   constexpr int WN = Cfg::kWarpN;
   constexpr int S = Cfg::kStages;
   constexpr int kSlots = Cfg::kRowSlots;
-  constexpr int kFlags = KeyTiles<BN, S, kSlots>::kFlags;
 
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* kv_s = smem;                                               // [S][K, V][BN rows] swizzled
-  T* conv_s = reinterpret_cast<T*>(smem + Cfg::kKVBytes);             // int8 prefill: [BN * D] values, swizzled
-  float* o_s = reinterpret_cast<float*>(smem);                        // epilogue: [kWarpsN][BM][kOStride]
-  T* q_s = reinterpret_cast<T*>(smem + Cfg::kMainBytes);  // [BM * D] swizzled (int8: [hi, lo][BM * D] bytes)
-  int* key_rows_s = reinterpret_cast<int*>(smem + Cfg::kMainBytes + Cfg::kQBytes);  // [kSlots][BN]
-  int* flags_s = key_rows_s + kSlots * BN;                                           // [kSlots][kFlags]
-  int* row_token_s = flags_s + kSlots * kFlags;  // [BM] token of each row, -1: padding
-  int* row_head_s = row_token_s + BM;            // [BM] query head of each row
-  int* row_qpos_s = row_head_s + BM;             // [BM] position of each row's query
-  uint32_t* row_tree_s = reinterpret_cast<uint32_t*>(row_qpos_s + BM);  // [BM] tree-mask word of each row
-  int* entries_s = reinterpret_cast<int*>(row_tree_s + BM);  // [S][BN] block-table entry of each key's page
-  int* row_qmax_s = entries_s + S * BN;          // int8: [BM] max |q * smooth| of each row, float bits (inf: non-finite)
-  // [kWarpsN][BM][m, l], then the lse and the int8 scales (float2 loads: kIntBytes keeps 16-byte alignment)
-  float* merge_s = reinterpret_cast<float*>(smem + Cfg::kMainBytes + Cfg::kQBytes + Cfg::kIntBytes);
-  float* lse_s = merge_s + 2 * Cfg::kWarpsN * BM;               // [BM]
-  float* scale_s = lse_s + BM;  // int8: [S][K, V][BN] per-key scales, copied with their tile
+  const TileSmem<Cfg> sh(smem);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -118,7 +115,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   const int page_shift = __ffs(p.kv.page_size) - 1;  // page sizes are powers of two (checked on the host)
   const uint8_t* k_pool = static_cast<const uint8_t*>(p.kv.k_cache);
   const uint8_t* v_pool = static_cast<const uint8_t*>(p.kv.v_cache);
-  const QT* q_ptr = static_cast<const QT*>(p.q);
 
   // Early reads (decode, bf16 / fp16 cache): the block's work, row table and
   // first lookups come from the step's metadata and its first tiles'
@@ -143,20 +139,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   WorkItem w;
   int num_tiles = 0;
   int first_entries[S];  // block-table entries of this thread's keys of the first tiles
-  const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, key_rows_s, flags_s, entries_s,
+  const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, sh.key_rows, sh.flags, sh.entries,
                                      p.kv.head_dim * static_cast<int>(sizeof(typename Cfg::CacheT))};
   // The work item, row table and first lookups from `meta` (barrier after).
   auto start = [&] {
     w = Work::template make<BM>(p, meta);
     num_tiles = w.active && w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
-    write_row_table<BM, Cfg::kThreads>(w, tid, row_token_s, row_head_s, row_qpos_s);
+    write_row_table<BM, Cfg::kThreads>(w, tid, sh.row_token, sh.row_head, sh.row_qpos);
     keys.first_entries(first_entries, num_tiles);
   };
   auto finish_lookups = [&] { keys.lookup_entries(first_entries, num_tiles); };
   start();
   TILEINFER_STAMP(1);  // metadata read, first entries in flight
   auto load_tile = [&](int tile) {
-    uint8_t* k_dst = kv_s + (tile % S) * 2 * Cfg::kTileBytes;
+    uint8_t* k_dst = sh.kv + (tile % S) * 2 * Cfg::kTileBytes;
     uint8_t* v_dst = k_dst + Cfg::kTileBytes;
     keys.template copy_kv<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes, Cfg::kKeySlices>(
         tile, k_pool, v_pool, k_dst, v_dst, [](int row, int ch) { return Cfg::stage_offset(row, ch); });
@@ -166,8 +162,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       // one cached load: 4-byte copies of one address from every thread cost
       // more than the key bytes they go with.
       if (tid < BN) {
-        const int pr = key_rows_s[(tile % kSlots) * BN + tid];
-        float* dst = scale_s + (tile % S) * 2 * BN;
+        const int pr = sh.key_rows[(tile % kSlots) * BN + tid];
+        float* dst = sh.scale + (tile % S) * 2 * BN;
         if (p.kv.scale_per_tensor) {
           dst[tid] = pr >= 0 ? __ldg(p.kv.k_scale) : 0.f;
           dst[BN + tid] = pr >= 0 ? __ldg(p.kv.v_scale) : 0.f;
@@ -179,49 +175,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     }
   };
 
-  // Queries: copied as they are (below); with a quantized cache they go
-  // through registers instead (times the key smoothing factors, then into two
-  // int8 planes, or fp16 for fp8). Those loads leave with the block-table reads, before any tile's
-  // copies: behind the copies they would wait for the first wave of copies of
-  // every block (H200, one sequence at 32k positions: the first tile landed
-  // 5.6 us after the block-table reads, against 2.8 for bf16, in the blocks'
-  // TILEINFER_TIMELINE stamps). Decode's few rows (<= 2 chunks per thread)
-  // wait in registers; prefill's many rows are loaded when used.
-  constexpr int kQChunks = BM * Cfg::kChunks;
-  constexpr int kQIters = (kQChunks + Cfg::kThreads - 1) / Cfg::kThreads;
-  constexpr bool kQAhead = Cfg::kQuant && kQIters <= 2;
-  constexpr int kQUnroll = kQAhead ? kQIters : 1;  // prefill keeps a rolled loop
-  struct QChunk {
-    Vec16<QT> v;
-    float s[8];
-  };
-  // Chunk c of the block's queries and its smoothing factors (zeros for padding rows).
-  auto load_q_chunk = [&](int c, QChunk& qc) {
-    const float* smooth =
-        p.kv.k_smooth == nullptr ? nullptr : p.kv.k_smooth + static_cast<int64_t>(w.kv_head) * p.kv.head_dim;
-    const RowQuery rq = row_query(w, c / Cfg::kChunks);  // as the row table has it, without its barrier
-    const int ch = c % Cfg::kChunks;
-    const bool valid = rq.token >= 0 && ch * 8 < p.kv.head_dim;  // zeros past the head dim (tile_table.h)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) qc.v.v[e] = from_float<QT>(0.f);
-    if (valid)
-      qc.v = *reinterpret_cast<const Vec16<QT>*>(q_ptr + rq.token * p.q_stride_token + rq.head * p.q_stride_head +
-                                                 ch * 8);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) qc.s[e] = !valid ? 0.f : smooth == nullptr ? 1.f : smooth[ch * 8 + e];
-  };
-  QChunk q_ahead[kQAhead ? kQIters : 1];
-  if constexpr (kQAhead) {
-#pragma unroll
-    for (int it = 0; it < kQIters; ++it)
-      if (tid + it * Cfg::kThreads < kQChunks) load_q_chunk(tid + it * Cfg::kThreads, q_ahead[it]);
-  }
+  // Queries over a quantized cache go through registers (tile_query.cuh);
+  // decode's few rows leave with the block-table reads.
+  QuantQueries<Cfg> qq;
+  if constexpr (Cfg::kQuant) qq.load_ahead(p, w, tid);
   finish_lookups();
   __syncthreads();  // row table and the first lookups
   auto issue_first_copies = [&] {
     if constexpr (!Cfg::kQuant) {
       copy_query_rows<BM, Cfg::kThreads, Cfg::kChunks, T>(
-          p, row_token_s, row_head_s, q_s, tid, [](int row, int ch) { return int(sizeof(T)) * Cfg::swz(row, ch); });
+          p, sh.row_token, sh.row_head, sh.q, tid, [](int row, int ch) { return int(sizeof(T)) * Cfg::swz(row, ch); });
     }
     cp_async_commit();
 #pragma unroll
@@ -267,78 +230,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // Tree verify: each row's word, read once, after the wait (the mask may come
   // from the previous kernel); the barrier before the key loop publishes it.
   if constexpr (Work::kTree) {
-    for (int r = tid; r < BM; r += Cfg::kThreads) row_tree_s[r] = tree_word(p, row_token_s[r]);
+    for (int r = tid; r < BM; r += Cfg::kThreads) sh.row_tree[r] = tree_word(p, sh.row_token[r]);
   }
-  // Quantized: 2^e of query row `row` (quant.cuh).
-  auto row_q_scale = [&](int row) { return query_row_scale(__int_as_float(row_qmax_s[row])); };
-  if constexpr (Cfg::kQuant) {
-    // Chunk c (the it-th of this thread) times the smoothing factors, in fp32.
-    auto smoothed = [&](int it, int c, float (&x)[8]) {
-      QChunk qc;
-      if constexpr (kQAhead) {
-        qc = q_ahead[it];
-      } else {
-        load_q_chunk(c, qc);
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) x[e] = to_float(qc.v.v[e]) * qc.s[e];
-    };
-    // A row's kChunks chunks are consecutive lanes of one warp: their maximum
-    // is a shuffle reduction, stored by the row's first lane.
-#pragma unroll kQUnroll
-    for (int it = 0; it < kQIters; ++it) {
-      const int c = tid + it * Cfg::kThreads;
-      if (c >= kQChunks) break;
-      float x[8];
-      smoothed(it, c, x);
-      float amax = 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) amax = isfinite(x[e]) ? fmaxf(amax, fabsf(x[e])) : INFINITY;
-      amax = warp_max<Cfg::kChunks>(amax);
-      if (c % Cfg::kChunks == 0) row_qmax_s[c / Cfg::kChunks] = __float_as_int(amax);
-    }
-    __syncthreads();
-    uint8_t* q8 = reinterpret_cast<uint8_t*>(q_s);
-#pragma unroll kQUnroll
-    for (int it = 0; it < kQIters; ++it) {  // prefill's second pass reads L1
-      const int c = tid + it * Cfg::kThreads;
-      if (c >= kQChunks) break;
-      float x[8];
-      smoothed(it, c, x);
-      const int row = c / Cfg::kChunks;
-      const float qs = row_q_scale(row);
-      if constexpr (Cfg::kInt8) {
-        // q = 256 hi + lo with hi in [-64, 64], lo in [-128, 127], for |q| <= 2^14.
-        uint32_t hi[2] = {0, 0}, lo[2] = {0, 0};
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const int q = static_cast<int>(fminf(fmaxf(rintf(x[e] * qs), -16384.f), 16384.f));
-          const int h = (q + 128) >> 8;
-          hi[e / 4] |= static_cast<uint32_t>(h & 0xff) << (8 * (e % 4));
-          lo[e / 4] |= static_cast<uint32_t>((q - 256 * h) & 0xff) << (8 * (e % 4));
-        }
-        // 8 bytes: half of the 16-byte chunk (c % kChunks) / 2 of the row's D bytes.
-        const int at = Cfg::stage_offset(row, (c % Cfg::kChunks) / 2) + 8 * (c % Cfg::kChunks % 2);
-        *reinterpret_cast<uint2*>(q8 + at) = make_uint2(hi[0], hi[1]);
-        *reinterpret_cast<uint2*>(q8 + BM * D + at) = make_uint2(lo[0], lo[1]);
-      } else {
-        // fp8: q * 2^e in fp16 (|q| < 2^14), columns permuted within each
-        // 16-column group so that an fp16 A fragment pairs with the keys as
-        // they come out of an ldmatrix of e4m3 rows (see the scores below):
-        // logical columns (2c, 2c + 1) hold columns (4c, 4c + 1), (2c + 8,
-        // 2c + 9) hold (4c + 2, 4c + 3). This chunk (half h of group G) has
-        // pairs 4h .. 4h + 3: the even ones go to the group's first 8
-        // columns, the odd ones to its last 8, at pair slots 2h, 2h + 1.
-        uint32_t pr[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) pr[j] = pack2<__half>(x[2 * j] * qs, x[2 * j + 1] * qs);
-        const int ch = c % Cfg::kChunks, h = ch % 2;
-        *reinterpret_cast<uint2*>(q8 + 2 * Cfg::swz(row, ch - h) + 8 * h) = make_uint2(pr[0], pr[2]);
-        *reinterpret_cast<uint2*>(q8 + 2 * Cfg::swz(row, ch - h + 1) + 8 * h) = make_uint2(pr[1], pr[3]);
-      }
-    }
-  }
-
+  if constexpr (Cfg::kQuant) qq.stage(p, w, sh, tid);
   // This lane's rows: g and g + 8 of each of its warp's 16-row tiles (g = lane / 4);
   // local row index R = 2 * mt + r is row warp_m * kWarpRows + 16 mt + g + 8 r.
   constexpr int kR = 2 * Cfg::kRowTiles;
@@ -348,7 +242,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   int qmax = INT_MIN;  // last one (padding rows excluded)
 #pragma unroll
   for (int R = 0; R < kR; ++R) {
-    qpos[R] = row_qpos_s[row_of(R)];
+    qpos[R] = sh.row_qpos[row_of(R)];
     qmin = min(qmin, qpos[R]);
     qmax = max(qmax, qpos[R] == INT_MAX ? INT_MIN : qpos[R]);
   }
@@ -372,11 +266,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   const SwizzleCols cols_k((lane >> 3) & 1, lane & Cfg::kStageSwizzle);
   const SwizzleCols cols_q8(lane >> 4, lane & Cfg::kStageSwizzle);  // also the int8 V rows (transposed)
   const int a_row = warp_m * Cfg::kWarpRows + (lane & 15);  // Q row of this lane's ldmatrix address
-  const uint32_t q_row = smem_addr(q_s) + (Cfg::kInt8 ? 1 : 2) * a_row * D;
+  const uint32_t q_row = smem_addr(sh.q) + (Cfg::kInt8 ? 1 : 2) * a_row * D;
   const int key0 = warp_n * WN;  // this warp's keys within a tile: [key0, key0 + WN)
   const int k_row = (key0 + (lane >> 4) * 8 + (lane & 7)) * D;  // elements, within a K tile
   const int v_row = (key0 + (lane & 15)) * D;                   // elements, within a V tile
-  const uint32_t conv_base = smem_addr(conv_s);
+  const uint32_t conv_base = smem_addr(sh.conv);
 
   // Quantized prefill: converts a staged V tile to T, all warps together.
   auto convert_tile = [&](const uint8_t* src, T* dst) {
@@ -423,8 +317,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   if constexpr (Cfg::kQuant) {
 #pragma unroll
     for (int R = 0; R < kR; ++R) {
-      row_unscale[R] = smap.pre_factor() / row_q_scale(row_of(R));  // the factor times a power of two
-      row_bad[R] = isinf(__int_as_float(row_qmax_s[row_of(R)]));
+      row_unscale[R] = smap.pre_factor() / QuantQueries<Cfg>::row_scale(sh, row_of(R));  // the factor times a power of two
+      row_bad[R] = isinf(__int_as_float(sh.row_qmax[row_of(R)]));
     }
   }
 
@@ -433,7 +327,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // term of the sum goes to one lane of the row, in one key-slice warp.
 #pragma unroll
   for (int R = 0; R < kR; ++R)
-    sm.row[R].init(Work::sink(p, w, row_head_s[row_of(R)]), (lane & 3) == 0 && warp_n == 0);
+    sm.row[R].init(Work::sink(p, w, sh.row_head[row_of(R)]), (lane & 3) == 0 && warp_n == 0);
   float o[kR][D / 4];  // O row R; column 8j + 2(lane % 4) + e at [2j + e] (int8 decode: see P V)
 #pragma unroll
   for (int R = 0; R < kR; ++R)
@@ -451,10 +345,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     cp_async_commit();
     if (i + S < num_tiles) keys.lookup(i + S);  // into the slot tile i - 1 used
 
-    const uint8_t* k_stage = kv_s + (i % S) * 2 * Cfg::kTileBytes;
+    const uint8_t* k_stage = sh.kv + (i % S) * 2 * Cfg::kTileBytes;
     const uint8_t* v_stage = k_stage + Cfg::kTileBytes;
     if constexpr (Cfg::kQuant && !Cfg::kValuesInRegs) {  // before the skip below: all warps convert the tile together
-      convert_tile(v_stage, conv_s);
+      convert_tile(v_stage, sh.conv);
       __syncthreads();
     }
 
@@ -481,122 +375,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
         }
       }
     };
-    if constexpr (Cfg::kInt8) {
-      // Exact integer products of the two query planes with the staged keys:
-      // q k = 256 (hi k) + (lo k), at most 2^14 * 127 * D in magnitude (< 2^31).
-      int acc[kR][WN / 4];
-#pragma unroll
-      for (int R = 0; R < kR; ++R)
-#pragma unroll
-        for (int x = 0; x < WN / 4; ++x) acc[R][x] = 0;
-      const uint32_t k_tile = smem_addr(k_stage);
-      auto k_frag = [&](uint32_t (&b)[4], int np, int kk) {  // keys 16 np.., columns 32 kk..
-        ldmatrix_x4(b, k_tile + k_row + np * 16 * D + 2 * cols_k(kk));
-      };
-      if constexpr (Cfg::kRowTiles == 1) {
-        // Each key fragment read once for both planes, into a second accumulator.
-        int acc_lo[kR][WN / 4];
-#pragma unroll
-        for (int R = 0; R < kR; ++R)
-#pragma unroll
-          for (int x = 0; x < WN / 4; ++x) acc_lo[R][x] = 0;
-#pragma unroll
-        for (int kk = 0; kk < D / 32; ++kk) {
-          uint32_t a_hi[Cfg::kRowTiles][4], a_lo[Cfg::kRowTiles][4];
-          q_frags(a_hi, 2 * kk);
-          q_frags(a_lo, 2 * kk + 1);
-#pragma unroll
-          for (int np = 0; np < WN / 16; ++np) {  // 16 keys: two 8-key n-blocks
-            uint32_t b[4];
-            k_frag(b, np, kk);
-            mma_row_tiles<int8_t>(acc, a_hi, b, np);
-            mma_row_tiles<int8_t>(acc_lo, a_lo, b, np);
-          }
-        }
-#pragma unroll
-        for (int R = 0; R < kR; ++R)
-#pragma unroll
-          for (int x = 0; x < WN / 4; ++x) acc[R][x] = 256 * acc[R][x] + acc_lo[R][x];
-      } else {
-        // Two row tiles: a second accumulator beside their outputs would spill,
-        // so the planes take turns and the key fragments are read twice.
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (h == 1) {
-#pragma unroll
-            for (int R = 0; R < kR; ++R)
-#pragma unroll
-              for (int x = 0; x < WN / 4; ++x) acc[R][x] *= 256;
-          }
-#pragma unroll
-          for (int kk = 0; kk < D / 32; ++kk) {
-            uint32_t a[Cfg::kRowTiles][4];
-            q_frags(a, 2 * kk + h);
-#pragma unroll
-            for (int np = 0; np < WN / 16; ++np) {
-              uint32_t b[4];
-              k_frag(b, np, kk);
-              mma_row_tiles<int8_t>(acc, a, b, np);
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int R = 0; R < kR; ++R)
-#pragma unroll
-        for (int x = 0; x < WN / 4; ++x) s[R][x] = static_cast<float>(acc[R][x]) * row_unscale[R];
-    } else {
-#pragma unroll
-      for (int R = 0; R < kR; ++R)
-#pragma unroll
-        for (int x = 0; x < WN / 4; ++x) s[R][x] = 0.f;
-      const uint32_t k_tile = smem_addr(k_stage);
-      if constexpr (Cfg::kFp8) {
-        // fp16 products of the staged queries (q * 2^e) with the keys converted
-        // in registers: an ldmatrix of e4m3 rows gives lane (g, c) key g's
-        // columns 4c .. 4c + 3 of each 16-column chunk (the int8 B layout,
-        // mma.cuh), two fp16 pairs once converted, which an m16n8k16 product
-        // takes as its k pairs (2c, 2c + 1) and (2c + 8, 2c + 9): the query
-        // columns were staged in that order. Keys 16 np.., columns 32 kk..
-#pragma unroll
-        for (int kk = 0; kk < D / 32; ++kk) {
-          uint32_t a0[Cfg::kRowTiles][4], a1[Cfg::kRowTiles][4];
-          q_frags(a0, 2 * kk);
-          q_frags(a1, 2 * kk + 1);
-#pragma unroll
-          for (int np = 0; np < WN / 16; ++np) {
-            uint32_t b8[4];  // keys 0-7: columns 32 kk + [0, 16), [16, 32); keys 8-15: the same
-            ldmatrix_x4(b8, k_tile + k_row + np * 16 * D + 2 * cols_k(kk));
-            uint32_t b0[4], b1[4];
-            fp8x4_to_half(b8[0], b0[0], b0[1]);
-            fp8x4_to_half(b8[2], b0[2], b0[3]);
-            fp8x4_to_half(b8[1], b1[0], b1[1]);
-            fp8x4_to_half(b8[3], b1[2], b1[3]);
-            mma_row_tiles<T>(s, a0, b0, np);
-            mma_row_tiles<T>(s, a1, b1, np);
-          }
-        }
-#pragma unroll
-        for (int R = 0; R < kR; ++R)
-#pragma unroll
-          for (int x = 0; x < WN / 4; ++x) s[R][x] *= row_unscale[R];
-      } else {
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          uint32_t a[Cfg::kRowTiles][4];
-          q_frags(a, kk);
-#pragma unroll
-          for (int np = 0; np < WN / 16; ++np) {  // 16 keys: two 8-key n-blocks
-            uint32_t b[4];
-            ldmatrix_x4(b, k_tile + 2 * (k_row + np * 16 * D + cols_k(kk)));
-            mma_row_tiles<T>(s, a, b, np);
-          }
-        }
-      }
-    }
+    tile_scores<Cfg>(s, k_stage, k_row, cols_k, q_frags, row_unscale);
     // Quantized: this lane's key scales (keys key0 + 8j + 2 quad + e at [j][e]; 0 for
     // skipped keys), and the multiplication of score / probability columns by them.
-    const float* tile_scales = scale_s + (i % S) * 2 * BN + key0 + 2 * quad;
+    const float* tile_scales = sh.scale + (i % S) * 2 * BN + key0 + 2 * quad;
     auto lane_scales = [&](const float* scales, float (&f)[WN / 8][2]) {
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j) {
@@ -627,37 +409,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       smap.apply(s);
     }
 
-    // Masks: only on tiles with skipped keys, overlapping the causal diagonal,
-    // reaching before some row's window, or reaching a tree's step tokens.
-    const int slot = i % kSlots;
-    bool skipped = false;
-#pragma unroll
-    for (int f = 0; f < kFlags; ++f) skipped |= flags_s[slot * kFlags + f] != 0;
-    // The window's edge is tested per thread, for its last row (no register
-    // stays live for it through the loop). The 128-row int8 tile, at 255
-    // registers, spilled one with that test: there a window masks every tile.
-    constexpr bool kEdgeTest = !(Cfg::kQuant && Cfg::kRowTiles == 2);
-    const bool window_edge = kEdgeTest ? tile_pos + key0 < window_first_key(qpos[kR - 1], p.window_left)
-                                       : p.window_left != INT_MAX;
-    const bool tree_tile = tile_pos + key0 + WN - 1 >= tree_from;
-    if (skipped || (p.causal && tile_pos + key0 + WN - 1 > qmin) || window_edge || tree_tile) {
-      uint32_t tree[kR];  // the rows' tree words (all ones: no tree, or a tile before the step)
-#pragma unroll
-      for (int R = 0; R < kR; ++R) tree[R] = tree_tile ? row_tree_s[row_of(R)] : ~0u;
-#pragma unroll
-      for (int j = 0; j < WN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = key0 + 8 * j + 2 * quad + e;
-          const bool present = key_rows_s[slot * BN + key] >= 0;
-          const int kpos = tile_pos + key;
-#pragma unroll
-          for (int R = 0; R < kR; ++R)
-            if (!present || (p.causal && kpos > qpos[R]) || kpos < window_first_key(qpos[R], p.window_left) ||
-                tree_hides(tree[R], kpos, tree_from))
-              s[R][2 * j + e] = kNegInf;
-        }
-    }
+    mask_tile<Cfg>(s, p, sh, i, tile_pos, key0, quad, qpos, qmin, tree_from, row_of);
 
     float factor[kR];
     sm.update(s, smap.k, factor);  // s now holds the probabilities
@@ -699,45 +451,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     }
 
     // O += P V, P rounded to the element type; keys 16kk.. of the warp's slice.
-#pragma unroll
-    for (int kk = 0; kk < WN / 16; ++kk) {
-      uint32_t a[Cfg::kRowTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
-        const float* s0 = s[2 * mt];
-        const float* s1 = s[2 * mt + 1];
-        a[mt][0] = pack2<T>(s0[4 * kk], s0[4 * kk + 1]);
-        a[mt][1] = pack2<T>(s1[4 * kk], s1[4 * kk + 1]);
-        a[mt][2] = pack2<T>(s0[4 * kk + 2], s0[4 * kk + 3]);
-        a[mt][3] = pack2<T>(s1[4 * kk + 2], s1[4 * kk + 3]);
-      }
-      if constexpr (Cfg::kValuesInRegs) {
-        // int8 values from their staged tile (rows of D bytes): a transposed
-        // ldmatrix of 16-byte chunks gives lane (g, c) the bytes of keys 2c,
-        // 2c + 1 at columns 2g, 2g + 1 of the chunk, converted to two fp16 B
-        // fragments (int8.cuh): columns 16 ch + 2n (n-block 0 of pair ch) and
-        // 16 ch + 2n + 1 (n-block 1). So o[R][4 ch + 2 j + e] holds column
-        // 16 ch + 4 (lane % 4) + 2 e + j (the epilogue puts them in order).
-#pragma unroll
-        for (int m = 0; m < D / 32; ++m) {  // chunks 2m, 2m + 1
-          uint32_t r[4];  // [chunk 2m: keys 0-7, keys 8-15; chunk 2m + 1: ...]
-          ldmatrix_x4_trans(r, v_tile + v_row + kk * 16 * D + 2 * cols_q8(m));
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t b[4];
-            QF::key_pairs_to_half(r[2 * h], r[2 * h + 1], b);
-            mma_row_tiles<T>(o, a, b, 2 * m + h);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {  // 16 output columns: two 8-column n-blocks
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, v_tile + 2 * (v_row + kk * 16 * D + cols_a(dp)));
-          mma_row_tiles<T>(o, a, b, dp);
-        }
-      }
-    }
+    tile_pv<Cfg>(o, s, v_tile, v_row, cols_a, cols_q8);
   }
 
   // ---- Epilogue ----
@@ -746,93 +460,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // grid, took SM slots unevenly (H200: d 64, 32 x 4k, 64.8 -> 72.0 us).
   TILEINFER_STAMP(4);  // key loop done
   allow_dependent_launch();
-  cp_async_wait<0>();
-  __syncthreads();  // K/V stages are free: o_s may overwrite them
-  TILEINFER_STAMP(6);  // every warp's keys done
-  sm.reduce_sums();
-  float out_scale[kR];
-  if constexpr (Cfg::kWarpsN == 1) {
-#pragma unroll
-    for (int R = 0; R < kR; ++R) {
-      const SoftmaxResult res = softmax_result(sm.row[R].m, sm.row[R].l);
-      out_scale[R] = res.inv_sum;
-      if (quad == 0) lse_s[row_of(R)] = res.lse;
-    }
-  } else {
-    // The key-slice warps hold disjoint parts of the same rows: merge their
-    // (m, l) in a fixed order, then scale each warp's accumulator into the total.
-    if (quad == 0) {
-#pragma unroll
-      for (int R = 0; R < kR; ++R) {
-        merge_s[(warp_n * BM + row_of(R)) * 2] = sm.row[R].m;
-        merge_s[(warp_n * BM + row_of(R)) * 2 + 1] = sm.row[R].l;
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int R = 0; R < kR; ++R) {
-      SoftmaxRow parts[Cfg::kWarpsN];
-#pragma unroll
-      for (int wn = 0; wn < Cfg::kWarpsN; ++wn) {
-        parts[wn].m = merge_s[(wn * BM + row_of(R)) * 2];
-        parts[wn].l = merge_s[(wn * BM + row_of(R)) * 2 + 1];
-      }
-      const SoftmaxRow total = merge_rows(parts);
-      const SoftmaxResult res = softmax_result(total.m, total.l);
-      out_scale[R] = fast_exp2(sm.row[R].m - total.offset()) * res.inv_sum;
-      if (warp_n == 0 && quad == 0) lse_s[row_of(R)] = res.lse;
-    }
-  }
-  if constexpr (Cfg::kQuant) {
-#pragma unroll
-    for (int R = 0; R < kR; ++R) {
-      out_scale[R] *= vmax * (1.f / kProbHeadroom);  // the accumulator is in units of vmax / 2^15
-      if (row_bad[R]) {  // a non-finite query value: NaN, as the reference's scores would give
-        out_scale[R] = __int_as_float(0x7fc00000);
-        if (warp_n == 0 && quad == 0) lse_s[row_of(R)] = out_scale[R];  // after this thread's own lse write
-      }
-    }
-  }
-  // The key-slice warps (decode) skip rows of no query, which are never
-  // stored: most of the rows when a group packs fewer than the tile has (a
-  // GQA-4 group: 4 of 16). (Prefill's int8 tile spilled registers with it.)
-#pragma unroll
-  for (int R = 0; R < kR; ++R) {
-    if (Cfg::kKeySlices && row_token_s[row_of(R)] < 0) continue;
-    float* row = o_s + (warp_n * BM + row_of(R)) * Cfg::kOStride;
-    const float f = out_scale[R];
-    if constexpr (Cfg::kValuesInRegs) {  // columns 16 ch + 4 quad .. + 3 (see the P V product)
-#pragma unroll
-      for (int ch = 0; ch < D / 16; ++ch)
-        *reinterpret_cast<float4*>(row + 16 * ch + 4 * quad) =
-            make_float4(o[R][4 * ch] * f, o[R][4 * ch + 2] * f, o[R][4 * ch + 1] * f, o[R][4 * ch + 3] * f);
-    } else {
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        *reinterpret_cast<float2*>(row + 8 * j + 2 * quad) = make_float2(o[R][2 * j] * f, o[R][2 * j + 1] * f);
-    }
-  }
-  __syncthreads();
-  TILEINFER_STAMP(7);  // warps' parts in shared memory
-
-  // 16-byte stores of whole rows of elements O at row_ptr(token, head); the
-  // key-slice warps' parts add up in a fixed order.
-  auto store_rows = [&](auto row_ptr) {
-    store_output_rows<BM, D, Cfg::kThreads, Cfg::kWarpsN, Cfg::kOStride>(o_s, row_token_s, row_head_s, tid,
-                                                                          p.kv.head_dim, row_ptr);
-  };
-  bool partials = false;
-  if constexpr (Work::kPartials) partials = Work::writes_partials(p);
-  if (partials) {
-    if constexpr (Work::kPartials) store_rows([&](int token, int head) { return Work::partial_row(p, w, token, head); });
-  } else {
-    store_rows([&](int token, int head) { return output_row<QT>(p, token, head); });
-  }
-  if (tid < BM && row_token_s[tid] >= 0) {
-    float* lse = Work::lse_at(p, w, row_token_s[tid], row_head_s[tid]);
-    if (lse != nullptr) *lse = lse_s[tid];
-  }
-  TILEINFER_STAMP(5);
+  tile_epilogue<Cfg, Work>(p, w, sh, sm, o, vmax, row_bad, tid, warp_n, quad, row_of);
 }
 
 }  // namespace tileinfer

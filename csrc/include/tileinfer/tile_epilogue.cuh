@@ -1,0 +1,116 @@
+// The tile kernel's epilogue (attention_kernel.cuh): once every warp's keys
+// are done, each row's softmax is finished (the key-slice warps of decode
+// merging their parts of a row first), the accumulators are scaled into
+// shared memory as fp32 rows, and whole rows go out as 16-byte stores: to
+// `out`, or to the split's fp32 partial (decode), with the lse.
+#pragma once
+
+#include "attention_work.cuh"
+#include "quant.cuh"
+#include "softmax.cuh"
+#include "tile_io.cuh"
+#include "tile_smem.cuh"
+
+namespace tileinfer {
+
+// sm / o: this lane's rows' softmax states and accumulators (rows row_of(R));
+// vmax and row_bad: the quantized caches' value-scale maximum and non-finite
+// query rows. Starts with a block barrier: the K / V stages become o_s.
+template <class Cfg, class Work, int kR, class RowOf>
+__device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const WorkItem& w, const TileSmem<Cfg>& sh,
+                                              OnlineSoftmax<kR, 4>& sm, float (&o)[kR][Cfg::D / 4], float vmax,
+                                              const bool (&row_bad)[Cfg::kQuant ? kR : 1], int tid, int warp_n,
+                                              int quad, RowOf row_of) {
+  using QT = typename Cfg::QT;
+  constexpr int D = Cfg::D;
+  constexpr int BM = Cfg::kBlockM;
+  cp_async_wait<0>();
+  __syncthreads();     // K/V stages are free: o_s may overwrite them
+  TILEINFER_STAMP(6);  // every warp's keys done
+  sm.reduce_sums();
+  float out_scale[kR];
+  if constexpr (Cfg::kWarpsN == 1) {
+#pragma unroll
+    for (int R = 0; R < kR; ++R) {
+      const SoftmaxResult res = softmax_result(sm.row[R].m, sm.row[R].l);
+      out_scale[R] = res.inv_sum;
+      if (quad == 0) sh.lse[row_of(R)] = res.lse;
+    }
+  } else {
+    // The key-slice warps hold disjoint parts of the same rows: merge their
+    // (m, l) in a fixed order, then scale each warp's accumulator into the total.
+    if (quad == 0) {
+#pragma unroll
+      for (int R = 0; R < kR; ++R) {
+        sh.merge[(warp_n * BM + row_of(R)) * 2] = sm.row[R].m;
+        sh.merge[(warp_n * BM + row_of(R)) * 2 + 1] = sm.row[R].l;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int R = 0; R < kR; ++R) {
+      SoftmaxRow parts[Cfg::kWarpsN];
+#pragma unroll
+      for (int wn = 0; wn < Cfg::kWarpsN; ++wn) {
+        parts[wn].m = sh.merge[(wn * BM + row_of(R)) * 2];
+        parts[wn].l = sh.merge[(wn * BM + row_of(R)) * 2 + 1];
+      }
+      const SoftmaxRow total = merge_rows(parts);
+      const SoftmaxResult res = softmax_result(total.m, total.l);
+      out_scale[R] = fast_exp2(sm.row[R].m - total.offset()) * res.inv_sum;
+      if (warp_n == 0 && quad == 0) sh.lse[row_of(R)] = res.lse;
+    }
+  }
+  if constexpr (Cfg::kQuant) {
+#pragma unroll
+    for (int R = 0; R < kR; ++R) {
+      out_scale[R] *= vmax * (1.f / kProbHeadroom);  // the accumulator is in units of vmax / 2^15
+      if (row_bad[R]) {  // a non-finite query value: NaN, as the reference's scores would give
+        out_scale[R] = __int_as_float(0x7fc00000);
+        if (warp_n == 0 && quad == 0) sh.lse[row_of(R)] = out_scale[R];  // after this thread's own lse write
+      }
+    }
+  }
+  // The key-slice warps (decode) skip rows of no query, which are never
+  // stored: most of the rows when a group packs fewer than the tile has (a
+  // GQA-4 group: 4 of 16). (Prefill's int8 tile spilled registers with it.)
+#pragma unroll
+  for (int R = 0; R < kR; ++R) {
+    if (Cfg::kKeySlices && sh.row_token[row_of(R)] < 0) continue;
+    float* row = sh.o + (warp_n * BM + row_of(R)) * Cfg::kOStride;
+    const float f = out_scale[R];
+    if constexpr (Cfg::kValuesInRegs) {  // columns 16 ch + 4 quad .. + 3 (see the P V product)
+#pragma unroll
+      for (int ch = 0; ch < D / 16; ++ch)
+        *reinterpret_cast<float4*>(row + 16 * ch + 4 * quad) =
+            make_float4(o[R][4 * ch] * f, o[R][4 * ch + 2] * f, o[R][4 * ch + 1] * f, o[R][4 * ch + 3] * f);
+    } else {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<float2*>(row + 8 * j + 2 * quad) = make_float2(o[R][2 * j] * f, o[R][2 * j + 1] * f);
+    }
+  }
+  __syncthreads();
+  TILEINFER_STAMP(7);  // warps' parts in shared memory
+
+  // 16-byte stores of whole rows of elements O at row_ptr(token, head); the
+  // key-slice warps' parts add up in a fixed order.
+  auto store_rows = [&](auto row_ptr) {
+    store_output_rows<BM, D, Cfg::kThreads, Cfg::kWarpsN, Cfg::kOStride>(sh.o, sh.row_token, sh.row_head, tid,
+                                                                          p.kv.head_dim, row_ptr);
+  };
+  bool partials = false;
+  if constexpr (Work::kPartials) partials = Work::writes_partials(p);
+  if (partials) {
+    if constexpr (Work::kPartials) store_rows([&](int token, int head) { return Work::partial_row(p, w, token, head); });
+  } else {
+    store_rows([&](int token, int head) { return output_row<QT>(p, token, head); });
+  }
+  if (tid < BM && sh.row_token[tid] >= 0) {
+    float* lse = Work::lse_at(p, w, sh.row_token[tid], sh.row_head[tid]);
+    if (lse != nullptr) *lse = sh.lse[tid];
+  }
+  TILEINFER_STAMP(5);
+}
+
+}  // namespace tileinfer
