@@ -6,7 +6,7 @@ the same inputs (where is the crossover?).
 Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, bf16,
 page 64); batch x context (1,1k) (1,4k) (1,32k) (8,32k) (32,4k) (128,2k); a
 Llama-3-8B-like batch (same head counts, 16 x 8k); head dims 64 and 256; groups
-of 7 and 5 (28/4, 40/8) and MQA (32/1).
+of 7 and 5 (28/4, 40/8) and MQA (32/1); full runs add groups of 1, 8 and 16.
 Decode must read k and v of every position once: GB/s of those bytes against
 the copy bandwidth measured in this run. Small launches are timed as CUDA-graph
 replays (how serving engines run decode), each of ours and of the peers that
@@ -59,6 +59,10 @@ CASES = [
     ("40/8 1x32k", 1, 32768, dict(hq=40, hkv=8, d=128)),
     ("MQA 32/1 1x4k", 1, 4096, dict(hq=32, hkv=1, d=128)),
     ("MQA 32/1 1x32k", 1, 32768, dict(hq=32, hkv=1, d=128)),
+    # The other group sizes of the decode tiles (full runs): 1 (MHA), 8, 16.
+    ("MHA 32/32 32x4k", 32, 4096, dict(hq=32, hkv=32, d=128)),
+    ("32/4 32x4k", 32, 4096, dict(hq=32, hkv=4, d=128)),
+    ("32/2 32x4k", 32, 4096, dict(hq=32, hkv=2, d=128)),
 ]
 QUICK = {"1x1k", "1x32k", "8x32k", "32x4k", "128x2k", "d64 32x4k", "d256 32x4k", "d80 32x4k", "d96 32x4k",
          "d96 1x32k", "28/4 32x4k", "28/4 1x32k",
