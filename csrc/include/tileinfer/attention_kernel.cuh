@@ -317,7 +317,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   if constexpr (Cfg::kQuant) {
 #pragma unroll
     for (int R = 0; R < kR; ++R) {
-      row_unscale[R] = smap.pre_factor() / QuantQueries<Cfg>::row_scale(sh, row_of(R));  // the factor times a power of two
+      // The factor times a power of two.
+      row_unscale[R] = smap.pre_factor() / QuantQueries<Cfg>::row_scale(sh, row_of(R));
       row_bad[R] = isinf(__int_as_float(sh.row_qmax[row_of(R)]));
     }
   }

@@ -102,7 +102,8 @@ __device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const Wo
   bool partials = false;
   if constexpr (Work::kPartials) partials = Work::writes_partials(p);
   if (partials) {
-    if constexpr (Work::kPartials) store_rows([&](int token, int head) { return Work::partial_row(p, w, token, head); });
+    if constexpr (Work::kPartials)
+      store_rows([&](int token, int head) { return Work::partial_row(p, w, token, head); });
   } else {
     store_rows([&](int token, int head) { return output_row<QT>(p, token, head); });
   }
