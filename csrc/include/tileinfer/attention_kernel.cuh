@@ -68,7 +68,7 @@
 // [2^13, 2^14): no overflow, and fp16's 11 bits beside bf16 queries' 8), the
 // keys converted in registers right after their ldmatrix, and m16n8k16
 // products accumulate in fp32. The staged query columns are permuted so that
-// the converted key fragments need no shuffle (see the scores).
+// the converted key fragments need no shuffle (tile_query.cuh, tile_products.cuh).
 #pragma once
 
 #include <climits>
@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
 #pragma unroll
   for (int R = 0; R < kR; ++R)
     sm.row[R].init(Work::sink(p, w, sh.row_head[row_of(R)]), (lane & 3) == 0 && warp_n == 0);
-  float o[kR][D / 4];  // O row R; column 8j + 2(lane % 4) + e at [2j + e] (int8 decode: see P V)
+  float o[kR][D / 4];  // O row R; column 8j + 2(lane % 4) + e at [2j + e] (int8 decode: tile_pv)
 #pragma unroll
   for (int R = 0; R < kR; ++R)
 #pragma unroll

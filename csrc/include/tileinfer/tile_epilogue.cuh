@@ -79,7 +79,7 @@ __device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const Wo
     if (Cfg::kKeySlices && sh.row_token[row_of(R)] < 0) continue;
     float* row = sh.o + (warp_n * BM + row_of(R)) * Cfg::kOStride;
     const float f = out_scale[R];
-    if constexpr (Cfg::kValuesInRegs) {  // columns 16 ch + 4 quad .. + 3 (see the P V product)
+    if constexpr (Cfg::kValuesInRegs) {  // columns 16 ch + 4 quad .. + 3 (tile_pv, tile_products.cuh)
 #pragma unroll
       for (int ch = 0; ch < D / 16; ++ch)
         *reinterpret_cast<float4*>(row + 16 * ch + 4 * quad) =
