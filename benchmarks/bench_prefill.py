@@ -104,6 +104,7 @@ MIXED = [
     ("2 x 2k chunks + 128 decodes, 4k", [(2048, 4096)] * 2, (128, 4096)),
     ("4k chunk + 256 decodes, 2k", [(4096, 4096)], (256, 2048)),
     ("1k chunk + 8 decodes, 32k", [(1024, 8192)], (8, 32768)),
+    ("4 x 1k chunks + 32 decodes, 8k", [(1024, 8192)] * 4, (32, 8192)),
 ]
 MIXED_QUICK = {"2k chunk + 64 decodes, 4k", "512 chunk + 16 decodes, 2k", "1k chunk + 8 decodes, 32k"}
 
