@@ -130,14 +130,23 @@ def ours_prefill(p: Problem, causal: bool = True):
     return fn, (out, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
 
 
-def ours_attention(p: Problem, causal: bool = True):
-    """The dispatcher: decode + combine for <= 16 queries per sequence (power-of-two group)."""
+def ours_attention(p: Problem, causal: bool = True, batch_invariant: bool = False, table_positions: int = 0):
+    """The dispatcher: decode + combine for <= 16 queries per sequence, prefill
+    for longer ones. table_positions: a block table widened to that many
+    positions (as an engine sizes it for its longest context; the extra entries
+    repeat page 0), which sets the batch-invariant grid's split count."""
     out = torch.empty_like(p.q)
+    bt = p.block_tables
+    page = p.k_cache.shape[2]
+    if table_positions > bt.shape[1] * page:
+        extra = math.ceil(table_positions / page) - bt.shape[1]
+        bt = torch.cat([bt, bt[:, :1].expand(-1, extra)], dim=1).contiguous()
 
     def fn(out, q, kc, vc, bt, sl, cu):
-        torch.ops.tileinfer_attn.attention(out, q, kc, vc, bt, sl, cu, p.max_q_len, p.scale, causal)
+        torch.ops.tileinfer_attn.attention(out, q, kc, vc, bt, sl, cu, p.max_q_len, p.scale, causal,
+                                           batch_invariant=batch_invariant)
         return out
-    return fn, (out, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
+    return fn, (out, p.q, p.k_cache, p.v_cache, bt, p.seq_lens, p.cu_seqlens_q)
 
 
 def ours_attention_variant(p: Problem, window_left: int = -1, soft_cap: float = 0.0, sinks: bool = False,

@@ -21,6 +21,7 @@ Writes benchmarks/results/decode.json and decode.png.
 
     python3 benchmarks/bench_decode.py [--quick] [--only 32k] [--no-verify] [--out-dir DIR]
     python3 benchmarks/bench_decode.py --only splits   # forced split counts alone
+    python3 benchmarks/bench_decode.py --only invariant   # batch-invariant decode against the default
 """
 from __future__ import annotations
 
@@ -206,6 +207,34 @@ def run_splits(label, batch, ctx, cfg, counts, args, errors):
     return rows
 
 
+# Batch-invariant decode (attention's batch_invariant) against the default
+# split rule on the same inputs: with the table as wide as the context (the
+# fewest grid splits) and as an engine sizes it for 128k positions (32 grid
+# splits, the later ones empty). Graph replays; full runs, or --only invariant.
+INVARIANT_CASES = [
+    ("1x1k", 1, 1024, QWEN3), ("1x4k", 1, 4096, QWEN3), ("1x32k", 1, 32768, QWEN3), ("8x32k", 8, 32768, QWEN3),
+    ("32x4k", 32, 4096, QWEN3), ("128x2k", 128, 2048, QWEN3), ("256x1k", 256, 1024, QWEN3),
+    ("MQA 32/1 1x4k", 1, 4096, dict(hq=32, hkv=1, d=128)), ("28/4 32x4k", 32, 4096, dict(hq=28, hkv=4, d=128)),
+]
+
+
+def run_invariant(label, batch, ctx, cfg, args, errors):
+    sets = sets_of(batch, ctx, 1, cfg)
+    kw = dict(rep_ms=60, warmup_ms=20)
+    times = {}
+    for name, make in (("default", lambda p: ap.ours_attention(p)),
+                       ("invariant", lambda p: ap.ours_attention(p, batch_invariant=True)),
+                       ("invariant, 128k table",
+                        lambda p: ap.ours_attention(p, batch_invariant=True, table_positions=131072))):
+        r = ap.timed(f"{label} {name}", make, sets, True, errors, **kw)
+        times[name] = r[0].median_us if r is not None else None
+    del sets
+    torch.cuda.empty_cache()
+    d, tight, wide = times["default"], times["invariant"], times["invariant, 128k table"]
+    return [dict(case=label, default_us=d, invariant_us=tight, invariant_wide_us=wide,
+                 over_default=tight / d if d and tight else None, wide_over_default=wide / d if d and wide else None)]
+
+
 def main():
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--no-verify", action="store_true", help="skip the verify-step grid")
@@ -268,8 +297,20 @@ def main():
                                      errors) or []
         common.print_table(splits, [("case", "case", ""), ("impl", "impl", ""), ("us", "us", ".1f")],
                            title="\nsplit counts (decode + combine at forced counts; the op at the rule's)")
+    invariant = []
+    if status["decode"][0] and (not args.quick and not args.only or args.only == "invariant"):
+        for label, batch, ctx, cfg in INVARIANT_CASES:
+            print(f"-- batch-invariant decode: {label}")
+            invariant += common.attempt(f"invariant {label}",
+                                        lambda a=(label, batch, ctx, cfg): run_invariant(*a, args, errors),
+                                        errors) or []
+        common.print_table(invariant, [("case", "case", ""), ("default us", "default_us", ".1f"),
+                                       ("invariant us", "invariant_us", ".1f"), ("t / default", "over_default", ".2f"),
+                                       ("128k table us", "invariant_wide_us", ".1f"),
+                                       ("t / default", "wide_over_default", ".2f")],
+                           title="\nbatch-invariant decode (attention op, batch_invariant=True) against the default")
     common.save(NAME, dict(env=env, ceilings=ceil, status=status, rows=rows, verify=verify, variants=variants,
-                           splits=splits, errors=errors), args)
+                           splits=splits, invariant=invariant, errors=errors), args)
 
 
 if __name__ == "__main__":

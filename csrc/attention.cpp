@@ -4,6 +4,7 @@
 // runs them under its own name (errors raised inside name `attention`). The same code serves CPU
 // and CUDA. Also the ops that answer questions about the build: the split rule
 // (decode_num_splits) and the support table (supported, supported_dtypes).
+#include <algorithm>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -40,6 +41,11 @@ int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t nu
   return decode_num_splits_for(sm_count(device), num_seqs, num_kv_heads);
 }
 
+DecodePlan attention_decode_plan(const at::Device& device, const PagedShape& s, bool batch_invariant) {
+  if (batch_invariant) return invariant_decode_plan(s.max_pages, s.page_size);
+  return decode_plan_for(sm_count(device), s.num_seqs, s.num_kv_heads);
+}
+
 int64_t decode_num_splits_op(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads) {
   return decode_num_splits_for(num_sms, num_seqs, num_kv_heads);
 }
@@ -71,12 +77,56 @@ std::vector<std::string> supported_dtypes_op(c10::string_view what) {
   return names;
 }
 
+namespace {
+
+// The CPU path of a mixed step, after prefill has written every row: the
+// sequences of at most kMaxDecodeQueries queries again on the decode path, as
+// the CUDA path runs them, so that their rows are the bits of a decode step
+// (batch invariance: a sequence's path does not depend on the others').
+void cpu_mixed_decodes(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
+                       const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                       const at::Tensor& cu_seqlens_q, double scale, bool causal,
+                       const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                       const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+                       const std::optional<at::Tensor>& sinks, const DecodePlan& plan) {
+  const int64_t num_tokens = q.size(0);
+  const int32_t* cu = cu_seqlens_q.data_ptr<int32_t>();
+  std::vector<int64_t> seqs, tokens;
+  std::vector<int32_t> cu_short{0};
+  int64_t max_short = 0;
+  for (int64_t i = 0; i < s.num_seqs; ++i) {
+    const int64_t b = std::clamp<int64_t>(cu[i], 0, num_tokens);
+    const int64_t e = std::clamp<int64_t>(cu[i + 1], b, num_tokens);
+    if (e - b < 1 || e - b > kMaxDecodeQueries) continue;
+    seqs.push_back(i);
+    for (int64_t t = b; t < e; ++t) tokens.push_back(t);
+    cu_short.push_back(static_cast<int32_t>(tokens.size()));
+    max_short = std::max(max_short, e - b);
+  }
+  if (seqs.empty()) return;
+  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  const at::Tensor seq_idx = at::tensor(seqs, i64), tok_idx = at::tensor(tokens, i64);
+  const at::Tensor q_short = q.index_select(0, tok_idx);
+  const auto f32 = q.options().dtype(at::kFloat);
+  const int64_t n = q_short.size(0);
+  at::Tensor partial_out = at::empty({plan.num_splits, n, q.size(1), s.head_dim}, f32);
+  at::Tensor partial_lse = at::empty({plan.num_splits, n, q.size(1)}, f32);
+  cpu::decode_as("attention", partial_out, partial_lse, q_short, k_cache, v_cache, block_tables.index_select(0, seq_idx),
+                 seq_lens.index_select(0, seq_idx), at::tensor(cu_short, cu_seqlens_q.options()), max_short, scale,
+                 causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, std::nullopt, plan);
+  at::Tensor out_short = at::empty_like(q_short);
+  cpu::combine_as("attention", out_short, std::nullopt, partial_out, partial_lse);
+  out.index_copy_(0, tok_idx, out_short);
+}
+
+}  // namespace
+
 void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q,
                int64_t max_q_len, double scale, bool causal, const std::optional<at::Tensor>& k_scale,
                const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth,
                int64_t window_left, double logits_soft_cap, const std::optional<at::Tensor>& sinks,
-               const std::optional<at::Tensor>& tree_mask) {
+               const std::optional<at::Tensor>& tree_mask, bool batch_invariant) {
   const char* op = "attention";
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
@@ -85,45 +135,51 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   check_token_tensor(op, "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
   const bool on_cuda = q.is_cuda();
 
+  // Batch invariance (SPEC section 4): each sequence's decode splits from its
+  // own length and tiles from the group size (DecodePlan); the prefill
+  // kernels' work items already hold all of a row's keys.
+  const DecodePlan plan = attention_decode_plan(q.device(), s, batch_invariant);
   if (use_decode_path(max_q_len)) {
-    const int64_t splits = decode_num_splits(q.device(), s.num_seqs, s.num_kv_heads);
 #ifdef TILEINFER_WITH_CUDA
-    if (splits == 1 && on_cuda) {  // nothing to merge: no partials, no combine launch
+    if (plan.num_splits == 1 && on_cuda) {  // nothing to merge: no partials, no combine launch
       cuda::decode_single_split(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
-                                causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask);
+                                causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask,
+                                plan);
       return;
     }
 #endif
     const auto f32 = q.options().dtype(at::kFloat);
-    at::Tensor partial_out = at::empty({splits, q.size(0), q.size(1), s.head_dim}, f32);
-    at::Tensor partial_lse = at::empty({splits, q.size(0), q.size(1)}, f32);
+    at::Tensor partial_out = at::empty({plan.num_splits, q.size(0), q.size(1), s.head_dim}, f32);
+    at::Tensor partial_lse = at::empty({plan.num_splits, q.size(0), q.size(1)}, f32);
 #ifdef TILEINFER_WITH_CUDA
     if (on_cuda) {
       cuda::decode_as(op, partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                       max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks,
-                      tree_mask);
+                      tree_mask, plan);
       cuda::combine_as(op, out, std::nullopt, partial_out, partial_lse);
       return;
     }
 #endif
     cpu::decode_as(op, partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                    max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks,
-                   tree_mask);
+                   tree_mask, plan);
     cpu::combine_as(op, out, std::nullopt, partial_out, partial_lse);
 #ifdef TILEINFER_WITH_CUDA
   } else if (on_cuda) {
     // A step with a sequence of more than 16 queries: decode (+ combine) for
     // the sequences of at most 16, prefill for the others (a mixed step:
     // attention_work.cuh); both launches skip the other's sequences.
-    const int64_t splits = decode_num_splits(q.device(), s.num_seqs, s.num_kv_heads);
-    cuda::decode_mixed(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, splits, scale, causal,
+    cuda::decode_mixed(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, plan, scale, causal,
                        k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
     cuda::prefill_long_sequences(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
-                                 causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
+                                 causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks,
+                                 batch_invariant);
 #endif
   } else {
     cpu::prefill_as(op, out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
                     scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
+    cpu_mixed_decodes(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, causal, k_scale,
+                      v_scale, k_smooth, window_left, logits_soft_cap, sinks, plan);
   }
 }
 

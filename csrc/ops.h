@@ -10,6 +10,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 
+#include "tileinfer/decode_splits.h"
+
 #define TILEINFER_DECLARE_OPS                                                              \
   void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,  \
                const at::Tensor& k_cache, const at::Tensor& v_cache,                        \
@@ -71,7 +73,7 @@
                  const std::optional<at::Tensor>& v_scale,                                  \
                  const std::optional<at::Tensor>& k_smooth, int64_t window_left,            \
                  double logits_soft_cap, const std::optional<at::Tensor>& sinks,            \
-                 const std::optional<at::Tensor>& tree_mask);                               \
+                 const std::optional<at::Tensor>& tree_mask, const DecodePlan& plan);       \
   void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse,    \
                   const at::Tensor& partial_out, const at::Tensor& partial_lse);
 
@@ -96,7 +98,7 @@ void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor&
                          const std::optional<at::Tensor>& v_scale,
                          const std::optional<at::Tensor>& k_smooth, int64_t window_left,
                          double logits_soft_cap, const std::optional<at::Tensor>& sinks,
-                         const std::optional<at::Tensor>& tree_mask);
+                         const std::optional<at::Tensor>& tree_mask, const DecodePlan& plan);
 // A mixed step (attention_work.cuh, "Mixed steps"; max_q_len > 16): the
 // decode kernel over the sequences of at most kMaxDecodeQueries queries,
 // writing their rows of out itself (splits == 1) or through slot partials and
@@ -104,7 +106,7 @@ void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor&
 // other sequences. Checked by the caller.
 void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
                   const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                  const at::Tensor& cu_seqlens_q, int64_t splits, double scale, bool causal,
+                  const at::Tensor& cu_seqlens_q, const DecodePlan& plan, double scale, bool causal,
                   const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                   const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
                   const std::optional<at::Tensor>& sinks);
@@ -115,7 +117,8 @@ void prefill_long_sequences(at::Tensor& out, const at::Tensor& q, const at::Tens
                             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
                             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                             const std::optional<at::Tensor>& k_smooth, int64_t window_left,
-                            double logits_soft_cap, const std::optional<at::Tensor>& sinks);
+                            double logits_soft_cap, const std::optional<at::Tensor>& sinks,
+                            bool batch_invariant);
 }  // namespace cuda
 
 // attention: decode + combine or prefill, chosen from shapes only (same choice
@@ -126,7 +129,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                double scale, bool causal, const std::optional<at::Tensor>& k_scale,
                const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth,
                int64_t window_left, double logits_soft_cap, const std::optional<at::Tensor>& sinks,
-               const std::optional<at::Tensor>& tree_mask);
+               const std::optional<at::Tensor>& tree_mask, bool batch_invariant);
 
 // Multiprocessors of a CUDA device (read once per device), 0 for the CPU.
 int64_t sm_count(const at::Device& device);
@@ -134,6 +137,9 @@ int64_t sm_count(const at::Device& device);
 // The dispatcher's rule, exposed for tests and benchmarks.
 bool use_decode_path(int64_t max_q_len);
 int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t num_kv_heads);
+// attention's decode plan (tileinfer/decode_splits.h): the split rule above, or
+// with batch_invariant the boundaries from each sequence's own length.
+DecodePlan attention_decode_plan(const at::Device& device, const PagedShape& s, bool batch_invariant);
 // The op decode_num_splits: the same rule (tileinfer/decode_splits.h) for a
 // device of num_sms multiprocessors (<= 0: the CPU path), so that Python uses
 // this one rule.

@@ -75,13 +75,17 @@ TORCH_LIBRARY(tileinfer_attn, m) {
   m.def(
       "combine(Tensor(a!) out, Tensor(b!)? lse, Tensor partial_out, Tensor partial_lse) -> ()");
 
-  // Attention for a step: decode + combine for 1-16 queries per sequence and a
-  // power-of-two group size, prefill otherwise. Same arguments as prefill.
+  // Attention for a step: decode (+ combine) for the sequences of 1-16
+  // queries, prefill for the others. Same arguments as prefill, plus
+  // batch_invariant: each sequence's bits independent of the rest of the step
+  // (decode splits from its own length, tiles from shapes of the model only;
+  // tileinfer/decode_splits.h).
   m.def(
       "attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor cu_seqlens_q, int max_q_len, float scale, bool causal, "
       "Tensor? k_scale=None, Tensor? v_scale=None, Tensor? k_smooth=None, int window_left=-1, "
-      "float logits_soft_cap=0.0, Tensor? sinks=None, Tensor? tree_mask=None) -> ()");
+      "float logits_soft_cap=0.0, Tensor? sinks=None, Tensor? tree_mask=None, "
+      "bool batch_invariant=False) -> ()");
 
   // The split count attention gives decode on a device of num_sms multiprocessors
   // (<= 0: the CPU path). Shapes only, never context length; the same for every

@@ -5,7 +5,8 @@ cache_write / attention_inputs when this build has their CUDA kernels) on tiny
 problems that still reach every code path (several page sizes and head dims,
 causal and not, GQA groups that take the decode and the prefill path, fp32 and
 bf16, int8 and fp8 caches, head dims 80 / 96 on their padded tiles, the
-per-layer variants and a tree mask, empty splits, padded batch slots), then,
+per-layer variants and a tree mask, empty splits, padded batch slots; attention
+also with batch_invariant), then,
 unless --clean-only, the same ops
 on bad device metadata (page ids outside the pool, lengths beyond the table or
 negative, garbage query offsets), where the kernels must stay inside the
@@ -61,7 +62,9 @@ def run_attention_ops(p, splits=4, causal=(True, False), with_prefill=True, vari
                 lse = poison_(torch.empty(t, h, dtype=torch.float32, device=DEV))
                 call("combine", out, lse, po, pl)
         if all(has_cuda_kernel(n) for n in ("prefill", "decode", "combine")):
-            call("attention", poison_(torch.empty_like(p.q)), *p.args(), p.scale, c, **kw)
+            for invariant in (False, True):
+                call("attention", poison_(torch.empty_like(p.q)), *p.args(), p.scale, c, **kw,
+                     batch_invariant=invariant)
 
 
 def run_input_ops(p):

@@ -241,7 +241,7 @@ def run_step(batch_name, shape, dtype, device, seed, num_layers=1, **impl_kwargs
     ret = impl.forward(None, batch.q, batch.k, batch.v, kv_cache, md, output=out)
     assert ret is out
     return SimpleNamespace(batch=batch, kv_cache=kv_cache, before=before, md=md, out=out, scale=scale,
-                           num_kv_heads=num_kv_heads, views=views, raw=raw)
+                           num_kv_heads=num_kv_heads, views=views, raw=raw, impl=impl)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -286,6 +286,23 @@ def test_forward_variants(batch_name, device, seed):
             r.scale, True, window_left=15, logits_soft_cap=kw.get("logits_soft_cap", 0.0),
             sinks=None if "sinks" not in kw else kw["sinks"].float(), exact=True)
         check_out(r.out[rows], exact[rows], torch.bfloat16, f"{batch_name} with {sorted(kw)}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("flag", ["1", "0"])
+def test_forward_batch_invariant(flag, device, seed, monkeypatch):
+    """VLLM_BATCH_INVARIANT=1 (vLLM's batch-invariant mode): the impl calls
+    attention with batch_invariant=True; its output is that call's, bit for bit."""
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", flag)
+    r = run_step("chunked_prefill_mixed", (8, 2, 64, 16), torch.bfloat16, device, seed)
+    assert r.impl.batch_invariant == (flag == "1")
+    b, md = r.batch, r.md
+    k_cache, v_cache = kv_cache_pools(r.kv_cache, r.num_kv_heads)
+    out = torch.empty_like(r.out)
+    torch.ops.tileinfer_attn.attention(out, b.q, k_cache, v_cache, md.page_table, md.seq_lens, md.query_start_loc,
+                                       md.max_query_len, r.scale, True, batch_invariant=flag == "1")
+    rows = slice(0, b.num_real)
+    assert torch.equal(out[rows].view(torch.int16), r.out[rows].view(torch.int16))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -466,6 +483,7 @@ def test_capabilities_through_vllm_validation():
     assert validate(kv_cache_dtype="fp8", dtype=torch.float16) == []
     assert validate(device_capability=DeviceCapability(8, 0)) == []
     assert validate(has_sink=True) == [] and validate(has_sliding_window=True) == []
+    assert validate(use_batch_invariant=True) == []
     refused = {
         "head_size not supported": dict(head_size=72),
         "dtype not supported": dict(dtype=torch.float64),
@@ -474,7 +492,6 @@ def test_capabilities_through_vllm_validation():
         "MLA not supported": dict(use_mla=True),
         "compute capability not supported": dict(device_capability=DeviceCapability(7, 5)),
         "non-causal attention not supported": dict(use_non_causal=True),
-        "batch invariance not supported": dict(use_batch_invariant=True),
         "KV connector not supported": dict(use_kv_connector=True),
         "DCP not supported": dict(use_dcp=True),
         "PCP not supported": dict(use_pcp=True),

@@ -141,7 +141,7 @@ def _combine(out, lse, partial_out, partial_lse):
 @_register_fake("attention")
 def _attention(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, causal,
                k_scale=None, v_scale=None, k_smooth=None, window_left=-1, logits_soft_cap=0.0, sinks=None,
-               tree_mask=None):
+               tree_mask=None, batch_invariant=False):
     _check_attention("attention", q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
                      window_left, logits_soft_cap, sinks, tree_mask, max_q_len)
     _check_token("attention", "out", out, like=q, dtype=q.dtype)

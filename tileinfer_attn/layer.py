@@ -15,6 +15,8 @@ Gemma 2 / 3 and gpt-oss local layers), ``logits_soft_cap`` (Gemma 2) and
 verify step comes with the metadata instead (``AttentionMetadata.tree_mask``
 and ``rope_positions``, from ``AttentionMetadata.build(tree_parents=...)``):
 the tree mask goes to attention, the positions (tree depths) to RoPE.
+``batch_invariant=True`` makes each sequence's output bits independent of the
+other sequences of the step (``attention``'s argument of that name).
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class PagedAttention(nn.Module):
         window_left: int = -1,
         logits_soft_cap: float = 0.0,
         sinks: bool = False,
+        batch_invariant: bool = False,
     ):
         super().__init__()
         if num_heads % num_kv_heads:
@@ -73,6 +76,7 @@ class PagedAttention(nn.Module):
         # gpt-oss's learned sinks: one logit per query head (loaded with the
         # model's weights), handed to the ops as float32 whatever the model's dtype.
         self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None
+        self.batch_invariant = bool(batch_invariant)
 
     def _apply(self, fn, recurse=True):
         # model.to(dtype) must move the cos/sin cache but keep it float32 (the ops
@@ -116,7 +120,7 @@ class PagedAttention(nn.Module):
         out = torch.empty(t, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         ops.attention(out, q, k_cache, v_cache, m.block_tables, m.seq_lens, m.cu_seqlens_q, m.max_q_len,
                       self.scale, m.causal, k_scale, v_scale, k_smooth, self.window_left, self.logits_soft_cap,
-                      self._sinks(), m.tree_mask)
+                      self._sinks(), m.tree_mask, self.batch_invariant)
         return out.view(t, self.num_heads * self.head_dim)  # explicit: -1 is ambiguous for t = 0
 
     def _sinks(self) -> Optional[torch.Tensor]:

@@ -300,6 +300,7 @@ def attention(
     logits_soft_cap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
     tree_mask: Optional[torch.Tensor] = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """Attention for a step over the paged cache: decode + combine for steps of
     1-16 queries per sequence (any number of query heads per KV head); with
@@ -313,6 +314,15 @@ def attention(
     ``out [num_tokens, num_q_heads, head_dim]``.
     Rows of tokens past ``cu_seqlens_q[-1]`` (padding) are 0 on the decode path
     and left untouched on the prefill path.
+
+    ``batch_invariant``: a sequence's output bits do not depend on the other
+    sequences of the step, their number or its place among them (reproducible
+    sampling, RL rollouts). Decode then cuts each sequence's keys by its own
+    length (splits of at least 512 positions, at most 32 of them) instead of
+    spreading the step over the GPU, and picks its tile from the group size
+    alone; it costs speed where a step's split count differs from the default's
+    (docs/PERFORMANCE.md). Without it, the bits can change with the batch,
+    always within the documented accuracy.
     """
     _check_tensor("attention", "q", q, 3)
     _check_not_meta_mixed("attention", q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
@@ -324,7 +334,8 @@ def attention(
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     _ops.attention(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, bool(causal),
-                   k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask)
+                   k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask,
+                   bool(batch_invariant))
     return out
 
 

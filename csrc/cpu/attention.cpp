@@ -269,8 +269,9 @@ void prefill_impl(at::Tensor& out, float* lse, const at::Tensor& q, const HostKV
 }
 
 template <typename scalar_t, typename cache_t>
-void decode_impl(float* partial_out, float* partial_lse, int64_t num_splits, const at::Tensor& q,
+void decode_impl(float* partial_out, float* partial_lse, const DecodePlan& plan, const at::Tensor& q,
                  const HostKV& kv, float scale, bool causal, const Variants& var) {
+  const int64_t num_splits = plan.num_splits;
   const auto& s = kv.s;
   const int64_t num_tokens = q.size(0);
   const int64_t hq = q.size(1);
@@ -291,14 +292,15 @@ void decode_impl(float* partial_out, float* partial_lse, int64_t num_splits, con
       const WorkItem& it = items[w];
       const int64_t n = it.tok_end - it.tok_begin;
       const int64_t len = kv.seq_lens[it.seq];
-      // Split i takes pages F + [i * ceil(P / S), (i + 1) * ceil(P / S)) of
-      // the sequence's P pages from page F on (F: the page of the first key
-      // that the step's first query sees, 0 without a window); the later
-      // splits of a short sequence get none and write the neutral partial
-      // (out = 0, lse = -inf). The sink joins split 0's partial only.
+      // Split i takes pages F + [i * m, (i + 1) * m) of the sequence's P
+      // pages from page F on (F: the page of the first key that the step's
+      // first query sees, 0 without a window; m = pages_per_split, ceil(P / S)
+      // by default); the later splits of a short sequence get none and write
+      // the neutral partial (out = 0, lse = -inf). The sink joins split 0's
+      // partial only.
       const int64_t num_pages = pages_for(len, s.page_size);
       const int64_t first_page = std::min(num_pages, var.first_page(len - n, s.page_size));
-      const int64_t per_split = (num_pages - first_page + num_splits - 1) / num_splits;
+      const int64_t per_split = pages_per_split(num_pages - first_page, plan.divisor, plan.min_pages);
       const int64_t pb = std::min(num_pages, first_page + it.split * per_split);
       const int64_t pe = std::min(num_pages, pb + per_split);
       load_queries<scalar_t>(t, q, it.kv_head, group, it.tok_begin, it.tok_begin, it.tok_end, n, len, scale,
@@ -374,13 +376,16 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
-               const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask) {
+               const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask,
+               const DecodePlan& plan) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
   check_variants(op, window_left, logits_soft_cap, sinks, q.size(1), q.device());
   check_decode_max_q_len(op, max_q_len);
   check_tree_mask(op, tree_mask, q.size(0), max_q_len, q.device());
   check_decode_partials(op, partial_out, partial_lse, q, s.head_dim);
+  TILEINFER_CHECK(plan.num_splits == partial_out.size(0), op, ": the decode plan has ", plan.num_splits,
+                  " splits for ", partial_out.size(0), " partials");
   check_metadata_values_on_host(op, s, seq_lens, cu_seqlens_q, q.size(0), max_q_len);
   const HostKV kv = detail::host_kv(s, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_scale, v_scale,
                                     k_smooth);
@@ -388,7 +393,7 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
   float* pl = partial_lse.data_ptr<float>();
   const Variants var = variants(window_left, logits_soft_cap, sinks, tree_mask);
   dispatch_q_and_cache(op, q, s, [&]<typename scalar_t, typename cache_t>() {
-    decode_impl<scalar_t, cache_t>(po, pl, partial_out.size(0), q, kv, static_cast<float>(scale), causal, var);
+    decode_impl<scalar_t, cache_t>(po, pl, plan, q, kv, static_cast<float>(scale), causal, var);
   });
 }
 
@@ -453,8 +458,10 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
             const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
             const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask) {
+  const int64_t splits = partial_out.dim() > 0 ? partial_out.size(0) : 1;  // (checked in decode_as)
   decode_as("decode", partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
-            max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask);
+            max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask,
+            DecodePlan{splits, splits, 1, false});
 }
 
 void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,

@@ -49,20 +49,26 @@ void launch_decode_quant(const char* op, const AttentionParams& p, const PagedSh
 // Launches the decode kernel for p (partials or, with p.partial_out null, `out`
 // itself); q is made 16-byte aligned here.
 void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, const at::Tensor& q,
-                   int64_t max_q_len) {
+                   int64_t max_q_len, const DecodePlan& plan) {
   const at::Tensor q_c = rows_aligned16(q) ? q : q.contiguous();
   p.q = q_c.data_ptr();
   p.q_stride_token = q_c.stride(0);
   p.q_stride_head = q_c.stride(1);
   TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), op, ": group size * max_q_len must fit in int32");
+  p.num_splits = static_cast<int>(plan.num_splits);
+  p.split_divisor = static_cast<int>(plan.divisor);
+  p.split_min_pages = static_cast<int>(plan.min_pages);
   // The 16-row tile when a query's heads fit in it: a mixed step's grid is
   // sized for 16 queries a sequence, but its decodes are mostly single
   // queries, whose one row tile reads the keys once (the other row tiles'
-  // blocks find no rows and return).
-  const bool small = p.mixed_queries > 0 ? p.group_size <= 16 : p.group_size * max_q_len <= 16;
+  // blocks find no rows and return). The tiles cut a key tile differently
+  // among their warps, so a row's bits follow the tile: a batch-invariant
+  // plan takes it from the group size alone, as mixed steps do.
+  const bool by_group = p.mixed_queries > 0 || plan.batch_invariant;
+  const bool small = by_group ? p.group_size <= 16 : p.group_size * max_q_len <= 16;
   // Blocks of a small-tile launch (one row tile); do they fit two per SM?
   const int64_t blocks = static_cast<int64_t>(p.num_splits) * s.num_kv_heads * s.num_seqs;
-  const bool two_per_sm = blocks <= 2 * sm_count(q.device());
+  const bool two_per_sm = !plan.batch_invariant && blocks <= 2 * sm_count(q.device());
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
@@ -85,7 +91,7 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
 // one when the launch writes every row, a copy of out when rows it does not
 // write must keep their contents (a mixed step's prefill rows and padding).
 void launch_decode_into(at::Tensor& out, AttentionParams& p, const PagedShape& s, const at::Tensor& q,
-                        int64_t max_q_len, bool writes_every_row) {
+                        int64_t max_q_len, const DecodePlan& plan, bool writes_every_row) {
   at::Tensor target = out;
   if (!rows_aligned16(out)) {
     target = writes_every_row ? at::empty_like(out, at::MemoryFormat::Contiguous) : out.contiguous();
@@ -93,7 +99,7 @@ void launch_decode_into(at::Tensor& out, AttentionParams& p, const PagedShape& s
   p.out = target.data_ptr();
   p.o_stride_token = target.stride(0);
   p.o_stride_head = target.stride(1);
-  launch_decode("attention", p, s, q, max_q_len);
+  launch_decode("attention", p, s, q, max_q_len, plan);
   if (!target.is_same(out)) out.copy_(target);
 }
 
@@ -104,7 +110,8 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
-               const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask) {
+               const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask,
+               const DecodePlan& plan) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                              max_q_len, k_scale, v_scale, k_smooth);
   check_variants(op, window_left, logits_soft_cap, sinks, q.size(1), q.device());
@@ -115,6 +122,8 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
   TILEINFER_CHECK(partial_out.size(0) <= (int64_t(1) << 31) - 1 && partial_out.numel() < (int64_t(1) << 62),
               op, ": too many splits");
   TILEINFER_CHECK(aligned16(partial_out.data_ptr()), op, ": partial_out must start at a 16-byte aligned address");
+  TILEINFER_CHECK(plan.num_splits == partial_out.size(0), op, ": the decode plan has ", plan.num_splits,
+                  " splits for ", partial_out.size(0), " partials");
 
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionParams p = make_attention_params(op, s, q, k_cache, v_cache, block_tables, seq_lens,
@@ -130,8 +139,7 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
   }
   p.partial_out = partial_out.data_ptr<float>();
   p.partial_lse = partial_lse.data_ptr<float>();
-  p.num_splits = static_cast<int>(partial_out.size(0));
-  launch_decode(op, p, s, q, max_q_len);
+  launch_decode(op, p, s, q, max_q_len, plan);
 }
 
 void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q, const at::Tensor& k_cache,
@@ -140,8 +148,10 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
             const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
             const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask) {
+  const int64_t splits = partial_out.dim() > 0 ? partial_out.size(0) : 1;  // (checked in decode_as)
   decode_as("decode", partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
-            max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask);
+            max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask,
+            DecodePlan{splits, splits, 1, false});
 }
 
 void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
@@ -150,7 +160,7 @@ void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor&
                          const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                          const std::optional<at::Tensor>& k_smooth, int64_t window_left,
                          double logits_soft_cap, const std::optional<at::Tensor>& sinks,
-                         const std::optional<at::Tensor>& tree_mask) {
+                         const std::optional<at::Tensor>& tree_mask, const DecodePlan& plan) {
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionParams p = make_attention_params("attention", s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
@@ -161,12 +171,12 @@ void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor&
     out.zero_();
     return;
   }
-  launch_decode_into(out, p, s, q, max_q_len, /*writes_every_row=*/true);
+  launch_decode_into(out, p, s, q, max_q_len, plan, /*writes_every_row=*/true);
 }
 
 void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
                   const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                  const at::Tensor& cu_seqlens_q, int64_t splits, double scale, bool causal,
+                  const at::Tensor& cu_seqlens_q, const DecodePlan& plan, double scale, bool causal,
                   const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                   const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
                   const std::optional<at::Tensor>& sinks) {
@@ -177,8 +187,9 @@ void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, con
                                             k_smooth, window_left, logits_soft_cap, sinks);
   if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0) return;
   p.mixed_queries = static_cast<int>(kMaxDecodeQueries);
+  const int64_t splits = plan.num_splits;
   if (splits == 1) {  // the blocks write their (decode) rows of out
-    launch_decode_into(out, p, s, q, kMaxDecodeQueries, /*writes_every_row=*/false);
+    launch_decode_into(out, p, s, q, kMaxDecodeQueries, plan, /*writes_every_row=*/false);
     return;
   }
   const int64_t slots = s.num_seqs * kMaxDecodeQueries;
@@ -189,8 +200,7 @@ void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, con
                   ": too many sequences for the decode partials of a mixed step");
   p.partial_out = partial_out.data_ptr<float>();
   p.partial_lse = partial_lse.data_ptr<float>();
-  p.num_splits = static_cast<int>(splits);
-  launch_decode("attention", p, s, q, kMaxDecodeQueries);
+  launch_decode("attention", p, s, q, kMaxDecodeQueries, plan);
   combine_slots(out, partial_out, partial_lse, cu_seqlens_q, q.size(0), kMaxDecodeQueries);
 }
 

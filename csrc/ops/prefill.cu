@@ -195,7 +195,7 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
                  const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                  bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                  const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
-                 const std::optional<at::Tensor>& sinks, int64_t mixed_queries) {
+                 const std::optional<at::Tensor>& sinks, int64_t mixed_queries, bool batch_invariant) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens,
                                              cu_seqlens_q, max_q_len, k_scale, v_scale, k_smooth);
   check_variants(op, window_left, logits_soft_cap, sinks, q.size(1), q.device());
@@ -224,8 +224,11 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31) - 1024, op,
                   ": group size * max_q_len must fit in int32");
   // On max_q_len, not on the packed rows (group x max_q_len): the crossover
-  // below was measured in blocks, and packing keeps the block count.
-  const bool large = use_large_prefill_tile(max_q_len, s.head_dim);
+  // below was measured in blocks, and packing keeps the block count. The two
+  // tiles give a row different bits, and max_q_len is the batch's: a
+  // batch-invariant step keeps the small tile. (The Hopper kernels have one
+  // tile each, and every work item holds all of its rows' keys.)
+  const bool large = !batch_invariant && use_large_prefill_tile(max_q_len, s.head_dim);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (use_hopper_prefill(s, p.group_size, q.scalar_type(), q.get_device(), p)) {
     TILEINFER_DISPATCH_HALF(q.scalar_type(), op, [&] {
@@ -269,7 +272,7 @@ void prefill_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>
                 const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
                 const std::optional<at::Tensor>& sinks) {
   run_prefill(op, out, lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale, causal,
-              k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, 0);
+              k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, 0, false);
 }
 
 void prefill_long_sequences(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
@@ -277,9 +280,11 @@ void prefill_long_sequences(at::Tensor& out, const at::Tensor& q, const at::Tens
                             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
                             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                             const std::optional<at::Tensor>& k_smooth, int64_t window_left,
-                            double logits_soft_cap, const std::optional<at::Tensor>& sinks) {
+                            double logits_soft_cap, const std::optional<at::Tensor>& sinks,
+                            bool batch_invariant) {
   run_prefill("attention", out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
-              scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, kMaxDecodeQueries);
+              scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, kMaxDecodeQueries,
+              batch_invariant);
 }
 
 void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,

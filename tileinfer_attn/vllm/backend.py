@@ -54,6 +54,7 @@ the same as vLLM's default packing, so vLLM sizes the cache as usual.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import ClassVar, Optional
 
@@ -95,6 +96,21 @@ _KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 _KV_QUANT_MODES = (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR)
 
 _NAME = "tileinfer_attn"
+
+
+def _vllm_batch_invariant() -> bool:
+    """vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT=1``), read as vLLM
+    reads it: through ``vllm.envs`` where the release declares it, else from
+    the environment."""
+    import vllm.envs as envs
+
+    flag = getattr(envs, "VLLM_BATCH_INVARIANT", None)
+    if flag is None:
+        try:
+            flag = int(os.environ.get("VLLM_BATCH_INVARIANT", "0")) != 0
+        except ValueError:
+            flag = False
+    return bool(flag)
 
 
 def _refuse(feature: str, detail: str = "") -> None:
@@ -150,9 +166,9 @@ class TileinferAttentionBackend(AttentionBackend):
       parallelism, no adaptive verification (device-side draft trimming).
       vLLM's selection check reports each of these; the impl and builder
       also refuse the ones they are given with an error naming the feature.
-    - ``supports_batch_invariance`` False: ``attention``'s decode split count
-      depends on the number of sequences in the batch, so a request's bits
-      can change with its batch (always within the documented accuracy).
+    - batch invariance (``VLLM_BATCH_INVARIANT=1``): the impl then calls
+      ``attention`` with ``batch_invariant=True``, so a request's bits do not
+      depend on its batch (decode splits from each sequence's own length).
     - compute capability 8.0 and newer: the non-Hopper kernels use bf16
       ``mma.sync`` (sm_80+); the Hopper prefill kernel is chosen at run time
       on 9.0 devices. The extension must be built with code for the device
@@ -249,7 +265,7 @@ class TileinferAttentionBackend(AttentionBackend):
 
     @classmethod
     def supports_batch_invariance(cls) -> bool:
-        return False
+        return True
 
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
@@ -418,6 +434,7 @@ class TileinferAttentionImpl(AttentionImpl[TileinferAttentionMetadata]):
         self.sliding_window = sliding_window if sliding_window is not None and sliding_window > 0 else None
         self.window_left = self.sliding_window - 1 if self.sliding_window is not None else -1
         self.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
+        self.batch_invariant = _vllm_batch_invariant()
         self.alibi_slopes = None
         self.sinks = sinks  # the layer's parameter (weights load after this): converted at each call
 
@@ -459,7 +476,8 @@ class TileinferAttentionImpl(AttentionImpl[TileinferAttentionMetadata]):
                              k_scale, v_scale, None)
         _ops.attention(output, query, k_cache, v_cache, m.page_table, m.seq_lens, m.query_start_loc,
                        m.max_query_len, self.scale, True, k_scale, v_scale, None,
-                       self.window_left, self.logits_soft_cap, self._fp32_sinks(query.device))
+                       self.window_left, self.logits_soft_cap, self._fp32_sinks(query.device), None,
+                       self.batch_invariant)
         return output
 
     def _fp32_sinks(self, device: torch.device) -> Optional[torch.Tensor]:

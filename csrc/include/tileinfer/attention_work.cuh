@@ -16,6 +16,7 @@
 #include <climits>
 
 #include "common.cuh"
+#include "decode_splits.h"
 #include "paged_kv.cuh"
 #include "params.h"
 
@@ -266,9 +267,9 @@ struct PrefillWork {
 
 // Decode: grid (num_splits, num_kv_heads * row_tiles, num_seqs), row_tiles =
 // ceil(group * max_q_len / kBlockM) (1 for plain decode with a group of <= 16
-// heads). Split i of a sequence of P pages walks pages [i * ceil(P/S),
-// (i+1) * ceil(P/S)); a split past the end walks nothing and writes the neutral
-// partial (out 0, lse -inf). With a window, the P pages are those from the
+// heads). Split i of a sequence of P pages walks pages [i * n, (i+1) * n),
+// n = pages_per_split (decode_splits.h: ceil(P/S) by default); a split past
+// the end walks nothing and writes the neutral partial (out 0, lse -inf). With a window, the P pages are those from the
 // page of the step's first query's first visible key on (window_key_begin),
 // and split i's range is counted from there: pages wholly before the window
 // are never read.
@@ -320,9 +321,11 @@ struct DecodeWork {
     const int ps = p.kv.page_size;
     // The splits divide the pages from the window's start on (0 without a window).
     const int range_begin = window_key_begin(p, w.seq_len, w.q_count, 0);
-    const int pages_per_split = ceil_div(ceil_div(w.seq_len - range_begin, ps), p.num_splits);
-    const int64_t first = range_begin + static_cast<int64_t>(w.split) * pages_per_split * ps;
-    const int64_t last = first + static_cast<int64_t>(pages_per_split) * ps;
+    const int split_pages = static_cast<int>(
+        pages_per_split(ceil_div(w.seq_len - range_begin, ps), p.split_divisor > 0 ? p.split_divisor : p.num_splits,
+                        p.split_min_pages));
+    const int64_t first = range_begin + static_cast<int64_t>(w.split) * split_pages * ps;
+    const int64_t last = first + static_cast<int64_t>(split_pages) * ps;
     w.key_begin = static_cast<int>(first < w.seq_len ? first : w.seq_len);
     w.key_end = static_cast<int>(last < w.seq_len ? last : w.seq_len);
     if (p.causal) {  // causal within the step: the tile's last query bounds its keys

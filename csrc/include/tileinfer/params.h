@@ -54,6 +54,11 @@ struct AttentionParams {
   int group_size;               // num_q_heads / num_kv_heads
   int max_q_len;                // host upper bound of any sequence's query count
   int num_splits;
+  // Decode's split boundaries (decode_splits.h, DecodePlan): a sequence of P
+  // pages gets pages_per_split(P, divisor, min_pages) pages a split, with
+  // divisor 0 meaning num_splits.
+  int split_divisor = 0;
+  int split_min_pages = 1;
   // 0, or a mixed step's threshold q (attention_work.cuh, "Mixed steps"):
   // decode takes the sequences of at most q queries, prefill the others.
   int mixed_queries;

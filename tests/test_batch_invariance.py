@@ -1,0 +1,164 @@
+"""Batch invariance (SPEC section 4): with ``batch_invariant=True`` a sequence's
+output bits from ``attention`` do not depend on the other sequences of the
+step, their number or its slot among them, nor on the block table's width.
+
+One pool holds a target sequence and 200 others; each step is a subset of
+them, the target at some slot: alone, in batches of 8 at every slot, in
+batches of 200, beside a prompt chunk (a mixed step: decode for the target,
+prefill for the chunk), and with a wider block table. The target's rows must
+match bit for bit across all of them and stay within the usual bounds of
+float64. A control runs the same steps without the flag (fp32, where a
+different split count shows in the bits), so the comparison can fail.
+"""
+import pytest
+import torch
+
+from op_helpers import DEVICES, check_out, exact_attention, need_path
+from tileinfer_attn.testing import PagedProblem, make_problem, poison_
+
+ops = torch.ops.tileinfer_attn
+
+NUM_OTHERS = 200
+CHUNK = 40  # a prompt chunk's queries: more than 16, so its step is a mixed one
+
+
+def universe(target_len, target_q, dtype, device, seed, group=4, kv_heads=2, head_dim=64, page=16,
+             cache_dtype=None, scale_kind="vector"):
+    """Sequence 0 is the target; 1..NUM_OTHERS decode (one query), except the
+    last, a prompt chunk of CHUNK queries."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [target_len] + torch.randint(1, 5 * page, (NUM_OTHERS,), generator=g).tolist()
+    lens[-1] = max(lens[-1], CHUNK) + 3 * page
+    q_lens = [target_q] + [1] * (NUM_OTHERS - 1) + [CHUNK]
+    p = make_problem(lens, q_lens, group * kv_heads, kv_heads, head_dim, page, dtype=dtype, device=device,
+                     seed=seed, cache_dtype=cache_dtype, scale_kind=scale_kind)
+    return p, q_lens
+
+
+def sub_step(p, q_lens, seqs, extra_cols=0):
+    """The step of universe sequences `seqs` (in that order) over the same pool;
+    extra_cols widens the block table (entries past each sequence's pages)."""
+    cu = p.cu_seqlens_q.cpu()
+    rows = torch.cat([torch.arange(int(cu[i]), int(cu[i + 1])) for i in seqs]).to(p.q.device)
+    idx = torch.tensor(seqs, device=p.q.device)
+    tables = p.block_tables[idx]
+    if extra_cols:
+        tables = torch.cat([tables, tables[:, :1].expand(-1, extra_cols)], dim=1).contiguous()
+    sub_q = [q_lens[i] for i in seqs]
+    cu_sub = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    cu_sub[1:] = torch.tensor(sub_q).cumsum(0)
+    return PagedProblem(q=p.q[rows].contiguous(), k_cache=p.k_cache, v_cache=p.v_cache, block_tables=tables,
+                        seq_lens=p.seq_lens[idx].contiguous(), cu_seqlens_q=cu_sub.to(p.q.device),
+                        max_q_len=max(sub_q), scale=p.scale, k_scale=p.k_scale, v_scale=p.v_scale,
+                        k_smooth=p.k_smooth)
+
+
+def target_rows(p, q_lens, seqs, invariant, extra_cols=0, **variants):
+    step = sub_step(p, q_lens, seqs, extra_cols)
+    out = poison_(torch.empty_like(step.q))
+    ops.attention(out, *step.args(), step.scale, True, **step.quant_kwargs(), **variants,
+                  batch_invariant=invariant)
+    slot = seqs.index(0)
+    begin = int(step.cu_seqlens_q[slot])
+    return out[begin:begin + q_lens[0]].clone()
+
+
+def steps(seed):
+    """Name -> universe sequences of each step: the target at every slot of a
+    batch of 8, at three slots of a batch of 200, beside the chunk."""
+    g = torch.Generator().manual_seed(seed)
+    others = (torch.randperm(NUM_OTHERS - 1, generator=g) + 1).tolist()  # the decodes
+    out = {"alone": ([0], 0)}
+    for slot in range(8):
+        seven = others[7 * slot:7 * slot + 7]
+        out[f"8 at slot {slot}"] = (seven[:slot] + [0] + seven[slot:], 0)
+    for slot in (0, 117, 199):
+        rest = others[:199]
+        out[f"200 at slot {slot}"] = (rest[:slot] + [0] + rest[slot:], 0)
+    out["beside a chunk"] = ([others[0], NUM_OTHERS, 0, others[1]], 0)
+    out["wider block table"] = ([others[2], 0], 40)
+    return out
+
+
+def bits(t):
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+
+
+def check_invariant(p, q_lens, seed, dtype, **variants):
+    alone = None
+    for name, (seqs, extra) in steps(seed).items():
+        rows = target_rows(p, q_lens, seqs, True, extra, **variants)
+        if alone is None:
+            alone = rows
+            exact = exact_attention(sub_step(p, q_lens, [0]), True, **variants)[0]
+            check_out(rows, exact, dtype, "the target alone")
+            continue
+        assert torch.equal(bits(rows), bits(alone)), f"target's bits differ: {name}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("target_q", [1, 4, CHUNK], ids=["decode", "verify", "prefill"])
+def test_batch_invariant(device, target_q, seed):
+    """Decode, a verify step of 4 queries, and a prompt chunk (the prefill path),
+    bf16, 2 KV heads of 4 query heads, pages of 16: about 3000 positions, so the
+    target has several splits of its own."""
+    if device == "cuda":
+        need_path("attention")
+    p, q_lens = universe(3001, target_q, torch.bfloat16, device, seed)
+    check_invariant(p, q_lens, seed, torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_control_without_the_flag_bits_follow_the_batch(device, seed):
+    """The comparison can fail: without batch_invariant the split count follows
+    the batch (many splits alone, one among 200), and fp32 outputs show it."""
+    if device == "cuda":
+        need_path("attention")
+    p, q_lens = universe(3001, 1, torch.float32, device, seed)
+    plan = steps(seed)
+    alone = target_rows(p, q_lens, plan["alone"][0], False)
+    among = target_rows(p, q_lens, plan["200 at slot 117"][0], False)
+    assert not torch.equal(bits(alone), bits(among)), "without batch_invariant the bits were expected to differ"
+    assert torch.equal(bits(target_rows(p, q_lens, plan["alone"][0], True)),
+                       bits(target_rows(p, q_lens, plan["200 at slot 117"][0], True)))
+
+
+def gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test))
+
+
+@gpu
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("group", [1, 4, 7, 32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("target_len", [1, 511, 2048, 9000])
+@pytest.mark.parametrize("target_q", [1, 16])
+def test_batch_invariant_gpu(target_q, target_len, dtype, group, page, seed):
+    """The decode path over group sizes (MQA-like 32 included), dtypes, page
+    sizes and lengths from one position to several splits."""
+    need_path("attention")
+    p, q_lens = universe(max(target_len, target_q), target_q, dtype, "cuda", seed, group=group, kv_heads=2,
+                         head_dim=128, page=page)
+    check_invariant(p, q_lens, seed, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("cache", ["int8", "fp8 tensor", "fp8 vector"])
+def test_batch_invariant_quantized_gpu(cache, seed):
+    """Quantized caches: the decode tile no longer follows the block count."""
+    need_path("attention")
+    cache_dtype = torch.int8 if cache == "int8" else torch.float8_e4m3fn
+    kind = "tensor" if cache == "fp8 tensor" else "vector"
+    p, q_lens = universe(5000, 1, torch.bfloat16, "cuda", seed, head_dim=128, page=64, cache_dtype=cache_dtype,
+                         scale_kind=kind)
+    check_invariant(p, q_lens, seed, torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_invariant_variants(device, seed):
+    """A sliding window, soft-cap and sinks (gpt-oss / Gemma 2 style layers)."""
+    if device == "cuda":
+        need_path("attention")
+    p, q_lens = universe(3001, 1, torch.bfloat16, device, seed)
+    sinks = torch.randn(p.q.shape[1], device=device)
+    check_invariant(p, q_lens, seed, torch.bfloat16, window_left=1500, logits_soft_cap=30.0, sinks=sinks)
