@@ -42,8 +42,8 @@ int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t nu
 }
 
 DecodePlan attention_decode_plan(const at::Device& device, const PagedShape& s, bool batch_invariant) {
-  if (batch_invariant) return invariant_decode_plan(s.max_pages, s.page_size);
-  return decode_plan_for(sm_count(device), s.num_seqs, s.num_kv_heads);
+  const DecodePlan plan = decode_plan_for(sm_count(device), s.num_seqs, s.num_kv_heads);
+  return batch_invariant ? invariant_decode_plan(s.max_pages, s.page_size, plan.num_splits) : plan;
 }
 
 int64_t decode_num_splits_op(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads) {
@@ -115,7 +115,7 @@ void cpu_mixed_decodes(at::Tensor& out, const PagedShape& s, const at::Tensor& q
                  seq_lens.index_select(0, seq_idx), at::tensor(cu_short, cu_seqlens_q.options()), max_short, scale,
                  causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, std::nullopt, plan);
   at::Tensor out_short = at::empty_like(q_short);
-  cpu::combine_as("attention", out_short, std::nullopt, partial_out, partial_lse);
+  cpu::combine_as("attention", out_short, std::nullopt, partial_out, partial_lse, plan.batch_invariant);
   out.index_copy_(0, tok_idx, out_short);
 }
 
@@ -156,14 +156,14 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
       cuda::decode_as(op, partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                       max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks,
                       tree_mask, plan);
-      cuda::combine_as(op, out, std::nullopt, partial_out, partial_lse);
+      cuda::combine_as(op, out, std::nullopt, partial_out, partial_lse, plan.batch_invariant);
       return;
     }
 #endif
     cpu::decode_as(op, partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                    max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks,
                    tree_mask, plan);
-    cpu::combine_as(op, out, std::nullopt, partial_out, partial_lse);
+    cpu::combine_as(op, out, std::nullopt, partial_out, partial_lse, plan.batch_invariant);
 #ifdef TILEINFER_WITH_CUDA
   } else if (on_cuda) {
     // A step with a sequence of more than 16 queries: decode (+ combine) for

@@ -75,7 +75,8 @@
                  double logits_soft_cap, const std::optional<at::Tensor>& sinks,            \
                  const std::optional<at::Tensor>& tree_mask, const DecodePlan& plan);       \
   void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse,    \
-                  const at::Tensor& partial_out, const at::Tensor& partial_lse);
+                  const at::Tensor& partial_out, const at::Tensor& partial_lse,             \
+                  bool lse_gated);
 
 namespace tileinfer {
 struct PagedShape;  // checks.h
@@ -111,7 +112,7 @@ void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, con
                   const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
                   const std::optional<at::Tensor>& sinks);
 void combine_slots(at::Tensor& out, const at::Tensor& partial_out, const at::Tensor& partial_lse,
-                   const at::Tensor& cu_seqlens_q, int64_t num_tokens, int64_t mixed_queries);
+                   const at::Tensor& cu_seqlens_q, int64_t num_tokens, int64_t mixed_queries, bool lse_gated);
 void prefill_long_sequences(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,

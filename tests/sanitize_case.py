@@ -169,6 +169,18 @@ def main():
             p.seq_lens[1] = p.block_tables.shape[1] * 16 + 1000
             p.seq_lens[2] = -7
             run_attention_ops(p, causal=(True,), with_prefill=False)
+    # A batch-invariant plan whose blocks walk its splits: 41 sequences x 2 KV
+    # heads give 3 blocks a pair for 6 partials (pages of 16, a table of 189
+    # pages), the short sequences' later splits lse only; then bad metadata.
+    for int8 in (False, True):
+        p = make_problem([3000] + [1 + 9 * i for i in range(40)], [1] * 41, 8, 2, 128, 16, device=DEV, seed=17,
+                         int8=int8)
+        run_attention_ops(p, causal=(True,), with_prefill=False)
+        if not args.clean_only:
+            p.block_tables[0, 100] = p.k_cache.shape[0] + 5
+            p.seq_lens[3] = p.block_tables.shape[1] * 16 + 1000
+            p.seq_lens[4] = -7
+            run_attention_ops(p, causal=(True,), with_prefill=False)
     # The Hopper prefill scheduler's doubles (two row tiles of one sequence and
     # KV head per unit) before its tail of single items: a prompt batch whose
     # keys and values, as max_q_len counts them (28 x 2 pairs x 1200

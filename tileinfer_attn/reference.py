@@ -132,6 +132,7 @@ def paged_attention(
     logits_soft_cap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
     tree_mask: Optional[torch.Tensor] = None,
+    batch_invariant: bool = False,
     *,
     exact: bool = False,
     return_lse: bool = False,
@@ -142,7 +143,9 @@ def paged_attention(
     is checked (a non-negative host int) but not needed, since the reference
     reads each sequence's query count from ``cu_seqlens_q``; ``scale`` defaults
     to ``head_dim ** -0.5``; ``out``, if given, receives the result (it must
-    have the result's shape; it is returned). Then, keyword only:
+    have the result's shape; it is returned); ``batch_invariant`` changes
+    nothing (each sequence is computed on its own, so the reference is batch
+    invariant either way). Then, keyword only:
 
     exact=False: eager rounding (scores and probabilities in q's dtype, softmax
     in float32 as HF's eager attention: the soft-cap in q's dtype as Gemma 2's,

@@ -397,8 +397,9 @@ void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse,
   });
 }
 
+// lse_gated changes nothing here: a partial of weight 0 is never read.
 void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse,
-                const at::Tensor& partial_out, const at::Tensor& partial_lse) {
+                const at::Tensor& partial_out, const at::Tensor& partial_lse, bool /*lse_gated*/) {
   check_combine(op, out, lse, partial_out, partial_lse);
   const int64_t splits = partial_out.size(0);
   const int64_t num_tokens = partial_out.size(1);
@@ -461,12 +462,12 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
   const int64_t splits = partial_out.dim() > 0 ? partial_out.size(0) : 1;  // (checked in decode_as)
   decode_as("decode", partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
             max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask,
-            DecodePlan{splits, splits, 1, false});
+            DecodePlan{splits, splits, 1, false, splits});
 }
 
 void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,
              const at::Tensor& partial_lse) {
-  combine_as("combine", out, lse, partial_out, partial_lse);
+  combine_as("combine", out, lse, partial_out, partial_lse, false);
 }
 
 }  // namespace tileinfer::cpu

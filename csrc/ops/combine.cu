@@ -39,8 +39,10 @@ void check_combine_inputs(const char* op, const at::Tensor& out, const std::opti
 // lse [num_tokens, num_q_heads] fp32 or None;
 // partial_out [num_splits, num_tokens, num_q_heads, head_dim] fp32;
 // partial_lse [num_splits, num_tokens, num_q_heads] fp32.
+// lse_gated: partials of lse -inf may hold no out (a batch-invariant decode
+// plan's empty splits; combine.cuh, kLseGated).
 void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>& lse,
-                const at::Tensor& partial_out, const at::Tensor& partial_lse) {
+                const at::Tensor& partial_out, const at::Tensor& partial_lse, bool lse_gated) {
   check_combine_inputs(op, out, lse, partial_out, partial_lse);
   const c10::cuda::CUDAGuard guard(partial_out.device());
 
@@ -55,6 +57,7 @@ void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>
   p.num_tokens = static_cast<int>(partial_out.size(1));
   p.num_q_heads = static_cast<int>(partial_out.size(2));
   p.kv.head_dim = static_cast<int>(partial_out.size(3));
+  p.split_slots = lse_gated ? p.num_splits : 0;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool programmatic = programmatic_launch(partial_out.get_device());
@@ -67,7 +70,7 @@ void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>
 }
 
 void combine_slots(at::Tensor& out, const at::Tensor& partial_out, const at::Tensor& partial_lse,
-                   const at::Tensor& cu_seqlens_q, int64_t num_tokens, int64_t mixed_queries) {
+                   const at::Tensor& cu_seqlens_q, int64_t num_tokens, int64_t mixed_queries, bool lse_gated) {
   const c10::cuda::CUDAGuard guard(partial_out.device());
   AttentionParams p{};
   p.out = out.data_ptr();
@@ -82,6 +85,7 @@ void combine_slots(at::Tensor& out, const at::Tensor& partial_out, const at::Ten
   p.kv.cu_seqlens_q = cu_seqlens_q.const_data_ptr<int32_t>();
   p.kv.num_seqs = static_cast<int>(cu_seqlens_q.size(0) - 1);
   p.mixed_queries = static_cast<int>(mixed_queries);
+  p.split_slots = lse_gated ? p.num_splits : 0;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool programmatic = programmatic_launch(partial_out.get_device());
   TILEINFER_DISPATCH_FLOAT(out.scalar_type(), "attention", [&] {
@@ -94,7 +98,7 @@ void combine_slots(at::Tensor& out, const at::Tensor& partial_out, const at::Ten
 
 void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,
              const at::Tensor& partial_lse) {
-  combine_as("combine", out, lse, partial_out, partial_lse);
+  combine_as("combine", out, lse, partial_out, partial_lse, false);
 }
 
 }  // namespace tileinfer::cuda

@@ -32,17 +32,34 @@ const uint32_t* tree_words(const std::optional<at::Tensor>& tree_mask) {
 // A function template, so that `if constexpr` keeps fp32 queries (which a
 // quantized cache never takes: checked) from instantiating them; in the
 // dispatch macros' plain lambdas it would not.
-template <typename T, int D>
+// Work: DecodeWork, or DecodeWalkWork (a batch-invariant plan's blocks walk
+// its splits; never the wide tile).
+template <typename T, int D, class Work>
 void launch_decode_quant(const char* op, const AttentionParams& p, const PagedShape& s, bool small, bool two_per_sm,
                          cudaStream_t stream) {
   if constexpr (!std::is_same_v<T, float>) {
     TILEINFER_DISPATCH_QUANT(s.cache_dtype, op, [&] {
-      if constexpr (D <= 128) {
-        if (small && two_per_sm) return launch_tile<DecodeTileQuantWide<T, D, cache_t>, DecodeWork>(op, p, stream);
+      if constexpr (D <= 128 && !Work::kWalks) {
+        if (small && two_per_sm) return launch_tile<DecodeTileQuantWide<T, D, cache_t>, Work>(op, p, stream);
       }
-      if (small) return launch_tile<DecodeTileSmall<T, D, cache_t>, DecodeWork>(op, p, stream);
-      launch_tile<DecodeTileLarge<T, D, cache_t>, DecodeWork>(op, p, stream);
+      if (small) return launch_tile<DecodeTileSmall<T, D, cache_t>, Work>(op, p, stream);
+      launch_tile<DecodeTileLarge<T, D, cache_t>, Work>(op, p, stream);
     });
+  }
+}
+
+// The decode kernel for queries of type T at tile dim D.
+template <typename T, int D, class Work>
+void launch_decode_tile(const char* op, const AttentionParams& p, const PagedShape& s, bool small, bool two_per_sm,
+                        cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    launch_fp32<D, DecodeWork>(op, p, stream);  // (never walks: launch_decode)
+  } else if (s.quantized) {
+    launch_decode_quant<T, D, Work>(op, p, s, small, two_per_sm, stream);
+  } else if (small) {
+    launch_tile<DecodeTileSmall<T, D>, Work>(op, p, stream);
+  } else {
+    launch_tile<DecodeTileLarge<T, D>, Work>(op, p, stream);
   }
 }
 
@@ -55,7 +72,11 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   p.q_stride_token = q_c.stride(0);
   p.q_stride_head = q_c.stride(1);
   TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), op, ": group size * max_q_len must fit in int32");
-  p.num_splits = static_cast<int>(plan.num_splits);
+  // The tile kernel's blocks walk a batch-invariant plan's splits (grid_splits
+  // blocks for num_splits partials); the fp32 kernel takes a block per split.
+  const bool walks = plan.batch_invariant && p.partial_out != nullptr && q.scalar_type() != at::kFloat;
+  p.num_splits = static_cast<int>(walks ? plan.grid_splits : plan.num_splits);
+  p.split_slots = walks ? static_cast<int>(plan.num_splits) : 0;
   p.split_divisor = static_cast<int>(plan.divisor);
   p.split_min_pages = static_cast<int>(plan.min_pages);
   // The 16-row tile when a query's heads fit in it: a mixed step's grid is
@@ -73,14 +94,10 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
     TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
-      if constexpr (std::is_same_v<scalar_t, float>) {
-        launch_fp32<TILE_DIM, DecodeWork>(op, p, stream);
-      } else if (s.quantized) {
-        launch_decode_quant<scalar_t, TILE_DIM>(op, p, s, small, two_per_sm, stream);
-      } else if (small) {
-        launch_tile<DecodeTileSmall<scalar_t, TILE_DIM>, DecodeWork>(op, p, stream);
+      if (walks && !std::is_same_v<scalar_t, float>) {
+        launch_decode_tile<scalar_t, TILE_DIM, DecodeWalkWork>(op, p, s, small, two_per_sm, stream);
       } else {
-        launch_tile<DecodeTileLarge<scalar_t, TILE_DIM>, DecodeWork>(op, p, stream);
+        launch_decode_tile<scalar_t, TILE_DIM, DecodeWork>(op, p, s, small, two_per_sm, stream);
       }
     });
   });
@@ -151,7 +168,7 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
   const int64_t splits = partial_out.dim() > 0 ? partial_out.size(0) : 1;  // (checked in decode_as)
   decode_as("decode", partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
             max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask,
-            DecodePlan{splits, splits, 1, false});
+            DecodePlan{splits, splits, 1, false, splits});
 }
 
 void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
@@ -201,7 +218,7 @@ void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, con
   p.partial_out = partial_out.data_ptr<float>();
   p.partial_lse = partial_lse.data_ptr<float>();
   launch_decode("attention", p, s, q, kMaxDecodeQueries, plan);
-  combine_slots(out, partial_out, partial_lse, cu_seqlens_q, q.size(0), kMaxDecodeQueries);
+  combine_slots(out, partial_out, partial_lse, cu_seqlens_q, q.size(0), kMaxDecodeQueries, plan.batch_invariant);
 }
 
 }  // namespace tileinfer::cuda

@@ -261,6 +261,12 @@ struct PrefillWork {
     return output_lse(p, token, head);
   }
 
+  // One item a block.
+  static constexpr bool kWalks = false;
+  template <int kBlockM>
+  __device__ static bool next(const AttentionParams&, const StepMeta&, WorkItem&) { return false; }
+  __device__ static bool lse_only(const AttentionParams&, const WorkItem&, int) { return false; }
+
   // A prefill block holds every key of its rows: the sink joins here.
   __device__ static float sink(const AttentionParams& p, const WorkItem&, int head) { return sink_log2(p, head, true); }
 };
@@ -279,6 +285,7 @@ struct PrefillWork {
 // made of that one partial (the same fp32 values, rounded once): large batches
 // need no split, and this saves them the combine launch and the partial traffic.
 struct DecodeWork {
+  static constexpr bool kWalks = false;    // one split a block (DecodeWalkWork below walks several)
   static constexpr bool kPartials = true;  // partials, or `out` when p.partial_out is null
   static constexpr bool kTree = true;      // p.tree_mask, if set (tree verify steps)
   static constexpr bool kReadsAhead = true;  // metadata read before the wait (attention_kernel.cuh)
@@ -304,9 +311,17 @@ struct DecodeWork {
   }
   template <int kBlockM>
   __device__ static WorkItem make(const AttentionParams& p, const StepMeta& m) {
+    return make_split<kBlockM>(p, m, blockIdx.x);
+  }
+  // Block x's one split is x.
+  template <int kBlockM>
+  __device__ static bool next(const AttentionParams&, const StepMeta&, WorkItem&) { return false; }
+  __device__ static bool lse_only(const AttentionParams&, const WorkItem&, int) { return false; }
+  template <int kBlockM>
+  __device__ static WorkItem make_split(const AttentionParams& p, const StepMeta& m, int split) {
     WorkItem w;
     const int row_tiles = gridDim.y / p.kv.num_kv_heads;
-    w.split = blockIdx.x;
+    w.split = split;
     w.kv_head = blockIdx.y / row_tiles;
     w.seq = block_seq();
     w.group = p.group_size;
@@ -358,10 +373,13 @@ struct DecodeWork {
     first = first < 0 ? 0 : (first > p.num_tokens ? p.num_tokens : first);
     const int n = (p.num_tokens - first) * p.group_size;
     if (writes_partials(p)) {
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int token = first + i / p.group_size;
-        const int head = kv_head * p.group_size + i % p.group_size;
-        *lse_at(p, blockIdx.x, token, head) = -INFINITY;
+      const int slots = p.split_slots > 0 ? p.split_slots : static_cast<int>(blockIdx.x) + 1;
+      for (int split = blockIdx.x; split < slots; split += gridDim.x) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+          const int token = first + i / p.group_size;
+          const int head = kv_head * p.group_size + i % p.group_size;
+          *lse_at(p, split, token, head) = -INFINITY;
+        }
       }
       return;
     }
@@ -406,6 +424,29 @@ struct DecodeWork {
   // sequence, with or without pages; one split (writing out) is split 0.
   __device__ static float sink(const AttentionParams& p, const WorkItem& w, int head) {
     return sink_log2(p, head, w.split == 0);
+  }
+};
+
+// Decode under a batch-invariant plan (decode_splits.h; p.split_slots > 0):
+// block x walks splits x, x + gridDim.x, ... below split_slots, each a work
+// item of its own (prologue, keys, epilogue, partial), so the grid needs no
+// block for each of the 32 splits a wide block table allows. A kernel of its
+// own: the loop keeps state live across items, which costs the one-split
+// kernels registers (and spills in the quantized and head-dim-256 tiles).
+struct DecodeWalkWork : DecodeWork {
+  static constexpr bool kWalks = true;
+  template <int kBlockM>
+  __device__ static bool next(const AttentionParams& p, const StepMeta& m, WorkItem& w) {
+    const int split = w.split + static_cast<int>(gridDim.x);
+    if (split >= p.split_slots) return false;
+    w = make_split<kBlockM>(p, m, split);
+    return true;
+  }
+  // A walked split past the sequence's keys writes only its rows' lse (-inf):
+  // combine reads no out of such a partial (combine.cuh, kLseGated). Split 0
+  // always writes both (it may hold a sink and no key).
+  __device__ static bool lse_only(const AttentionParams&, const WorkItem& w, int num_tiles) {
+    return num_tiles == 0 && w.split > 0;
   }
 };
 

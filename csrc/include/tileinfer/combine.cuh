@@ -100,7 +100,13 @@ __device__ __forceinline__ void store_channels(scalar_t* dst, const float (&x)[C
 // step's rows are slots, attention_work.cuh, mapped back to tokens here), p.out
 // [num_tokens, num_q_heads, kv.head_dim] (strides o_stride_token / o_stride_head)
 // and p.lse [num_tokens, num_q_heads] (contiguous) or null.
-template <typename scalar_t, int HEAD_DIM>
+//
+// kLseGated (a batch-invariant decode plan, p.split_slots > 0): a partial
+// whose lse is -inf may have left its out unwritten (attention_work.cuh,
+// DecodeWork::lse_only), so each out is loaded only once its lse is known
+// finite: a round trip more, and no read of the splits a short sequence
+// leaves empty. Weights and sums are those of the ungated kernel.
+template <typename scalar_t, int HEAD_DIM, bool kLseGated>
 __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTraits<HEAD_DIM>::kMinBlocksPerSM)
     combine_kernel(const AttentionParams p) {
   using Traits = CombineTraits<HEAD_DIM>;
@@ -157,19 +163,31 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
   // after the lse reduction, a round trip later: about 1 us more of combine
   // after the decode kernel, for one sequence at 32k positions on the H200.)
   float4 v[B][V];
+  uint32_t live = ~0u;  // kLseGated: bit j, split c0 + j of the chunk has a finite lse
   auto load_batch = [&](int s0) {
     const float4* src = reinterpret_cast<const float4*>(out_in + s0 * split_stride);
 #pragma unroll
     for (int u = 0; u < B; ++u) {
+      const bool on = active && lane_on && s0 + u < S && (!kLseGated || (live >> ((s0 + u) % R)) & 1u);
 #pragma unroll
-      for (int k = 0; k < V; ++k)
-        v[u][k] = active && lane_on && s0 + u < S ? __ldg(src + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int k = 0; k < V; ++k) v[u][k] = on ? __ldg(src + k) : make_float4(0.f, 0.f, 0.f, 0.f);
       src += split_stride / 4;
     }
   };
+  int last = R - 1;  // the chunk's last split read (warp-uniform)
   for (int c0 = 0; c0 < S; c0 += R) {
     const int s_mine = c0 + lane;
     const float l = (active && s_mine < S) ? lse_in[static_cast<int64_t>(s_mine) * num_rows] : -INFINITY;
+    if constexpr (kLseGated) {
+      // This row's lanes' bits, and the last live split of any row of the warp.
+      const uint32_t ballot = __ballot_sync(0xffffffffu, l > -INFINITY);
+      const int shift = R == 32 ? 0 : static_cast<int>(threadIdx.x % 32) / R * R;
+      const uint32_t mask = R == 32 ? ~0u : (1u << (R % 32)) - 1u;
+      live = (ballot >> shift) & mask;
+      uint32_t any = ballot;
+      for (int o = R; o < 32; o += R) any |= ballot >> o;
+      last = 31 - __clz(any & mask);  // -1 when no split is live
+    }
     load_batch(c0);
     const float new_max = fmaxf(run_max, warp_max<R>(l));
     // Subtract a finite base so that all-neutral chunks give weights 0, not NaN (-inf - -inf).
@@ -185,7 +203,7 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
     // occupancy high (ptxas would hoist every batch).
 #pragma unroll 1
     for (int j0 = 0; j0 < R; j0 += B) {
-      if (c0 + j0 >= S) break;  // uniform: S is the same for every row
+      if (c0 + j0 >= S || j0 > last) break;  // uniform: S is the same for every row, last for the warp
 #pragma unroll
       for (int u = 0; u < B; ++u) {
         const float wj = __shfl_sync(0xffffffffu, w, j0 + u, R);
@@ -222,7 +240,11 @@ cudaError_t launch_combine(const AttentionParams& p, cudaStream_t stream, bool p
   const int64_t rows = static_cast<int64_t>(partial_rows(p)) * p.num_q_heads;
   if (rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, Traits::kRowsPerBlock)));
-  return launch_kernel(combine_kernel<scalar_t, HEAD_DIM>, grid, dim3(Traits::kThreads), 0, stream, programmatic, p);
+  if (p.split_slots > 0)
+    return launch_kernel(combine_kernel<scalar_t, HEAD_DIM, true>, grid, dim3(Traits::kThreads), 0, stream,
+                         programmatic, p);
+  return launch_kernel(combine_kernel<scalar_t, HEAD_DIM, false>, grid, dim3(Traits::kThreads), 0, stream,
+                       programmatic, p);
 }
 
 }  // namespace tileinfer

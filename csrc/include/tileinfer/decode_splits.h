@@ -42,13 +42,13 @@ inline int64_t decode_num_splits_for(int64_t num_sms, int64_t num_seqs, int64_t 
   return std::min(max_splits, std::max<int64_t>(1, want));
 }
 
-// How a decode launch cuts each sequence's keys. The grid has num_splits
+// How a decode launch cuts each sequence's keys. There are num_splits
 // partials per (sequence, KV head); a sequence whose range holds P pages (from
 // the window's first page on) gives split i the pages
 // [i * n, (i + 1) * n) with n = pages_per_split(P, divisor, min_pages), and the
-// splits past its end write the neutral partial. By default divisor is
-// num_splits and min_pages 1: the splits share the pages evenly, and the
-// boundaries follow num_splits, which follows the batch.
+// splits past its end are neutral. By default divisor is num_splits and
+// min_pages 1: the splits share the pages evenly, the boundaries follow
+// num_splits, which follows the batch, and the grid has a block per split.
 struct DecodePlan {
   int64_t num_splits = 1;
   int64_t divisor = 1;
@@ -56,8 +56,13 @@ struct DecodePlan {
   // Boundaries and decode tiles that do not depend on the batch (SPEC
   // "Batch invariance"): divisor and min_pages are constants, num_splits only
   // covers the splits any sequence of the block table can have, and the tile
-  // is chosen from the group size alone (csrc/ops/decode.cu).
+  // is chosen from the group size alone (csrc/ops/decode.cu). The grid then
+  // has grid_splits blocks per (sequence, KV head), the default rule's count
+  // or fewer, which walk the splits in turn (attention_work.cuh), so that a
+  // table wide enough for 32 splits costs no block for the splits a short
+  // sequence leaves empty.
   bool batch_invariant = false;
+  int64_t grid_splits = 1;
 };
 
 TILEINFER_HOST_DEVICE inline int64_t pages_per_split(int64_t pages, int64_t divisor, int64_t min_pages) {
@@ -67,7 +72,7 @@ TILEINFER_HOST_DEVICE inline int64_t pages_per_split(int64_t pages, int64_t divi
 
 inline DecodePlan decode_plan_for(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads) {
   const int64_t n = decode_num_splits_for(num_sms, num_seqs, num_kv_heads);
-  return DecodePlan{n, n, 1, false};
+  return DecodePlan{n, n, 1, false, n};
 }
 
 // The batch-invariant plan: a sequence of P pages gets splits of
@@ -75,14 +80,15 @@ inline DecodePlan decode_plan_for(int64_t num_sms, int64_t num_seqs, int64_t num
 // none shorter than 512 positions; a split count from its own length only.
 // 512 trades the two ends (decode + combine at forced counts, PERFORMANCE.md):
 // a single 1k sequence wants 16 splits, a batch of 128 at 2k one, and each
-// gets two or four. The grid covers ceil(max_pages / min_pages) splits, at most 32
-// (max_pages: the block table's width, a shape).
+// gets two or four. There are ceil(max_pages / min_pages) partials, at most
+// 32 (max_pages: the block table's width, a shape), walked by the default
+// rule's count of blocks (default_splits) or fewer.
 constexpr int64_t kInvariantMaxSplits = 32;
 constexpr int64_t kInvariantSplitPositions = 512;
-inline DecodePlan invariant_decode_plan(int64_t max_pages, int64_t page_size) {
+inline DecodePlan invariant_decode_plan(int64_t max_pages, int64_t page_size, int64_t default_splits) {
   const int64_t min_pages = std::max<int64_t>(1, (kInvariantSplitPositions + page_size - 1) / page_size);
   const int64_t n = std::clamp<int64_t>((max_pages + min_pages - 1) / min_pages, 1, kInvariantMaxSplits);
-  return DecodePlan{n, kInvariantMaxSplits, min_pages, true};
+  return DecodePlan{n, kInvariantMaxSplits, min_pages, true, std::clamp<int64_t>(default_splits, 1, n)};
 }
 
 }  // namespace tileinfer

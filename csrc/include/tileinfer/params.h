@@ -59,6 +59,11 @@ struct AttentionParams {
   // divisor 0 meaning num_splits.
   int split_divisor = 0;
   int split_min_pages = 1;
+  // 0, or the partial slots of a batch-invariant plan: then the grid's
+  // num_splits blocks of a (sequence, KV head) walk the slots in turn
+  // (attention_work.cuh, DecodeWork::next), and combine reads an out only
+  // where its lse is finite.
+  int split_slots = 0;
   // 0, or a mixed step's threshold q (attention_work.cuh, "Mixed steps"):
   // decode takes the sequences of at most q queries, prefill the others.
   int mixed_queries;

@@ -114,4 +114,12 @@ __device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const Wo
   TILEINFER_STAMP(5);
 }
 
+// A walked split that holds no key (Work::lse_only): its rows' lse only, -inf.
+template <class Cfg, class Work>
+__device__ __forceinline__ void tile_neutral_lse(const AttentionParams& p, const WorkItem& w,
+                                                 const TileSmem<Cfg>& sh, int tid) {
+  for (int r = tid; r < Cfg::kBlockM; r += Cfg::kThreads)
+    if (sh.row_token[r] >= 0) *Work::lse_at(p, w, sh.row_token[r], sh.row_head[r]) = -INFINITY;
+}
+
 }  // namespace tileinfer
