@@ -236,8 +236,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // the same.
   for (;;) {
     if (Work::lse_only(p, w, num_tiles)) {
+      // Splits past a sequence's keys are its last ones: this block's later
+      // splits hold no key either, and get their lses here, all at once.
       cp_async_wait<0>();  // (the first item's query copy)
-      tile_neutral_lse<Cfg, Work>(p, w, sh, tid);
+      do {
+        tile_neutral_lse<Cfg, Work>(p, w, sh, tid);
+      } while (Work::template next<BM>(p, meta, w));
+      return;
     } else {
       // Tree verify: each row's word, read once, after the wait (the mask may come
       // from the previous kernel); the barrier before the key loop publishes it.
@@ -482,7 +487,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     prepare();
     finish_lookups();
     __syncthreads();
-    if (!Work::lse_only(p, w, num_tiles)) issue_first_copies();
+    if (num_tiles > 0) issue_first_copies();
   }
 }
 
