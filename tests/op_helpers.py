@@ -305,7 +305,8 @@ def sample_args(op: str, device: str, quant=False, variants: bool = False) -> di
     """Keyword arguments of a small valid call of torch.ops.tileinfer_attn.<op>
     (bf16, 2 sequences, 8 query / 2 KV heads, head_dim 64, page 16); `quant`:
     a quantized cache (a QUANT_KINDS name, or True for int8); with
-    `variants`, the attention ops also get a window, a soft-cap and sinks."""
+    `variants`, the attention ops also get a window, a soft-cap and sinks
+    (and attention batch_invariant=True)."""
     kind = QUANT_KINDS["int8" if quant is True else quant] if quant else {}
     p = make_problem([20, 5], [3, 1], 8, 2, 64, 16, dtype=torch.bfloat16, device=device, **kind)
     t, hq, d = p.q.shape
@@ -325,7 +326,7 @@ def sample_args(op: str, device: str, quant=False, variants: bool = False) -> di
     if op == "decode":
         return dict(partial_out=torch.empty(2, t, hq, d, **f32), partial_lse=torch.empty(2, t, hq, **f32), **att)
     if op == "attention":
-        return dict(out=torch.empty_like(p.q), **att)
+        return dict(out=torch.empty_like(p.q), **att, **(dict(batch_invariant=True) if variants else {}))
     if op == "combine":
         return dict(out=torch.empty(t, hq, d, dtype=torch.bfloat16, device=device), lse=torch.empty(t, hq, **f32),
                     partial_out=torch.randn(3, t, hq, d, **f32), partial_lse=torch.randn(3, t, hq, **f32))

@@ -109,10 +109,11 @@ def replay_as_sequences_grow(fn, make_inputs, lens_at, written):
 
 
 def variant_step(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, sinks, max_q_len: int):
-    """A gpt-oss-style local layer (window + sinks) and a Gemma 2-style one
-    (window + soft-cap) on one cache, plus prefill's lse with all three."""
+    """A gpt-oss-style local layer (window + sinks, batch-invariant) and a
+    Gemma 2-style one (window + soft-cap) on one cache, plus prefill's lse
+    with all three."""
     a = ti.attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, window_left=7,
-                     sinks=sinks)
+                     sinks=sinks, batch_invariant=True)
     b = ti.attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, window_left=7,
                      logits_soft_cap=5.0)
     _, lse = ti.prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, window_left=20,
