@@ -111,9 +111,10 @@ void cpu_mixed_decodes(at::Tensor& out, const PagedShape& s, const at::Tensor& q
   const int64_t n = q_short.size(0);
   at::Tensor partial_out = at::empty({plan.num_splits, n, q.size(1), s.head_dim}, f32);
   at::Tensor partial_lse = at::empty({plan.num_splits, n, q.size(1)}, f32);
-  cpu::decode_as("attention", partial_out, partial_lse, q_short, k_cache, v_cache, block_tables.index_select(0, seq_idx),
-                 seq_lens.index_select(0, seq_idx), at::tensor(cu_short, cu_seqlens_q.options()), max_short, scale,
-                 causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, std::nullopt, plan);
+  cpu::decode_as("attention", partial_out, partial_lse, q_short, k_cache, v_cache,
+                 block_tables.index_select(0, seq_idx), seq_lens.index_select(0, seq_idx),
+                 at::tensor(cu_short, cu_seqlens_q.options()), max_short, scale, causal, k_scale, v_scale, k_smooth,
+                 window_left, logits_soft_cap, sinks, std::nullopt, plan);
   at::Tensor out_short = at::empty_like(q_short);
   cpu::combine_as("attention", out_short, std::nullopt, partial_out, partial_lse, plan.batch_invariant);
   out.index_copy_(0, tok_idx, out_short);
@@ -135,9 +136,9 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   check_token_tensor(op, "out", out, q.size(0), q.size(1), s.head_dim, q.scalar_type(), q.device());
   const bool on_cuda = q.is_cuda();
 
-  // Batch invariance (SPEC section 4): each sequence's decode splits from its
-  // own length and tiles from the group size (DecodePlan); the prefill
-  // kernels' work items already hold all of a row's keys.
+  // Batch invariance (docs/CONTRACT.md, "Numerics"): each sequence's decode
+  // splits from its own length and tiles from the group size (DecodePlan);
+  // the prefill kernels' work items already hold all of a row's keys.
   const DecodePlan plan = attention_decode_plan(q.device(), s, batch_invariant);
   if (use_decode_path(max_q_len)) {
 #ifdef TILEINFER_WITH_CUDA

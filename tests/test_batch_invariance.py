@@ -1,4 +1,4 @@
-"""Batch invariance (SPEC section 4): with ``batch_invariant=True`` a sequence's
+"""Batch invariance (docs/CONTRACT.md, "Numerics"): with ``batch_invariant=True`` a sequence's
 output bits from ``attention`` do not depend on the other sequences of the
 step, their number or its slot among them, nor on the block table's width.
 

@@ -141,14 +141,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   int first_entries[S];  // block-table entries of this thread's keys of the first tiles
   const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, sh.key_rows, sh.flags, sh.entries,
                                      p.kv.head_dim * static_cast<int>(sizeof(typename Cfg::CacheT))};
-  // The work item, row table and first lookups from `meta` (barrier after).
   // The item's key tiles, row table and first block-table lookups (barrier after).
   auto prepare = [&] {
     num_tiles = w.active && w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
     write_row_table<BM, Cfg::kThreads>(w, tid, sh.row_token, sh.row_head, sh.row_qpos);
     keys.first_entries(first_entries, num_tiles);
   };
-  auto start = [&] {
+  auto start = [&] {  // the block's (first) work item from `meta`
     w = Work::template make<BM>(p, meta);
     prepare();
   };
@@ -243,244 +242,243 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
         tile_neutral_lse<Cfg, Work>(p, w, sh, tid);
       } while (Work::template next<BM>(p, meta, w));
       return;
-    } else {
-      // Tree verify: each row's word, read once, after the wait (the mask may come
-      // from the previous kernel); the barrier before the key loop publishes it.
-      if constexpr (Work::kTree) {
-        for (int r = tid; r < BM; r += Cfg::kThreads) sh.row_tree[r] = tree_word(p, sh.row_token[r]);
+    }
+    // Tree verify: each row's word, read once, after the wait (the mask may come
+    // from the previous kernel); the barrier before the key loop publishes it.
+    if constexpr (Work::kTree) {
+      for (int r = tid; r < BM; r += Cfg::kThreads) sh.row_tree[r] = tree_word(p, sh.row_token[r]);
+    }
+    if constexpr (Cfg::kQuant) qq.stage(p, w, sh, tid);
+    // This lane's rows: g and g + 8 of each of its warp's 16-row tiles (g = lane / 4);
+    // local row index R = 2 * mt + r is row warp_m * kWarpRows + 16 mt + g + 8 r.
+    constexpr int kR = 2 * Cfg::kRowTiles;
+    auto row_of = [&](int R) { return warp_m * Cfg::kWarpRows + 16 * (R >> 1) + (lane >> 2) + 8 * (R & 1); };
+    int qpos[kR];
+    int qmin = INT_MAX;  // first query position of the warp's rows
+    int qmax = INT_MIN;  // last one (padding rows excluded)
+#pragma unroll
+    for (int R = 0; R < kR; ++R) {
+      qpos[R] = sh.row_qpos[row_of(R)];
+      qmin = min(qmin, qpos[R]);
+      qmax = max(qmax, qpos[R] == INT_MAX ? INT_MIN : qpos[R]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      qmin = min(qmin, __shfl_xor_sync(0xffffffffu, qmin, o));
+      qmax = max(qmax, __shfl_xor_sync(0xffffffffu, qmax, o));
+    }
+    const bool warp_has_rows = qmax != INT_MIN;
+    // First key a tree mask can hide (INT_MAX: none): tiles before it skip the test.
+    const int tree_from = Work::kTree ? tree_first_key(p, w) : INT_MAX;
+
+    cp_async_wait<S - 1>();  // the Q group (committed first) has landed
+    __syncthreads();
+    // ldmatrix row addresses (bytes, shared space). Q (A operand) and V (B
+    // operand, transposed): lane l reads row l % 16 of a 16-row block, chunk
+    // 2m + l / 16; K (B operand): key 8 (l / 16) + l % 8, chunk 2m + (l / 8) % 2.
+    // The chunks are 16 bytes: 8 elements of T, or 16 of int8 (the int8 queries'
+    // planes and the staged int8 keys, rows swizzled as the staged cache rows).
+    const SwizzleCols cols_a(lane >> 4, lane & 7);
+    const SwizzleCols cols_k((lane >> 3) & 1, lane & Cfg::kStageSwizzle);
+    const SwizzleCols cols_q8(lane >> 4, lane & Cfg::kStageSwizzle);  // also the int8 V rows (transposed)
+    const int a_row = warp_m * Cfg::kWarpRows + (lane & 15);  // Q row of this lane's ldmatrix address
+    const uint32_t q_row = smem_addr(sh.q) + (Cfg::kInt8 ? 1 : 2) * a_row * D;
+    const int key0 = warp_n * WN;  // this warp's keys within a tile: [key0, key0 + WN)
+    const int k_row = (key0 + (lane >> 4) * 8 + (lane & 7)) * D;  // elements, within a K tile
+    const int v_row = (key0 + (lane & 15)) * D;                   // elements, within a V tile
+    const uint32_t conv_base = smem_addr(sh.conv);
+
+    // Quantized prefill: converts a staged V tile to T, all warps together.
+    auto convert_tile = [&](const uint8_t* src, T* dst) {
+      constexpr int kGroupThreads = 32 * Cfg::kWarpsM;
+      const int gt = warp_m * 32 + lane;
+#pragma unroll
+      for (int it = 0; it < WN * Cfg::kCacheChunks / kGroupThreads; ++it) {
+        const int idx = gt + it * kGroupThreads;
+        const int row = idx % WN;  // consecutive lanes: consecutive rows, no bank conflicts either side
+        const int ch = idx / WN;   // 16 int8 = chunks 2 ch, 2 ch + 1 of the converted row
+        uint4 lo, hi;
+        x16_to_half<QCacheT>(*reinterpret_cast<const uint4*>(src + Cfg::stage_offset(row, ch)), lo, hi);
+        *reinterpret_cast<uint4*>(dst + Cfg::swz(row, 2 * ch)) = lo;
+        *reinterpret_cast<uint4*>(dst + Cfg::swz(row, 2 * ch + 1)) = hi;
       }
-      if constexpr (Cfg::kQuant) qq.stage(p, w, sh, tid);
-      // This lane's rows: g and g + 8 of each of its warp's 16-row tiles (g = lane / 4);
-      // local row index R = 2 * mt + r is row warp_m * kWarpRows + 16 mt + g + 8 r.
-      constexpr int kR = 2 * Cfg::kRowTiles;
-      auto row_of = [&](int R) { return warp_m * Cfg::kWarpRows + 16 * (R >> 1) + (lane >> 2) + 8 * (R & 1); };
-      int qpos[kR];
-      int qmin = INT_MAX;  // first query position of the warp's rows
-      int qmax = INT_MIN;  // last one (padding rows excluded)
+    };
+
+    // A fragment of Q for row tile mt: 16 rows x columns 16 kk.. (T), or for
+    // int8 f = 2 kk + h, plane h (0: hi, 1: lo) of columns 32 kk...
+    auto q_frag_smem = [&](uint32_t (&a)[4], int mt, int f) {
+      if constexpr (Cfg::kInt8) {
+        ldmatrix_x4(a, q_row + (f & 1) * BM * D + mt * 16 * D + 2 * cols_q8(f >> 1));
+      } else {
+        ldmatrix_x4(a, q_row + 2 * (mt * 16 * D + cols_a(f)));
+      }
+    };
+    uint32_t qf[Cfg::kQInRegs ? Cfg::kRowTiles : 1][Cfg::kQInRegs ? D / 16 : 1][4];
+    if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kRowTiles; ++mt)
+#pragma unroll
+        for (int f = 0; f < D / 16; ++f) q_frag_smem(qf[mt][f], mt, f);
+    }
+    // With a positive scale the softmax takes raw scores and folds the scale into
+    // its exp2 argument (one FFMA per score); a soft-cap folds cap * log2(e)
+    // instead (softmax.cuh).
+    const ScoreMap smap = ScoreMap::make(p.scale, p.soft_cap);
+    // Quantized: this lane's rows' 2^-e (scores come out of the products in
+    // units of 2^e) times the score map's factor (scale / cap, or an unfoldable
+    // scale: one multiply per score fewer, and a register fewer in the 128-row
+    // tile), and whether a row holds a non-finite value.
+    float row_unscale[Cfg::kQuant ? kR : 1];
+    bool row_bad[Cfg::kQuant ? kR : 1];
+    if constexpr (Cfg::kQuant) {
 #pragma unroll
       for (int R = 0; R < kR; ++R) {
-        qpos[R] = sh.row_qpos[row_of(R)];
-        qmin = min(qmin, qpos[R]);
-        qmax = max(qmax, qpos[R] == INT_MAX ? INT_MIN : qpos[R]);
+        // The factor times a power of two.
+        row_unscale[R] = smap.pre_factor() / QuantQueries<Cfg>::row_scale(sh, row_of(R));
+        row_bad[R] = isinf(__int_as_float(sh.row_qmax[row_of(R)]));
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        qmin = min(qmin, __shfl_xor_sync(0xffffffffu, qmin, o));
-        qmax = max(qmax, __shfl_xor_sync(0xffffffffu, qmax, o));
-      }
-      const bool warp_has_rows = qmax != INT_MIN;
-      // First key a tree mask can hide (INT_MAX: none): tiles before it skip the test.
-      const int tree_from = Work::kTree ? tree_first_key(p, w) : INT_MAX;
-
-      cp_async_wait<S - 1>();  // the Q group (committed first) has landed
-      __syncthreads();
-      // ldmatrix row addresses (bytes, shared space). Q (A operand) and V (B
-      // operand, transposed): lane l reads row l % 16 of a 16-row block, chunk
-      // 2m + l / 16; K (B operand): key 8 (l / 16) + l % 8, chunk 2m + (l / 8) % 2.
-      // The chunks are 16 bytes: 8 elements of T, or 16 of int8 (the int8 queries'
-      // planes and the staged int8 keys, rows swizzled as the staged cache rows).
-      const SwizzleCols cols_a(lane >> 4, lane & 7);
-      const SwizzleCols cols_k((lane >> 3) & 1, lane & Cfg::kStageSwizzle);
-      const SwizzleCols cols_q8(lane >> 4, lane & Cfg::kStageSwizzle);  // also the int8 V rows (transposed)
-      const int a_row = warp_m * Cfg::kWarpRows + (lane & 15);  // Q row of this lane's ldmatrix address
-      const uint32_t q_row = smem_addr(sh.q) + (Cfg::kInt8 ? 1 : 2) * a_row * D;
-      const int key0 = warp_n * WN;  // this warp's keys within a tile: [key0, key0 + WN)
-      const int k_row = (key0 + (lane >> 4) * 8 + (lane & 7)) * D;  // elements, within a K tile
-      const int v_row = (key0 + (lane & 15)) * D;                   // elements, within a V tile
-      const uint32_t conv_base = smem_addr(sh.conv);
-
-      // Quantized prefill: converts a staged V tile to T, all warps together.
-      auto convert_tile = [&](const uint8_t* src, T* dst) {
-        constexpr int kGroupThreads = 32 * Cfg::kWarpsM;
-        const int gt = warp_m * 32 + lane;
-#pragma unroll
-        for (int it = 0; it < WN * Cfg::kCacheChunks / kGroupThreads; ++it) {
-          const int idx = gt + it * kGroupThreads;
-          const int row = idx % WN;  // consecutive lanes: consecutive rows, no bank conflicts either side
-          const int ch = idx / WN;   // 16 int8 = chunks 2 ch, 2 ch + 1 of the converted row
-          uint4 lo, hi;
-          x16_to_half<QCacheT>(*reinterpret_cast<const uint4*>(src + Cfg::stage_offset(row, ch)), lo, hi);
-          *reinterpret_cast<uint4*>(dst + Cfg::swz(row, 2 * ch)) = lo;
-          *reinterpret_cast<uint4*>(dst + Cfg::swz(row, 2 * ch + 1)) = hi;
-        }
-      };
-
-      // A fragment of Q for row tile mt: 16 rows x columns 16 kk.. (T), or for
-      // int8 f = 2 kk + h, plane h (0: hi, 1: lo) of columns 32 kk...
-      auto q_frag_smem = [&](uint32_t (&a)[4], int mt, int f) {
-        if constexpr (Cfg::kInt8) {
-          ldmatrix_x4(a, q_row + (f & 1) * BM * D + mt * 16 * D + 2 * cols_q8(f >> 1));
-        } else {
-          ldmatrix_x4(a, q_row + 2 * (mt * 16 * D + cols_a(f)));
-        }
-      };
-      uint32_t qf[Cfg::kQInRegs ? Cfg::kRowTiles : 1][Cfg::kQInRegs ? D / 16 : 1][4];
-      if constexpr (Cfg::kQInRegs) {
-#pragma unroll
-        for (int mt = 0; mt < Cfg::kRowTiles; ++mt)
-#pragma unroll
-          for (int f = 0; f < D / 16; ++f) q_frag_smem(qf[mt][f], mt, f);
-      }
-      // With a positive scale the softmax takes raw scores and folds the scale into
-      // its exp2 argument (one FFMA per score); a soft-cap folds cap * log2(e)
-      // instead (softmax.cuh).
-      const ScoreMap smap = ScoreMap::make(p.scale, p.soft_cap);
-      // Quantized: this lane's rows' 2^-e (scores come out of the products in
-      // units of 2^e) times the score map's factor (scale / cap, or an unfoldable
-      // scale: one multiply per score fewer, and a register fewer in the 128-row
-      // tile), and whether a row holds a non-finite value.
-      float row_unscale[Cfg::kQuant ? kR : 1];
-      bool row_bad[Cfg::kQuant ? kR : 1];
-      if constexpr (Cfg::kQuant) {
-#pragma unroll
-        for (int R = 0; R < kR; ++R) {
-          // The factor times a power of two.
-          row_unscale[R] = smap.pre_factor() / QuantQueries<Cfg>::row_scale(sh, row_of(R));
-          row_bad[R] = isinf(__int_as_float(sh.row_qmax[row_of(R)]));
-        }
-      }
-
-      OnlineSoftmax<kR, 4> sm;  // each row spread over the 4 lanes of a quad
-      // A sink (in the blocks Work says hold it) starts the row: softmax.cuh. Its
-      // term of the sum goes to one lane of the row, in one key-slice warp.
-#pragma unroll
-      for (int R = 0; R < kR; ++R)
-        sm.row[R].init(Work::sink(p, w, sh.row_head[row_of(R)]), (lane & 3) == 0 && warp_n == 0);
-      float o[kR][D / 4];  // O row R; column 8j + 2(lane % 4) + e at [2j + e] (int8 decode: tile_pv)
-#pragma unroll
-      for (int R = 0; R < kR; ++R)
-#pragma unroll
-        for (int x = 0; x < D / 4; ++x) o[R][x] = 0.f;
-      // int8: the warp's running maximum of |value scale|, and the probabilities' factor 2^15 / vmax.
-      float vmax = 0.f, p_factor = 0.f;
-      const int quad = lane & 3;
-
-      for (int i = 0; i < num_tiles; ++i) {
-        cp_async_wait<S - 2>();  // tile i has landed (this thread's copies) ...
-        __syncthreads();         // ... everyone's, and everyone is done with tile i - 1
-        if (i == 0) TILEINFER_STAMP(3);  // first tile landed
-        if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
-        cp_async_commit();
-        if (i + S < num_tiles) keys.lookup(i + S);  // into the slot tile i - 1 used
-
-        const uint8_t* k_stage = sh.kv + (i % S) * 2 * Cfg::kTileBytes;
-        const uint8_t* v_stage = k_stage + Cfg::kTileBytes;
-        // Before the skip below: all warps convert the tile together.
-        if constexpr (Cfg::kQuant && !Cfg::kValuesInRegs) {
-          convert_tile(v_stage, sh.conv);
-          __syncthreads();
-        }
-
-        const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
-        // Warp-uniform: nothing visible. (The key walk starts at the window of
-        // the block's first query; the warps of later rows do not skip the tiles
-        // before their own windows: that test keeps a register live through the
-        // loop, and the 128-row int8 tile has none to spare.)
-        if (!warp_has_rows || (p.causal && tile_pos + key0 > qmax)) continue;
-
-        const uint32_t v_tile = Cfg::kQuant && !Cfg::kValuesInRegs ? conv_base : smem_addr(v_stage);
-
-        // S = Q K^T: s[R][2j + e] is row R, key key0 + 8j + 2(lane % 4) + e.
-        float s[kR][WN / 4];
-        // A fragments of k-step kk (f: fragment index, see q_frag_smem).
-        auto q_frags = [&](uint32_t (&a)[Cfg::kRowTiles][4], int f) {
-#pragma unroll
-          for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
-            if constexpr (Cfg::kQInRegs) {
-#pragma unroll
-              for (int x = 0; x < 4; ++x) a[mt][x] = qf[mt][f][x];
-            } else {
-              q_frag_smem(a[mt], mt, f);
-            }
-          }
-        };
-        tile_scores<Cfg>(s, k_stage, k_row, cols_k, q_frags, row_unscale);
-        // Quantized: this lane's key scales (keys key0 + 8j + 2 quad + e at [j][e]; 0 for
-        // skipped keys), and the multiplication of score / probability columns by them.
-        const float* tile_scales = sh.scale + (i % S) * 2 * BN + key0 + 2 * quad;
-        auto lane_scales = [&](const float* scales, float (&f)[WN / 8][2]) {
-#pragma unroll
-          for (int j = 0; j < WN / 8; ++j) {
-            const float2 f2 = *reinterpret_cast<const float2*>(scales + 8 * j);
-            f[j][0] = f2.x;
-            f[j][1] = f2.y;
-          }
-        };
-        auto scale_columns = [&](const float (&f)[WN / 8][2]) {
-#pragma unroll
-          for (int j = 0; j < WN / 8; ++j)
-#pragma unroll
-            for (int R = 0; R < kR; ++R) {
-              s[R][2 * j] *= f[j][0];
-              s[R][2 * j + 1] *= f[j][1];
-            }
-        };
-        if constexpr (Cfg::kQuant) {  // each key's scale multiplies its column of scores (skipped keys masked below)
-          float ks[WN / 8][2];
-          lane_scales(tile_scales, ks);
-          scale_columns(ks);
-        }
-        // Soft-cap (or an unfoldable scale), on the true products. (int8: the
-        // factor is in row_unscale already, the key scales multiply the product.)
-        if constexpr (Cfg::kQuant) {
-          smap.apply_premultiplied(s);
-        } else {
-          smap.apply(s);
-        }
-
-        mask_tile<Cfg>(s, p, sh, i, tile_pos, key0, quad, qpos, qmin, tree_from, row_of);
-
-        float factor[kR];
-        sm.update(s, smap.k, factor);  // s now holds the probabilities
-        // Quantized: each value's scale, divided by the warp's running vmax (of |scale|), multiplies
-        // its probabilities (after the row sums took them); a larger vmax rescales
-        // the accumulator like a larger row maximum does.
-        if constexpr (Cfg::kQuant) {
-          float vs[WN / 8][2];
-          lane_scales(tile_scales + BN, vs);
-          float tile_vmax = 0.f;
-#pragma unroll
-          for (int j = 0; j < WN / 8; ++j) tile_vmax = fmaxf(tile_vmax, fmaxf(fabsf(vs[j][0]), fabsf(vs[j][1])));
-          tile_vmax = warp_max<4>(tile_vmax);  // a quad holds all the warp's keys (each quad the same)
-          if (tile_vmax > vmax) {  // warp-uniform
-            const float next = fmaxf(tile_vmax, 0x1p-100f);  // keeps 2^15 / vmax finite for subnormal scales
-            const float grow = vmax / next;
-#pragma unroll
-            for (int R = 0; R < kR; ++R) factor[R] *= grow;
-            vmax = next;
-            p_factor = kProbHeadroom * (1.f / vmax);  // a reciprocal, not a full division (registers)
-          }
-#pragma unroll
-          for (int j = 0; j < WN / 8; ++j) {
-            vs[j][0] *= p_factor;
-            vs[j][1] *= p_factor;
-          }
-          scale_columns(vs);
-        }
-        // Rescale the accumulator only when some row's maximum (or vmax) grew: in
-        // long decode walks most tiles leave every factor at exactly 1.
-        bool rescale = false;
-#pragma unroll
-        for (int R = 0; R < kR; ++R) rescale |= factor[R] != 1.f;
-        if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-          for (int R = 0; R < kR; ++R)
-#pragma unroll
-            for (int x = 0; x < D / 4; ++x) o[R][x] *= factor[R];
-        }
-
-        // O += P V, P rounded to the element type; keys 16kk.. of the warp's slice.
-        tile_pv<Cfg>(o, s, v_tile, v_row, cols_a, cols_q8);
-      }
-
-      // ---- Epilogue ----
-      // The next kernel (combine) may be scheduled once every block is here, not
-      // at their start: blocks of a next decode step resident early, beside this
-      // grid, took SM slots unevenly (H200: d 64, 32 x 4k, 64.8 -> 72.0 us).
-      TILEINFER_STAMP(4);  // key loop done
-      allow_dependent_launch();
-      tile_epilogue<Cfg, Work>(p, w, sh, sm, o, vmax, row_bad, tid, warp_n, quad, row_of);
     }
+
+    OnlineSoftmax<kR, 4> sm;  // each row spread over the 4 lanes of a quad
+    // A sink (in the blocks Work says hold it) starts the row: softmax.cuh. Its
+    // term of the sum goes to one lane of the row, in one key-slice warp.
+#pragma unroll
+    for (int R = 0; R < kR; ++R)
+      sm.row[R].init(Work::sink(p, w, sh.row_head[row_of(R)]), (lane & 3) == 0 && warp_n == 0);
+    float o[kR][D / 4];  // O row R; column 8j + 2(lane % 4) + e at [2j + e] (int8 decode: tile_pv)
+#pragma unroll
+    for (int R = 0; R < kR; ++R)
+#pragma unroll
+      for (int x = 0; x < D / 4; ++x) o[R][x] = 0.f;
+    // int8: the warp's running maximum of |value scale|, and the probabilities' factor 2^15 / vmax.
+    float vmax = 0.f, p_factor = 0.f;
+    const int quad = lane & 3;
+
+    for (int i = 0; i < num_tiles; ++i) {
+      cp_async_wait<S - 2>();  // tile i has landed (this thread's copies) ...
+      __syncthreads();         // ... everyone's, and everyone is done with tile i - 1
+      if (i == 0) TILEINFER_STAMP(3);  // first tile landed
+      if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
+      cp_async_commit();
+      if (i + S < num_tiles) keys.lookup(i + S);  // into the slot tile i - 1 used
+
+      const uint8_t* k_stage = sh.kv + (i % S) * 2 * Cfg::kTileBytes;
+      const uint8_t* v_stage = k_stage + Cfg::kTileBytes;
+      // Before the skip below: all warps convert the tile together.
+      if constexpr (Cfg::kQuant && !Cfg::kValuesInRegs) {
+        convert_tile(v_stage, sh.conv);
+        __syncthreads();
+      }
+
+      const int tile_pos = w.key_begin + i * BN;  // position of the tile's key 0
+      // Warp-uniform: nothing visible. (The key walk starts at the window of
+      // the block's first query; the warps of later rows do not skip the tiles
+      // before their own windows: that test keeps a register live through the
+      // loop, and the 128-row int8 tile has none to spare.)
+      if (!warp_has_rows || (p.causal && tile_pos + key0 > qmax)) continue;
+
+      const uint32_t v_tile = Cfg::kQuant && !Cfg::kValuesInRegs ? conv_base : smem_addr(v_stage);
+
+      // S = Q K^T: s[R][2j + e] is row R, key key0 + 8j + 2(lane % 4) + e.
+      float s[kR][WN / 4];
+      // A fragments of k-step kk (f: fragment index, see q_frag_smem).
+      auto q_frags = [&](uint32_t (&a)[Cfg::kRowTiles][4], int f) {
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
+          if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) a[mt][x] = qf[mt][f][x];
+          } else {
+            q_frag_smem(a[mt], mt, f);
+          }
+        }
+      };
+      tile_scores<Cfg>(s, k_stage, k_row, cols_k, q_frags, row_unscale);
+      // Quantized: this lane's key scales (keys key0 + 8j + 2 quad + e at [j][e]; 0 for
+      // skipped keys), and the multiplication of score / probability columns by them.
+      const float* tile_scales = sh.scale + (i % S) * 2 * BN + key0 + 2 * quad;
+      auto lane_scales = [&](const float* scales, float (&f)[WN / 8][2]) {
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j) {
+          const float2 f2 = *reinterpret_cast<const float2*>(scales + 8 * j);
+          f[j][0] = f2.x;
+          f[j][1] = f2.y;
+        }
+      };
+      auto scale_columns = [&](const float (&f)[WN / 8][2]) {
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j)
+#pragma unroll
+          for (int R = 0; R < kR; ++R) {
+            s[R][2 * j] *= f[j][0];
+            s[R][2 * j + 1] *= f[j][1];
+          }
+      };
+      if constexpr (Cfg::kQuant) {  // each key's scale multiplies its column of scores (skipped keys masked below)
+        float ks[WN / 8][2];
+        lane_scales(tile_scales, ks);
+        scale_columns(ks);
+      }
+      // Soft-cap (or an unfoldable scale), on the true products. (int8: the
+      // factor is in row_unscale already, the key scales multiply the product.)
+      if constexpr (Cfg::kQuant) {
+        smap.apply_premultiplied(s);
+      } else {
+        smap.apply(s);
+      }
+
+      mask_tile<Cfg>(s, p, sh, i, tile_pos, key0, quad, qpos, qmin, tree_from, row_of);
+
+      float factor[kR];
+      sm.update(s, smap.k, factor);  // s now holds the probabilities
+      // Quantized: each value's scale, divided by the warp's running vmax (of |scale|), multiplies
+      // its probabilities (after the row sums took them); a larger vmax rescales
+      // the accumulator like a larger row maximum does.
+      if constexpr (Cfg::kQuant) {
+        float vs[WN / 8][2];
+        lane_scales(tile_scales + BN, vs);
+        float tile_vmax = 0.f;
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j) tile_vmax = fmaxf(tile_vmax, fmaxf(fabsf(vs[j][0]), fabsf(vs[j][1])));
+        tile_vmax = warp_max<4>(tile_vmax);  // a quad holds all the warp's keys (each quad the same)
+        if (tile_vmax > vmax) {  // warp-uniform
+          const float next = fmaxf(tile_vmax, 0x1p-100f);  // keeps 2^15 / vmax finite for subnormal scales
+          const float grow = vmax / next;
+#pragma unroll
+          for (int R = 0; R < kR; ++R) factor[R] *= grow;
+          vmax = next;
+          p_factor = kProbHeadroom * (1.f / vmax);  // a reciprocal, not a full division (registers)
+        }
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j) {
+          vs[j][0] *= p_factor;
+          vs[j][1] *= p_factor;
+        }
+        scale_columns(vs);
+      }
+      // Rescale the accumulator only when some row's maximum (or vmax) grew: in
+      // long decode walks most tiles leave every factor at exactly 1.
+      bool rescale = false;
+#pragma unroll
+      for (int R = 0; R < kR; ++R) rescale |= factor[R] != 1.f;
+      if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int R = 0; R < kR; ++R)
+#pragma unroll
+          for (int x = 0; x < D / 4; ++x) o[R][x] *= factor[R];
+      }
+
+      // O += P V, P rounded to the element type; keys 16kk.. of the warp's slice.
+      tile_pv<Cfg>(o, s, v_tile, v_row, cols_a, cols_q8);
+    }
+
+    // ---- Epilogue ----
+    // The next kernel (combine) may be scheduled once every block is here, not
+    // at their start: blocks of a next decode step resident early, beside this
+    // grid, took SM slots unevenly (H200: d 64, 32 x 4k, 64.8 -> 72.0 us).
+    TILEINFER_STAMP(4);  // key loop done
+    allow_dependent_launch();
+    tile_epilogue<Cfg, Work>(p, w, sh, sm, o, vmax, row_bad, tid, warp_n, quad, row_of);
     if constexpr (!Work::kWalks) return;  // (no loop: the one-split kernels keep their registers)
     if (!Work::template next<BM>(p, meta, w)) return;
     __syncthreads();  // the item's shared memory (rows, stages, epilogue rows) is free

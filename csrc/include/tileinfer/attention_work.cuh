@@ -275,7 +275,8 @@ struct PrefillWork {
 // ceil(group * max_q_len / kBlockM) (1 for plain decode with a group of <= 16
 // heads). Split i of a sequence of P pages walks pages [i * n, (i+1) * n),
 // n = pages_per_split (decode_splits.h: ceil(P/S) by default); a split past
-// the end walks nothing and writes the neutral partial (out 0, lse -inf). With a window, the P pages are those from the
+// the end walks nothing and writes the neutral partial (out 0, lse -inf;
+// DecodeWalkWork below: lse only). With a window, the P pages are those from the
 // page of the step's first query's first visible key on (window_key_begin),
 // and split i's range is counted from there: pages wholly before the window
 // are never read.

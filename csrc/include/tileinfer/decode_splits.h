@@ -53,10 +53,10 @@ struct DecodePlan {
   int64_t num_splits = 1;
   int64_t divisor = 1;
   int64_t min_pages = 1;
-  // Boundaries and decode tiles that do not depend on the batch (SPEC
-  // "Batch invariance"): divisor and min_pages are constants, num_splits only
-  // covers the splits any sequence of the block table can have, and the tile
-  // is chosen from the group size alone (csrc/ops/decode.cu). The grid then
+  // Boundaries and decode tiles that do not depend on the batch
+  // (docs/CONTRACT.md, "Numerics"): divisor and min_pages are constants,
+  // num_splits only covers the splits any sequence of the block table can
+  // have, and the tile is chosen from the group size alone (csrc/ops/decode.cu). The grid then
   // has grid_splits blocks per (sequence, KV head), the default rule's count
   // or fewer, which walk the splits in turn (attention_work.cuh), so that a
   // table wide enough for 32 splits costs no block for the splits a short
