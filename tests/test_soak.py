@@ -26,7 +26,9 @@ rejected positions stay reserved and are overwritten by the next step).
 Every step writes k/v into both layers (cache_write) and runs ``attention``
 on one; its output is compared with reference.paged_attention(exact=True) on
 the same cache (bounds of op_helpers.check_out: 4 ulps bf16, 1e-5 relative
-fp32), NaN-free, padding rows 0 or untouched. After every step the allocator
+fp32), NaN-free, padding rows 0 or untouched; a quarter of the steps run again
+with ``batch_invariant=True``, and one of their sequences alone must give its
+rows' bits. After every step the allocator
 invariants are checked: each page's refcount is its number of owners, a page
 has two owners only when fork shared it (the same full page index in each,
 never written again), free count = pages owned by nobody, each sequence
@@ -367,6 +369,8 @@ class CacheSoak:
             check_out(out[:tokens], exact[:tokens], self.dtype, what)
         rest = out[tokens:]
         assert torch.all(rest == 0) or torch.all(torch.isnan(rest)), f"{what}: padding rows neither 0 nor untouched"
+        if tokens and r.random() < 0.25:
+            self.check_batch_invariant(q, kc, vc, md, plan, causal, exact, what)
         # Commit: the accepted prefix of each sequence's tokens.
         start = 0
         for s, n, acc in plan:
@@ -380,6 +384,27 @@ class CacheSoak:
                 assert c.num_free_pages == free, f"{self.where()}: committing reserved positions took pages"
             q_.length += acc
             q_.reserved = max(q_.reserved, q_.length)
+
+    def check_batch_invariant(self, q, kc, vc, md, plan, causal, exact, what):
+        """The step again with batch_invariant=True (within the bounds of
+        float64), and one of its sequences alone: the same bits."""
+        bt, sl, cu = md.block_tables, md.seq_lens, md.cu_seqlens_q
+        tokens = sum(n for _, n, _ in plan)
+        out = poison_(torch.empty_like(q))
+        ops.attention(out, q, kc, vc, bt, sl, cu, md.max_q_len, SCALE, causal, batch_invariant=True)
+        check_out(out[:tokens], exact[:tokens], self.dtype, f"{what}, batch_invariant")
+        rest = out[tokens:]
+        assert torch.all(rest == 0) or torch.all(torch.isnan(rest)), f"{what}: batch_invariant padding rows"
+        i = self.rng.choice([j for j, (_, n, _) in enumerate(plan) if n > 0])
+        n, b = plan[i][1], int(cu[i])
+        alone = poison_(torch.empty_like(q[b:b + n]))
+        one = torch.tensor([0, n], dtype=torch.int32, device=q.device)
+        ops.attention(alone, q[b:b + n].contiguous(), kc, vc, bt[i:i + 1], sl[i:i + 1], one, n, SCALE, causal,
+                      batch_invariant=True)
+        as_int = torch.int32 if q.dtype == torch.float32 else torch.int16
+        assert torch.equal(alone.view(as_int), out[b:b + n].view(as_int)), \
+            f"{what}: sequence {i} ({n} queries) alone differs from its rows in the batch-invariant step"
+        self.stats["batch_invariant"] += 1
 
     # ------------------------------------------------------------------ invariants
     def check_invariants(self):
@@ -461,7 +486,7 @@ def test_cache_soak(device, dtype, num_q_heads, num_kv_heads, seed, steps):
     st = soak.stats
     for key in ("add", "fork", "finished", "preempted", "step_refused", "reserve_refused", "add_refused",
                 "freed_at_length_limit", "mixed", "decode_verify_only", "padded", "verify",
-                "route_prepare", "route_append", "route_reserve"):
+                "route_prepare", "route_append", "route_reserve", "batch_invariant"):
         assert st[key] > 0, f"seed {seed}: the schedule never did {key!r}: {dict(st)}"
 
 
