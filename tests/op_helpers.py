@@ -178,6 +178,14 @@ def kernel_queries(p, prefill=False):
     return q.double() / scale.double()
 
 
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t):
+    """The tensor's bits as integers, for bit-for-bit comparisons (NaN == NaN, -0 != +0)."""
+    return t.contiguous().view(_INT_OF_SIZE[t.element_size()])
+
+
 def check_out(out, exact, dtype, what, ulps=ULPS):
     """An output against float64: finite, and within `ulps` ulps of each row's
     magnitude (bf16 / fp16) or REL relative error (fp32). Returns the error."""

@@ -13,7 +13,7 @@ different split count shows in the bits), so the comparison can fail.
 import pytest
 import torch
 
-from op_helpers import DEVICES, check_out, exact_attention, need_path
+from op_helpers import DEVICES, bits, check_out, exact_attention, need_path
 from tileinfer_attn.testing import PagedProblem, make_problem, poison_
 
 ops = torch.ops.tileinfer_attn
@@ -78,10 +78,6 @@ def steps(seed):
     out["beside a chunk"] = ([others[0], NUM_OTHERS, 0, others[1]], 0)
     out["wider block table"] = ([others[2], 0], 40)
     return out
-
-
-def bits(t):
-    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
 
 
 def check_invariant(p, q_lens, seed, dtype, **variants):

@@ -26,7 +26,7 @@ import tileinfer_attn  # noqa: F401  (registers the ops)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
 
-from op_helpers import HEAD_DIMS, need
+from op_helpers import HEAD_DIMS, bits, need
 
 pytestmark = [
     pytest.mark.gpu,
@@ -46,14 +46,6 @@ NORM_ULPS = {torch.bfloat16: 1.0, torch.float16: 1.0, torch.float32: 8.0}
 
 
 # ----------------------------------------------------------------------------- helpers
-
-_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bits as integers (NaN == NaN, -0 != +0)."""
-    return t.contiguous().view(_INT_OF_SIZE[t.element_size()])
-
 
 def assert_same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     assert a.shape == b.shape, f"{what}: shapes {tuple(a.shape)} vs {tuple(b.shape)}"

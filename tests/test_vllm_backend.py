@@ -33,7 +33,7 @@ else:
     vllm = pytest.importorskip(
         "vllm", reason="vLLM is not installed here; CI runs this module in its vLLM virtual environment (.ci/run)")
 
-from op_helpers import DEVICES, check_out  # noqa: E402
+from op_helpers import DEVICES, bits, check_out  # noqa: E402
 
 from tileinfer_attn import reference  # noqa: E402
 from tileinfer_attn.vllm import BACKEND_CLASS_PATH  # noqa: E402
@@ -302,7 +302,7 @@ def test_forward_batch_invariant(flag, device, seed, monkeypatch):
     torch.ops.tileinfer_attn.attention(out, b.q, k_cache, v_cache, md.page_table, md.seq_lens, md.query_start_loc,
                                        md.max_query_len, r.scale, True, batch_invariant=flag == "1")
     rows = slice(0, b.num_real)
-    assert torch.equal(out[rows].view(torch.int16), r.out[rows].view(torch.int16))
+    assert torch.equal(bits(out[rows]), bits(r.out[rows]))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -462,7 +462,7 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
   const int64_t splits = partial_out.dim() > 0 ? partial_out.size(0) : 1;  // (checked in decode_as)
   decode_as("decode", partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
             max_q_len, scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask,
-            DecodePlan{splits, splits, 1, false, splits});
+            even_decode_plan(splits));
 }
 
 void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,

@@ -70,9 +70,12 @@ TILEINFER_HOST_DEVICE inline int64_t pages_per_split(int64_t pages, int64_t divi
   return even > min_pages ? even : min_pages;
 }
 
+// n splits sharing each sequence's pages evenly, a block each (the decode
+// op's plan for the partials it is given).
+inline DecodePlan even_decode_plan(int64_t n) { return DecodePlan{n, n, 1, false, n}; }
+
 inline DecodePlan decode_plan_for(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads) {
-  const int64_t n = decode_num_splits_for(num_sms, num_seqs, num_kv_heads);
-  return DecodePlan{n, n, 1, false, n};
+  return even_decode_plan(decode_num_splits_for(num_sms, num_seqs, num_kv_heads));
 }
 
 // The batch-invariant plan: a sequence of P pages gets splits of
