@@ -6,7 +6,8 @@ the same inputs (where is the crossover?).
 Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, bf16,
 page 64); batch x context (1,1k) (1,4k) (1,32k) (8,32k) (32,4k) (128,2k); a
 Llama-3-8B-like batch (same head counts, 16 x 8k); head dims 64 and 256; groups
-of 7 and 5 (28/4, 40/8) and MQA (32/1); full runs add groups of 1, 8 and 16.
+of 7 and 5 (28/4, 40/8), MQA (32/1) and one KV head of group 8 (a tensor-parallel
+shard); full runs add groups of 1, 8 and 16.
 Decode must read k and v of every position once: GB/s of those bytes against
 the copy bandwidth measured in this run. Small launches are timed as CUDA-graph
 replays (how serving engines run decode), each of ours and of the peers that
@@ -60,6 +61,8 @@ CASES = [
     ("40/8 1x32k", 1, 32768, dict(hq=40, hkv=8, d=128)),
     ("MQA 32/1 1x4k", 1, 4096, dict(hq=32, hkv=1, d=128)),
     ("MQA 32/1 1x32k", 1, 32768, dict(hq=32, hkv=1, d=128)),
+    # One KV head of group 8: a tensor-parallel shard (Llama-3-70B's 64/8 heads over 8 GPUs).
+    ("TP shard 8/1 1x4k", 1, 4096, dict(hq=8, hkv=1, d=128)),
     # The other group sizes of the decode tiles (full runs): 1 (MHA), 8, 16.
     ("MHA 32/32 32x4k", 32, 4096, dict(hq=32, hkv=32, d=128)),
     ("32/4 32x4k", 32, 4096, dict(hq=32, hkv=4, d=128)),
@@ -67,7 +70,7 @@ CASES = [
 ]
 QUICK = {"1x1k", "1x32k", "8x32k", "32x4k", "128x2k", "d64 32x4k", "d256 32x4k", "d80 32x4k", "d96 32x4k",
          "d96 1x32k", "28/4 32x4k", "28/4 1x32k",
-         "40/8 32x4k", "40/8 1x32k", "MQA 32/1 1x4k", "MQA 32/1 1x32k"}
+         "40/8 32x4k", "40/8 1x32k", "MQA 32/1 1x4k", "MQA 32/1 1x32k", "TP shard 8/1 1x4k"}
 EAGER_MAX_POSITIONS = 4096  # batch x context; the eager reference loops in Python
 
 VERIFY_N = [2, 4, 8, 16]
@@ -210,11 +213,13 @@ def run_splits(label, batch, ctx, cfg, counts, args, errors):
 # Batch-invariant decode (attention's batch_invariant) against the default
 # split rule on the same inputs: with the table as wide as the context (the
 # fewest grid splits) and as an engine sizes it for 128k positions (32 grid
-# splits, the later ones empty). Graph replays; full runs, or --only invariant.
+# splits, the later ones empty), each against the default on the same table.
+# Graph replays; full runs, or --only invariant.
 INVARIANT_CASES = [
     ("1x1k", 1, 1024, QWEN3), ("1x4k", 1, 4096, QWEN3), ("1x32k", 1, 32768, QWEN3), ("8x32k", 8, 32768, QWEN3),
     ("32x4k", 32, 4096, QWEN3), ("128x2k", 128, 2048, QWEN3), ("256x1k", 256, 1024, QWEN3),
     ("MQA 32/1 1x4k", 1, 4096, dict(hq=32, hkv=1, d=128)), ("28/4 32x4k", 32, 4096, dict(hq=28, hkv=4, d=128)),
+    ("TP shard 8/1 1x4k", 1, 4096, dict(hq=8, hkv=1, d=128)),
 ]
 
 
@@ -224,15 +229,18 @@ def run_invariant(label, batch, ctx, cfg, args, errors):
     times = {}
     for name, make in (("default", lambda p: ap.ours_attention(p)),
                        ("invariant", lambda p: ap.ours_attention(p, batch_invariant=True)),
+                       ("default, 128k table", lambda p: ap.ours_attention(p, table_positions=131072)),
                        ("invariant, 128k table",
                         lambda p: ap.ours_attention(p, batch_invariant=True, table_positions=131072))):
         r = ap.timed(f"{label} {name}", make, sets, True, errors, **kw)
         times[name] = r[0].median_us if r is not None else None
     del sets
     torch.cuda.empty_cache()
-    d, tight, wide = times["default"], times["invariant"], times["invariant, 128k table"]
-    return [dict(case=label, default_us=d, invariant_us=tight, invariant_wide_us=wide,
-                 over_default=tight / d if d and tight else None, wide_over_default=wide / d if d and wide else None)]
+    d, tight = times["default"], times["invariant"]
+    dw, wide = times["default, 128k table"], times["invariant, 128k table"]
+    return [dict(case=label, default_us=d, invariant_us=tight, default_wide_us=dw, invariant_wide_us=wide,
+                 over_default=tight / d if d and tight else None,
+                 wide_over_default=wide / dw if dw and wide else None)]
 
 
 def main():
@@ -306,7 +314,8 @@ def main():
                                         errors) or []
         common.print_table(invariant, [("case", "case", ""), ("default us", "default_us", ".1f"),
                                        ("invariant us", "invariant_us", ".1f"), ("t / default", "over_default", ".2f"),
-                                       ("128k table us", "invariant_wide_us", ".1f"),
+                                       ("default, 128k table us", "default_wide_us", ".1f"),
+                                       ("invariant, 128k table us", "invariant_wide_us", ".1f"),
                                        ("t / default", "wide_over_default", ".2f")],
                            title="\nbatch-invariant decode (attention op, batch_invariant=True) against the default")
     common.save(NAME, dict(env=env, ceilings=ceil, status=status, rows=rows, verify=verify, variants=variants,

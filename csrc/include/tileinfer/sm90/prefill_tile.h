@@ -73,8 +73,13 @@ struct PrefillTile {
   // so a split beyond that total never starts (it hangs, it does not fail).
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kConverterWarps = kQuant ? 3 : 0;  // warps 1-3 of the producer warpgroup
-  static constexpr int kProducerRegs = 40;  // the converters too (prefill_convert.cuh)
-  static constexpr int kConsumerRegs = 232;
+  // A quantized cache's converters (prefill_convert.cuh) take 56: with 40
+  // they spilled and kept four rows in flight, and the kernel waited on them;
+  // with 56 they hold six, and the consumers, at 224, spill only around an
+  // item's start and end, not in the key loop. The bf16 / fp16 consumers
+  // take all they can.
+  static constexpr int kProducerRegs = kQuant ? 56 : 40;
+  static constexpr int kConsumerRegs = kQuant ? 224 : 232;
   static_assert(D == 64 || D == 128 || D == 256, "head dims of the tile table");
   static_assert(std::is_same_v<CacheT, QT> || (kQuant && D <= 128),
                 "a cache of the queries' type, or a quantized one at d <= 128");
