@@ -49,10 +49,10 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, 
   constexpr int kRowStep = 32 * Cfg::kConverterWarps / kChunks;
   static_assert((32 * Cfg::kConverterWarps) % kChunks == 0, "a thread's chunk stays the same");
   constexpr int kSteps = (BN + kRowStep - 1) / kRowStep;
-  // Rows in flight per thread, their loads first: six of the 11 (d 128) or 6
-  // (d 64) rows a thread converts per tile, as many as kProducerRegs hold
-  // without spills (eight or more spill at 56, and 72 registers would take
-  // the consumers' below what their key loop needs).
+  // Rows in flight per thread, their loads first: six of the 11 (d 128) or
+  // all 6 (d 64) rows a thread converts per tile, within kProducerRegs (all
+  // 11 at 72 registers spilled in this loop, and left the consumers 216,
+  // which spilled in their key loop).
   constexpr int kBatch = 6;
   // A thread's rows are kRowStep apart, a multiple of 4: the swizzle of
   // row0 + k * kRowStep is row0's, with bit 2 flipped for odd multiples of 4.
