@@ -14,6 +14,8 @@
 //     factors), the numerics of the tile kernel (attention_kernel.cuh).
 #pragma once
 
+#include <type_traits>
+
 #include "../attention_work.cuh"
 #include "../common.cuh"
 #include "../quant.cuh"
@@ -32,62 +34,81 @@ namespace sm90 {
 // r >> box_shift of `outside`) become zeros, so that no NaN reaches P V;
 // the consumers mask those keys.
 //
-// Thread t of the 96 takes raw chunk t % (D / 16) of rows t / (D / 16) +
-// k * 96 / (D / 16): its two output chunks stay in one 64-column block, and
-// the threads of the second half of a row store their second chunk first,
-// so that a row's eight threads hit eight different banks. Each output chunk
-// comes from its own 8-byte load (the first stored one's half first), so
-// that the order costs no selects. No branch between a batch's rows: rows
-// past the tile (the last batch of some threads) are converted and not
-// stored, so that the batch's conversions interleave.
+// A thread converts one raw 16-byte chunk c (16 elements: one load, two
+// 16-byte stores, output chunks 2c and 2c + 1) of rows row0 + k * kRowStep.
+// The eight threads of a quarter warp (one shared-memory wavefront of
+// 16-byte accesses) take four chunks of an even row r and four of row r + 1:
+// at d 128 chunks 0-3 of one and 4-7 of the other (so their raw bytes span
+// all 32 banks), at d 64 all four of each (a raw row is 64 bytes). Row r + 1
+// flips bit 0 of the swizzle, so that the stores of row r fill the even
+// positions of the 128-byte rows and those of row r + 1 the odd ones: no
+// bank conflict, no per-thread choice of order. No branch between a batch's
+// rows, so that their conversions interleave: a row past the tile (in the
+// last step, for some threads) is converted and not stored. A tile whose
+// rows are all keys (every tile but an item's last) takes a loop without
+// the per-row zeroing, unrolled, so that only the last step tests the tile's end.
 template <class Cfg>
 __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, int ctid, int valid,
                                              uint32_t outside, int box_shift) {
   constexpr int D = Cfg::D;
   constexpr int BN = Cfg::kBlockN;
-  constexpr int kChunks = D / 16;  // raw 16-byte chunks of a row
+  constexpr int kChunks = D / 16;           // raw 16-byte chunks of a row: 8 (d 128) or 4 (d 64)
+  constexpr int kQuarters = kChunks / 4;    // quarter warps per row pair
   constexpr int kRowStep = 32 * Cfg::kConverterWarps / kChunks;
-  static_assert((32 * Cfg::kConverterWarps) % kChunks == 0, "a thread's chunk stays the same");
+  static_assert(kChunks == 4 || kChunks == 8, "d 64 or 128");
+  static_assert((32 * Cfg::kConverterWarps) % (2 * kChunks) == 0, "whole row pairs per step");
   constexpr int kSteps = (BN + kRowStep - 1) / kRowStep;
   // Rows in flight per thread, their loads first: six of the 11 (d 128) or
-  // all 6 (d 64) rows a thread converts per tile, within kProducerRegs (all
-  // 11 at 72 registers spilled in this loop, and left the consumers 216,
-  // which spilled in their key loop).
+  // all 6 (d 64) rows a thread converts per tile, within kProducerRegs.
   constexpr int kBatch = 6;
   // A thread's rows are kRowStep apart, a multiple of 4: the swizzle of
   // row0 + k * kRowStep is row0's, with bit 2 flipped for odd multiples of 4.
   static_assert(kRowStep % 4 == 0, "rows whose swizzle differs by bit 2 at most");
   static_assert(kBatch * kRowStep % 8 == 0, "every batch starts at row0's swizzle");
-  const int ch = ctid % kChunks;
-  const int row0 = ctid / kChunks;
-  const int c0 = 2 * ch + ((ch >> 2) & 1);  // the output chunk stored first, then c0 ^ 1
-  const uint8_t* src = raw + row0 * D + ch * 16 + (c0 & 1) * 8;  // the 8 raw bytes of chunk c0 in row row0
-  const int other = (c0 & 1) ? -8 : 8;                            // those of chunk c0 ^ 1
-  uint8_t* dst = tile + (c0 >> 3) * BN * 128 + row0 * 128;
-  const int x0 = ((c0 & 7) ^ (row0 & 7)) << 4;  // chunks c0 and c0 ^ 1 in row row0
-  const int x1 = x0 ^ 16;
-#pragma unroll 1
-  for (int b = 0; b < kSteps; b += kBatch) {
-    uint2 in[kBatch][2];
+  const int quarter = ctid >> 3;
+  const int upper = (ctid >> 2) & 1;  // row r + 1 of the quarter's pair
+  const int row0 = 2 * (quarter / kQuarters) + upper;
+  const int ch = 4 * ((quarter ^ upper) % kQuarters) + (ctid & 3);
+  const uint8_t* src = raw + row0 * D + ch * 16;
+  // Output chunks 2 ch and 2 ch + 1 of row row0, and of rows whose swizzle
+  // has bit 2 flipped (odd multiples of 4 rows on).
+  uint8_t* dst = tile + (ch >> 2) * BN * 128 + row0 * 128;
+  const int x0 = (((2 * ch) & 7) ^ (row0 & 7)) << 4;
+  uint8_t* const out[2][2] = {{dst + x0, dst + (x0 ^ 16)}, {dst + (x0 ^ 64), dst + (x0 ^ 80)}};
+  const int rows_left = BN - row0;
+  // Whether this thread's row row0 + off (off: a step's first row) is in
+  // the tile: only the last step's can be past it.
+  auto in_tile = [&](int off) { return off < kSteps * kRowStep && (off + kRowStep <= BN || off < rows_left); };
+  // The rows of the kBatch steps from step b, loads first; kAll: every row
+  // is a key of the item.
+  auto batch = [&](auto all, int b) {
+    constexpr bool kAll = decltype(all)::value;
+    uint4 in[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const int r = row0 + (b + j) * kRowStep;
-      const bool take = r < valid && ((outside >> (r >> box_shift)) & 1) == 0;  // (valid <= BN)
-      const uint8_t* at = src + (b + j) * kRowStep * D;
-      in[j][0] = take ? *reinterpret_cast<const uint2*>(at) : make_uint2(0, 0);
-      in[j][1] = take ? *reinterpret_cast<const uint2*>(at + other) : make_uint2(0, 0);
+      const int off = (b + j) * kRowStep;
+      const int r = row0 + off;
+      const bool take = in_tile(off) && (kAll || (r < valid && ((outside >> (r >> box_shift)) & 1) == 0));
+      in[j] = take ? *reinterpret_cast<const uint4*>(src + off * D) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const uint4 first = x8_to_half<typename Cfg::CacheT>(in[j][0]);
-      const uint4 second = x8_to_half<typename Cfg::CacheT>(in[j][1]);
-      uint8_t* row = dst + (b + j) * kRowStep * 128;
-      const int flip = (j * kRowStep) & 4 ? 64 : 0;  // (b * kRowStep: a multiple of 8)
-      if (row0 + (b + j) * kRowStep < BN) {
-        *reinterpret_cast<uint4*>(row + (x0 ^ flip)) = first;
-        *reinterpret_cast<uint4*>(row + (x1 ^ flip)) = second;
+      const int off = (b + j) * kRowStep;
+      uint4 first, second;
+      x16_to_half<typename Cfg::CacheT>(in[j], first, second);
+      const int flip = (j * kRowStep) & 4 ? 1 : 0;  // (b * kRowStep: a multiple of 8)
+      if (in_tile(off)) {
+        *reinterpret_cast<uint4*>(out[flip][0] + off * 128) = first;
+        *reinterpret_cast<uint4*>(out[flip][1] + off * 128) = second;
       }
     }
+  };
+  if (valid >= BN && outside == 0) {  // (the same in every thread)
+#pragma unroll
+    for (int b = 0; b < kSteps; b += kBatch) batch(std::true_type{}, b);
+  } else {
+#pragma unroll 1
+    for (int b = 0; b < kSteps; b += kBatch) batch(std::false_type{}, b);
   }
 }
 
