@@ -59,6 +59,7 @@ struct QuantFormat<__nv_fp8_e4m3> {
 // probabilities down to 2^-29 of the row's largest out of fp16's subnormals,
 // and the largest (1) within its range.
 constexpr float kProbHeadroom = 32768.f;
+constexpr float kLog2ProbHeadroom = 15.f;
 
 // The power of two 2^e that puts a query row's largest |q * k_smooth|
 // (`amax`) in [2^13, 2^14), where the kernels round the row to 15-bit

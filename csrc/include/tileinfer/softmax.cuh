@@ -67,11 +67,12 @@ struct SoftmaxRow {
   // Hopper prefill rounds them to fp16: a row led by a large sink would push
   // every key's probability toward fp16's subnormals). Returns what the
   // accumulator, built against the keys' maximum, must be multiplied by.
-  __device__ __forceinline__ float join_sink(float sink) {
+  // `bias`: that of the sums (OnlineSoftmax::update).
+  __device__ __forceinline__ float join_sink(float sink, float bias = 0.f) {
     if (sink == kNegInf) return 1.f;
     const float m_new = fmaxf(m, sink);
     const float factor = fast_exp2(m - m_new);  // m = -inf: 0
-    l = l * factor + fast_exp2(sink - m_new);
+    l = l * factor + fast_exp2(sink - m_new + bias);
     m = m_new;
     return factor;
   }
@@ -130,20 +131,34 @@ struct OnlineSoftmax {
   // max(s) * k == max(s * k) for k > 0. s is replaced by the probabilities
   // exp2(s * k - m); factor[r] is what the caller multiplies its accumulator
   // rows by.
+  //
+  // The second form takes a multiplier per row (each > 0: a kernel that
+  // folds a row's own factor into it) and `bias`, log2 of a power of two
+  // that the probabilities, and so l, come out multiplied by (0: none; the
+  // quantized Hopper prefill's fp16 headroom, which SoftmaxRow::join_sink
+  // and softmax_result then take back).
   template <int kCols>
   __device__ __forceinline__ void update(float (&s)[kRows][kCols], float k, float (&factor)[kRows]) {
+    float row_k[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) row_k[r] = k;
+    update(s, row_k, factor, 0.f);
+  }
+  template <int kCols>
+  __device__ __forceinline__ void update(float (&s)[kRows][kCols], const float (&k)[kRows], float (&factor)[kRows],
+                                         float bias) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       float mx = s[r][0];
 #pragma unroll
       for (int c = 1; c < kCols; ++c) mx = fmaxf(mx, s[r][c]);
       mx = warp_max<kWidth>(mx);
-      factor[r] = row[r].enter_tile(mx * k);  // -inf * k = -inf
-      const float neg_off = -row[r].offset();
+      factor[r] = row[r].enter_tile(mx * k[r]);  // -inf * k = -inf
+      const float neg_off = bias - row[r].offset();
       float sum = 0.f;
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
-        s[r][c] = fast_exp2(fmaf(s[r][c], k, neg_off));
+        s[r][c] = fast_exp2(fmaf(s[r][c], k[r], neg_off));
         sum += s[r][c];
       }
       row[r].l += sum;

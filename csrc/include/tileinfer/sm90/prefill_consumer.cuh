@@ -25,13 +25,15 @@
 //     the last P V are separate pieces of code.
 //
 // A quantized cache (Cfg::kQuant): the operands are fp16 (prefill_convert.cuh);
-// each warpgroup first converts its query rows, in place, and its scores
-// are multiplied by their row's factor (k_scale over the row's power of two)
-// before the softmax, P by 2^15 before it is rounded, and the output by
-// v_scale / 2^15. Per-vector scales: the row's factor is its power of two
-// alone, each score column takes its key's scale, each probability column its
-// value's scale times 2^15 over the running vmax (from the tile's scale
-// slot), and the output vmax / 2^15.
+// each warpgroup first converts its query rows, in place. A row's factor
+// (k_scale over the row's power of two) joins the softmax's exp2
+// multiplier, and P comes out of the exp2 times 2^15 (an exponent bias, as
+// do the row sums; the output takes v_scale). Per-vector scales: the row's
+// factor is its power of two alone, each score column takes its key's
+// scale, each probability column its value's scale times 2^15 over the
+// running vmax, and the output vmax / 2^15; the tile's key scales are
+// loaded from its scale slot while S completes. (With a soft-cap the tanh
+// takes the true product: the scores are multiplied by the row factor first.)
 //
 // Thread layout (as the mma.m16n8k16 accumulator, repeated over N / 8): lane
 // 4 g + c of warp v holds rows 16 v + g and 16 v + g + 8 of its warpgroup; the
@@ -89,12 +91,21 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 
     // Quantized: the rows' score factors, and NaN output for a row that held
     // a non-finite value (as the float reference gives).
+    // Uncapped, the row's factor then joins the softmax's multiplier (per
+    // row: OnlineSoftmax::update), a multiply per score less; a factor of 0,
+    // from a zero scale, becomes a tiny one (0 times a masked score, -inf,
+    // would be NaN). Capped, the tanh takes the true product: the scores are
+    // multiplied by the factor first.
     float unscale[2] = {1.f, 1.f};
     bool bad[2] = {false, false};
     if constexpr (Cfg::kQuant) {
       convert_queries<Cfg>(p, q_tile, w, r0, quad, smap.pre_factor(), unscale, bad);
       wgmma::fence_proxy_async_smem();  // the converted rows, visible to the tensor cores ...
       named_sync(kQueryBarrier + wg, 128);  // ... once the whole warpgroup's are written
+      if (!smap.cap) {
+#pragma unroll
+        for (int R = 0; R < 2; ++R) unscale[R] = smap.k * unscale[R] == 0.f ? 1e-30f : smap.k * unscale[R];
+      }
     }
 
     int qpos[2];
@@ -134,6 +145,8 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       my_first = min(my_tiles, max(0, (window_first_key(wg_qmin, p.a.window_left) - w.key_begin) / BN));
     }
 
+    const MaskedTiles masked = MaskedTiles::make<BN>(w.key_begin, w.key_end, p.a.causal, wg_qmin,
+                                                     window_first_key(qpos[1], p.a.window_left));
     // Per-vector scales: tile i's scale slot (prefill_smem.cuh), and the
     // running max of |v_scale| that O is in units of.
     const uint32_t tile0 = tiles;
@@ -145,6 +158,27 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     float s[2][BN / 4];      // s[R][2 j + e]: row R, key 8 j + 2 quad + e; then the probabilities
     uint32_t a[BN / 16][4];  // P rounded to T: the A operand of its P V product
     float factor[2];
+    // Per-vector scales: s times the scales of its columns, from `scales`
+    // (this tile's k or v scales in the scale slot: prefill_tile.h), four per load.
+    using Scales = float4[BN / 16];
+    auto load_scales = [&](Scales& f, const float* scales) {
+      const float4* mine = reinterpret_cast<const float4*>(scales + quad * Cfg::kScaleQuadStride);
+#pragma unroll
+      for (int c = 0; c < BN / 16; ++c) f[c] = mine[c];
+    };
+    auto scale_columns = [&](float (&s)[2][BN / 4], const Scales& f4) {
+#pragma unroll
+      for (int c = 0; c < BN / 16; ++c) {
+        const float4 f = f4[c];
+#pragma unroll
+        for (int R = 0; R < 2; ++R) {
+          s[R][4 * c] *= f.x;
+          s[R][4 * c + 1] *= f.y;
+          s[R][4 * c + 2] *= f.z;
+          s[R][4 * c + 3] *= f.w;
+        }
+      }
+    };
     // One arrival per warp on `bar`, once the whole warp is done.
     auto release = [&](uint64_t* bar) {
       __syncwarp();
@@ -153,65 +187,47 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     // Masked online softmax of the S just completed (`outside`: its stage's
     // mask, from take_k_mask): s holds its probabilities, factor what O must
     // be multiplied by.
-    auto softmax = [&](int i, uint32_t outside) {
+    auto softmax = [&](int i, uint32_t outside, const Scales& ks) {
       wgmma::fence_regs(acc);
       wgmma::acc_to_rows<BN>(acc, s);
       if constexpr (Cfg::kQuant) {
+        if (smap.cap) {
 #pragma unroll
-        for (int R = 0; R < 2; ++R)
+          for (int R = 0; R < 2; ++R)
 #pragma unroll
-          for (int c = 0; c < BN / 4; ++c) s[R][c] *= unscale[R];
-        if constexpr (Cfg::kVectorScales) {  // each key's scale on its column
-          const float* ks = scale_slot(i);
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const float2 k2 = *reinterpret_cast<const float2*>(ks + 8 * j + 2 * quad);
-#pragma unroll
-            for (int R = 0; R < 2; ++R) {
-              s[R][2 * j] *= k2.x;
-              s[R][2 * j + 1] *= k2.y;
-            }
-          }
+            for (int c = 0; c < BN / 4; ++c) s[R][c] *= unscale[R];
         }
+        if constexpr (Cfg::kVectorScales) scale_columns(s, ks);  // each key's scale on its column
         smap.template apply_premultiplied<true>(s);
       } else {
         smap.template apply<true>(s);  // the one-instruction tanh (softmax.cuh)
       }
-      const TileMask mask{w.key_begin + i * BN, w.key_end, outside, box_shift, p.a.window_left, p.a.causal};
-      if (mask.template needed<BN>(wg_qmin, window_first_key(qpos[1], p.a.window_left))) {
+      if (masked(i, outside)) {
+        const TileMask mask{w.key_begin + i * BN, w.key_end, outside, box_shift, p.a.window_left, p.a.causal};
         mask.template apply<BN>(s, qpos, quad);
       }
-      smx.update(s, smap.k, factor);
+      if constexpr (Cfg::kQuant) {
+        const float row_k[2] = {smap.cap ? smap.k : unscale[0], smap.cap ? smap.k : unscale[1]};
+        smx.update(s, row_k, factor, Cfg::kProbBias);  // per tensor: P comes out times kProbHeadroom
+      } else {
+        smx.update(s, smap.k, factor);
+      }
       if constexpr (Cfg::kVectorScales) {
         // Each value's scale on its probabilities, times kProbHeadroom over
         // the running vmax (hand_on_scales); a larger vmax rescales O as a
         // larger row maximum does. Then the tile's scales are released.
         const float* slot = scale_slot(i);
-        const float top = slot[2 * BN];
+        const float top = slot[2 * Cfg::kScaleFloats];
         if (top != vmax) {  // (uniform: every thread reads the same slot)
           const float grow = vmax / top;  // 0 on the first tile, where O is still 0
 #pragma unroll
           for (int R = 0; R < 2; ++R) factor[R] *= grow;
           vmax = top;
         }
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const float2 v2 = *reinterpret_cast<const float2*>(slot + BN + 8 * j + 2 * quad);
-#pragma unroll
-          for (int R = 0; R < 2; ++R) {
-            s[R][2 * j] *= v2.x;
-            s[R][2 * j + 1] *= v2.y;
-          }
-        }
+        Scales vs;
+        load_scales(vs, slot + Cfg::kScaleFloats);
+        scale_columns(s, vs);
         release(&sm.scale_empty[scale_index(i)]);
-      } else if constexpr (Cfg::kQuant) {
-        // P in fp16 times kProbHeadroom (quant.cuh): a row led by a large
-        // score would otherwise lose its small probabilities to fp16's
-        // subnormals. The output factor takes it back.
-#pragma unroll
-        for (int R = 0; R < 2; ++R)
-#pragma unroll
-          for (int c = 0; c < BN / 4; ++c) s[R][c] *= kProbHeadroom;
       }
     };
     auto pack_p = [&]() { wgmma::rows_to_a<T, BN>(s, a); };
@@ -256,8 +272,10 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       const RingSlot<Cfg::kStages> slot(tiles++);
       take_s(slot);
       named_arrive(kTurnBarrier + (wg ^ 1), 256);
+      Scales ks;  // (per-vector scales: loaded while S completes, as below)
+      if constexpr (Cfg::kVectorScales) load_scales(ks, scale_slot(i));
       wgmma::wait<0>();
-      softmax(i, take_k_mask(slot.stage));
+      softmax(i, take_k_mask(slot.stage), ks);
       pack_p();
       prev = slot;
       ++i;
@@ -270,9 +288,12 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       take_s(slot);
       wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev.stage)));
       named_arrive(kTurnBarrier + (wg ^ 1), 256);
+      // Per-vector scales: the tile's key scales load while S completes.
+      Scales ks;
+      if constexpr (Cfg::kVectorScales) load_scales(ks, scale_slot(i));
       wgmma::wait<1>();  // S of tile i
       const uint32_t outside = take_k_mask(slot.stage);
-      softmax(i, outside);
+      softmax(i, outside, ks);
       // Pinned before the wait, so that the softmax stays ahead of it.
 #pragma unroll
       for (int R = 0; R < 2; ++R) wgmma::fence_regs(s[R]);
@@ -296,8 +317,9 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 
     float out_factor[2] = {1.f, 1.f};
     if constexpr (Cfg::kQuant) {
-      // O is in units of v_scale (per tensor) or vmax (per vector) over kProbHeadroom.
-      const float v_scale = (Cfg::kVectorScales ? vmax : __ldg(p.a.kv.v_scale)) * (1.f / kProbHeadroom);
+      // O is in units of vmax / kProbHeadroom (per vector) or of v_scale (per
+      // tensor, whose row sums carry the headroom as P does).
+      const float v_scale = Cfg::kVectorScales ? vmax * (1.f / kProbHeadroom) : __ldg(p.a.kv.v_scale);
 #pragma unroll
       for (int R = 0; R < 2; ++R) out_factor[R] = bad[R] ? __int_as_float(0x7fc00000) : v_scale;
     }

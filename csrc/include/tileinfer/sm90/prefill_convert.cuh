@@ -113,7 +113,8 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, 
 }
 
 // Per-vector scales: one converter warp's share of a key tile's scales, from
-// its raw slot into scale slot `slot` ([k][v], kBlockN each, then vmax).
+// its raw slot into scale slot `slot` (k, then v, in the consumers' order:
+// prefill_tile.h; then vmax).
 // Rows from `valid` on and rows of boxes outside the pool get zeros (their
 // scales were not copied, or hold anything). Every converter warp computes
 // the tile's largest |v_scale| and the item's running maximum `vmax` (the
@@ -140,13 +141,15 @@ __device__ __forceinline__ void hand_on_scales(const float* raw, float* slot, in
   vmax = fmaxf(vmax, warp_max<32>(tile_vmax));
   const float top = fmaxf(vmax, 0x1p-100f);  // keeps kProbHeadroom / top finite for subnormal scales
   const float factor = kProbHeadroom * (1.f / top);
+  // Key r: column 8 j + 2 q + e of the accumulator rows, the element 2 j + e of quad q's.
+  const int at = ((lane & 7) >> 1) * Cfg::kScaleQuadStride + 2 * (lane >> 3) + (lane & 1);
 #pragma unroll
   for (int k = 0; k < kRows; ++k)
     if (k % Cfg::kConverterWarps == cw) {
-      slot[lane + 32 * k] = ks[k];
-      slot[BN + lane + 32 * k] = vs[k] * factor;
+      slot[at + 8 * k] = ks[k];  // (key lane + 32 k: j grows by 4)
+      slot[Cfg::kScaleFloats + at + 8 * k] = vs[k] * factor;
     }
-  if (cw == 0 && lane == 0) slot[2 * BN] = top;
+  if (cw == 0 && lane == 0) slot[2 * Cfg::kScaleFloats] = top;
 }
 
 // The converter warps' loop: the producer's items and tiles in the same

@@ -42,8 +42,9 @@ __device__ __forceinline__ void prefill_store(const PrefillParams& p, const Work
 #pragma unroll
   for (int R = 0; R < 2; ++R) {
     const int r = r0 + 8 * R;
-    const float keep = smx.row[R].join_sink(sink[R]);
-    SoftmaxResult res = softmax_result(smx.row[R].m, smx.row[R].l);
+    // (Cfg::kProbBias: the sums carry a power of two, which the lse drops.)
+    const float keep = smx.row[R].join_sink(sink[R], Cfg::kProbBias);
+    SoftmaxResult res = softmax_result(smx.row[R].m - Cfg::kProbBias, smx.row[R].l);
     res.inv_sum *= factor[R] * keep;
     if (isnan(factor[R])) res.lse = factor[R];
     if constexpr (Cfg::kStagedStore) {

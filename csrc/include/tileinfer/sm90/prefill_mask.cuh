@@ -8,6 +8,7 @@
 
 #include "../attention_work.cuh"
 #include "../softmax.cuh"
+#include "prefill_masked_tiles.h"
 
 namespace tileinfer {
 namespace sm90 {
@@ -20,15 +21,6 @@ struct TileMask {
   int window_left;   // AttentionParams::window_left (INT_MAX: no window)
   bool causal;
 
-  // Whether this thread's rows need the per-score test on this tile: qmin is
-  // the warpgroup's first row's position (the causal diagonal, tested per
-  // warpgroup), lo_last the first key this thread's later row sees (the
-  // window's edge, tested per thread: no register stays live for it).
-  template <int kBlockN>
-  __device__ __forceinline__ bool needed(int qmin, int lo_last) const {
-    return outside != 0 || tile_pos + kBlockN > key_end || (causal && tile_pos + kBlockN - 1 > qmin) ||
-           tile_pos < lo_last;
-  }
 
   // s[R][2 j + e]: row R (query position qpos[R]), key 8 j + 2 quad + e.
   // Branch-free: each row's last and first visible positions once, then

@@ -9,11 +9,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TILEINFER_HD __host__ __device__ __forceinline__
-#else
-#define TILEINFER_HD inline
-#endif
+#include "host_device.h"
 
 namespace tileinfer {
 namespace sm90 {

@@ -73,6 +73,10 @@ struct PrefillTile {
   // so a split beyond that total never starts (it hangs, it does not fail).
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kConverterWarps = kQuant ? 3 : 0;  // warps 1-3 of the producer warpgroup
+  // log2 of what the probabilities come out of the softmax multiplied by
+  // (OnlineSoftmax::update's bias): a quantized cache's fp16 headroom, but
+  // with per-vector scales it rides on the value scales instead.
+  static constexpr float kProbBias = kQuant && !kVectorScales ? kLog2ProbHeadroom : 0.f;
   // A quantized cache's converters (prefill_convert.cuh) take 56: with 40
   // they spilled and kept four rows in flight, and the kernel waited on them;
   // with 56 they hold six, and the consumers, at 224, spill only around an
@@ -104,8 +108,16 @@ struct PrefillTile {
   static constexpr int kRawSlotBytes = kQuant ? kBlockN * D + kScaleBytes : 0;
   static constexpr int kRawSlots = !kQuant ? 0 : D == 128 ? 3 : 4;
   static constexpr int kScaleSlots = kVectorScales ? kStages + 1 : 0;
-  // (each slot: the scales, then the running maximum of |v_scale| as of its tile, padded to 16 bytes)
-  static constexpr int kScaleSlotBytes = kVectorScales ? kScaleBytes + 16 : 0;
+  // A scale slot holds the k scales, then the v scales, each in the order
+  // the consumers read them: the kBlockN / 4 columns of quad q of a thread's
+  // accumulator rows (8 j + 2 q + e: the row's element 2 j + e) together,
+  // from float q * kScaleQuadStride, so that each thread loads its scales
+  // as 16-byte vectors; 4 floats of padding per quad put the four quads'
+  // loads in different banks. Then the running maximum of |v_scale| as of
+  // its tile, padded to 16 bytes.
+  static constexpr int kScaleQuadStride = kBlockN / 4 + 4;
+  static constexpr int kScaleFloats = 4 * kScaleQuadStride;  // one kind of scale of one tile
+  static constexpr int kScaleSlotBytes = kVectorScales ? 2 * kScaleFloats * 4 + 16 : 0;
   // Query tiles in flight: two where shared memory holds them, so that the
   // producer copies the next item's queries and first tiles while this
   // item's last tiles are computed (with one, it waits for this item's last
