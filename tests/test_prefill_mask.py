@@ -5,26 +5,18 @@ warpgroup's first query, or a key before the thread's later row's window;
 rows of no query have position INT_MAX. The GPU tests check the outputs."""
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from cpp_tool import compile_tool
 INT_MAX = 2**31 - 1
 
 
 @pytest.fixture(scope="module")
 def masked_tiles(tmp_path_factory):
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if not cxx:
-        pytest.skip("no C++ compiler on PATH (g++, c++ or clang++; or set CXX)")
-    exe = tmp_path_factory.mktemp("prefill_mask") / "masked_tiles"
-    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-I", str(ROOT / "csrc" / "include"),
-                    str(ROOT / "tests" / "prefill_masked_tiles.cpp"), "-o", str(exe)], check=True)
+    exe = compile_tool(tmp_path_factory, "prefill_masked_tiles.cpp")
 
     def run(cases):
         lines = "\n".join(" ".join(str(int(v)) for v in c) for c in cases) + "\n"

@@ -7,13 +7,13 @@ next_item takes (a row tile with rows of its sequence's queries); the GPU
 tests (test_wgmma_prefill_gpu.py) check the outputs of the same order."""
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from cpp_tool import compile_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 K_PAIRS, K_SEQUENCES = 0, 1  # sm90::PrefillOrder
@@ -21,12 +21,7 @@ K_PAIRS, K_SEQUENCES = 0, 1  # sm90::PrefillOrder
 
 @pytest.fixture(scope="module")
 def walk(tmp_path_factory):
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if not cxx:
-        pytest.skip("no C++ compiler on PATH (g++, c++ or clang++; or set CXX)")
-    exe = tmp_path_factory.mktemp("prefill_order") / "walk"
-    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-I", str(ROOT / "csrc" / "include"),
-                    str(ROOT / "tests" / "prefill_order_walk.cpp"), "-o", str(exe)], check=True)
+    exe = compile_tool(tmp_path_factory, "prefill_order_walk.cpp")
 
     def run(batches):
         """batches: dicts of sms, heads, group, block_m, max_q_len, mixed, fits_l2, q (query counts).
