@@ -27,8 +27,9 @@
 // A quantized cache (Cfg::kQuant): the operands are fp16 (prefill_convert.cuh);
 // each warpgroup first converts its query rows, in place. A row's factor
 // (k_scale over the row's power of two) joins the softmax's exp2
-// multiplier, and P comes out of the exp2 times 2^15 (an exponent bias, as
-// do the row sums; the output takes v_scale). Per-vector scales: the row's
+// multiplier, and P comes out of the exp2 already times 2^15 (a bias on its
+// argument; the row sums carry the same factor, and the output takes
+// v_scale). Per-vector scales: the row's
 // factor is its power of two alone, each score column takes its key's
 // scale, each probability column its value's scale times 2^15 over the
 // running vmax, and the output vmax / 2^15; the tile's key scales are
@@ -90,12 +91,11 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     const uint32_t q_base = q_base0 + qs.stage * Cfg::kQBytes;
 
     // Quantized: the rows' score factors, and NaN output for a row that held
-    // a non-finite value (as the float reference gives).
-    // Uncapped, the row's factor then joins the softmax's multiplier (per
-    // row: OnlineSoftmax::update), a multiply per score less; a factor of 0,
-    // from a zero scale, becomes a tiny one (0 times a masked score, -inf,
-    // would be NaN). Capped, the tanh takes the true product: the scores are
-    // multiplied by the factor first.
+    // a non-finite value (as the float reference gives). Uncapped, a row's
+    // factor joins the softmax's multiplier (per row: OnlineSoftmax::update),
+    // a multiply per score less; a factor of 0, from a zero scale, becomes a
+    // tiny one (0 times a masked score, -inf, would be NaN). Capped, the tanh
+    // takes the true product: the scores are multiplied by the factor first.
     float unscale[2] = {1.f, 1.f};
     bool bad[2] = {false, false};
     if constexpr (Cfg::kQuant) {
