@@ -3,7 +3,8 @@
 // (causal) after the row's query, or before the row's window
 // (window_first_key, attention_work.cuh). Only tiles that hold such a key for
 // some row of the warpgroup pay for the per-score test: the tail tile, tiles
-// with a bad page, tiles on the causal diagonal and on the window's edge.
+// with a bad page, tiles on the causal diagonal and on the window's edge
+// (prefill_masked_tiles.h says which).
 #pragma once
 
 #include "../attention_work.cuh"
@@ -20,7 +21,6 @@ struct TileMask {
   int box_shift;     // log2(keys per box)
   int window_left;   // AttentionParams::window_left (INT_MAX: no window)
   bool causal;
-
 
   // s[R][2 j + e]: row R (query position qpos[R]), key 8 j + 2 quad + e.
   // Branch-free: each row's last and first visible positions once, then
