@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from cpp_tool import compile_tool
+
 INT_MAX = 2**31 - 1
 
 

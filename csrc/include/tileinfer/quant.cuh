@@ -58,8 +58,8 @@ struct QuantFormat<__nv_fp8_e4m3> {
 // to fp16 for the P V product (the output factor takes it back): 2^15 keeps
 // probabilities down to 2^-29 of the row's largest out of fp16's subnormals,
 // and the largest (1) within its range.
-constexpr float kProbHeadroom = 32768.f;
-constexpr float kLog2ProbHeadroom = 15.f;
+constexpr int kLog2ProbHeadroom = 15;
+constexpr float kProbHeadroom = static_cast<float>(1 << kLog2ProbHeadroom);
 
 // The power of two 2^e that puts a query row's largest |q * k_smooth|
 // (`amax`) in [2^13, 2^14), where the kernels round the row to 15-bit

@@ -141,13 +141,13 @@ __device__ __forceinline__ void hand_on_scales(const float* raw, float* slot, in
   vmax = fmaxf(vmax, warp_max<32>(tile_vmax));
   const float top = fmaxf(vmax, 0x1p-100f);  // keeps kProbHeadroom / top finite for subnormal scales
   const float factor = kProbHeadroom * (1.f / top);
-  // Key r: column 8 j + 2 q + e of the accumulator rows, the element 2 j + e of quad q's.
-  const int at = ((lane & 7) >> 1) * Cfg::kScaleQuadStride + 2 * (lane >> 3) + (lane & 1);
+  const int at0 = Cfg::scale_at(lane);
 #pragma unroll
   for (int k = 0; k < kRows; ++k)
     if (k % Cfg::kConverterWarps == cw) {
-      slot[at + 8 * k] = ks[k];  // (key lane + 32 k: j grows by 4)
-      slot[Cfg::kScaleFloats + at + 8 * k] = vs[k] * factor;
+      const int at = at0 + 8 * k;  // scale_at(lane + 32 k)
+      slot[at] = ks[k];
+      slot[Cfg::kScaleFloats + at] = vs[k] * factor;
     }
   if (cw == 0 && lane == 0) slot[2 * Cfg::kScaleFloats] = top;
 }

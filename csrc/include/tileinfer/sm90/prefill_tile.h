@@ -76,7 +76,7 @@ struct PrefillTile {
   // log2 of what the probabilities come out of the softmax multiplied by
   // (OnlineSoftmax::update's bias): a quantized cache's fp16 headroom, but
   // with per-vector scales it rides on the value scales instead.
-  static constexpr float kProbBias = kQuant && !kVectorScales ? kLog2ProbHeadroom : 0.f;
+  static constexpr float kProbBias = kQuant && !kVectorScales ? static_cast<float>(kLog2ProbHeadroom) : 0.f;
   // A quantized cache's converters (prefill_convert.cuh) take 56: with 40
   // they spilled and kept four rows in flight, and the kernel waited on them;
   // with 56 they hold six, and the consumers, at 224, spill only around an
@@ -117,6 +117,8 @@ struct PrefillTile {
   // its tile, padded to 16 bytes.
   static constexpr int kScaleQuadStride = kBlockN / 4 + 4;
   static constexpr int kScaleFloats = 4 * kScaleQuadStride;  // one kind of scale of one tile
+  // Where key `key`'s scale sits: column 8 j + 2 q + e is element 2 j + e of quad q's.
+  static constexpr int scale_at(int key) { return ((key & 7) >> 1) * kScaleQuadStride + 2 * (key >> 3) + (key & 1); }
   static constexpr int kScaleSlotBytes = kVectorScales ? 2 * kScaleFloats * 4 + 16 : 0;
   // Query tiles in flight: two where shared memory holds them, so that the
   // producer copies the next item's queries and first tiles while this
