@@ -124,18 +124,22 @@ def run_mixed(label, chunks, decodes, args, errors):
         one = ap.make_sets(lens, q_lens, **QWEN3, n_sets=1)[0]
         k = common.sets_for(ap.set_bytes(one), cap=8)
         sets = ap.make_sets(lens, q_lens, **QWEN3, n_sets=k) if k > 1 else [one]
-        impls = [(name, ap.ours_attention)]
+        impls = [(name, ap.ours_attention, None)]
         if name == "mixed step":
-            impls.append(("prefill op, whole step", ap.ours_prefill))
-        for impl, make in impls:
-            r = ap.timed(f"{label} {impl}", make, sets, True, errors, **kw)
+            # The same op with the parts one after the other (no SMs left to
+            # the decodes: prefill.cu, "Mixed steps beside their decodes").
+            impls += [("parts in turn", ap.ours_attention, "0"), ("prefill op, whole step", ap.ours_prefill, None)]
+        for impl, make, decode_sms in impls:
+            with common.environment_variable("TILEINFER_MIXED_DECODE_SMS", decode_sms):
+                r = ap.timed(f"{label} {impl}", make, sets, True, errors, **kw)
             if r is not None:
                 times[impl] = r[0].median_us
         del sets, one
         torch.cuda.empty_cache()
     t, a, b = times.get("mixed step"), times.get("chunks alone"), times.get("decodes alone")
     row = dict(case=label, mixed_us=t, chunks_us=a, decodes_us=b, whole_prefill_us=times.get("prefill op, whole step"),
-               parts_sum_us=a + b if a and b else None)
+               in_turn_us=times.get("parts in turn"), parts_sum_us=a + b if a and b else None)
+    row["over_in_turn"] = t / row["in_turn_us"] if t and row["in_turn_us"] else None
     row["over_parts"] = t / row["parts_sum_us"] if t and row["parts_sum_us"] else None
     row["over_whole_prefill"] = t / row["whole_prefill_us"] if t and row["whole_prefill_us"] else None
     return [row]
@@ -290,7 +294,8 @@ def main():
                                     errors) or []
         common.print_table(mixed, [("case", "case", ""), ("mixed us", "mixed_us", ".1f"),
                                    ("chunks us", "chunks_us", ".1f"), ("decodes us", "decodes_us", ".1f"),
-                                   ("t / parts", "over_parts", ".2f"),
+                                   ("t / parts", "over_parts", ".2f"), ("in turn us", "in_turn_us", ".1f"),
+                                   ("t / in turn", "over_in_turn", ".2f"),
                                    ("prefill op us", "whole_prefill_us", ".1f"),
                                    ("t / prefill op", "over_whole_prefill", ".2f")],
                            title="\nmixed steps (attention op; parts run alone; the prefill op over the whole step)")

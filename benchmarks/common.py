@@ -33,6 +33,7 @@ Timing rules encoded here:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import datetime
 import importlib
@@ -207,6 +208,24 @@ class Timing:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@contextlib.contextmanager
+def environment_variable(name: str, value: Optional[str]):
+    """Sets (or, with None, leaves alone) an environment variable for the
+    duration of the block, then restores it."""
+    if value is None:
+        yield
+        return
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
 
 
 def sets_for(bytes_per_set: int, factor: float = 3.0, cap: int = 64) -> int:

@@ -170,11 +170,14 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
     // A step with a sequence of more than 16 queries: decode (+ combine) for
     // the sequences of at most 16, prefill for the others (a mixed step:
     // attention_work.cuh); both launches skip the other's sequences.
-    cuda::decode_mixed(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, plan, scale, causal,
-                       k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
+    const cuda::MixedPartials partials = cuda::mixed_partials(s, q, plan);
+    const std::function<void()> decodes = [&] {
+      cuda::decode_mixed(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, plan, partials, scale,
+                         causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks);
+    };
     cuda::prefill_long_sequences(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
                                  causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks,
-                                 batch_invariant);
+                                 batch_invariant, decodes);
 #endif
   } else {
     cpu::prefill_as(op, out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,

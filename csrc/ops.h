@@ -3,6 +3,7 @@
 // schemas and the meaning of each argument are in torch_bindings.cpp.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -102,15 +103,23 @@ void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor&
                          const std::optional<at::Tensor>& tree_mask, const DecodePlan& plan);
 // A mixed step (attention_work.cuh, "Mixed steps"; max_q_len > 16): the
 // decode kernel over the sequences of at most kMaxDecodeQueries queries,
-// writing their rows of out itself (splits == 1) or through slot partials and
-// combine_slots; prefill_long_sequences then runs the prefill kernel over the
-// other sequences. Checked by the caller.
+// writing their rows of out itself (splits == 1) or through slot partials
+// (from mixed_partials, allocated on the current stream before the step's
+// launches: the decodes may run on another stream) and combine_slots.
+// prefill_long_sequences runs the prefill kernel over the other sequences, and
+// `decodes` (which enqueues decode_mixed on the current stream) beside it or
+// before it (prefill.cu, "Mixed steps beside their decodes"). Checked by the
+// caller.
+struct MixedPartials {
+  at::Tensor out, lse;  // undefined with one split
+};
+MixedPartials mixed_partials(const PagedShape& s, const at::Tensor& q, const DecodePlan& plan);
 void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
                   const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                  const at::Tensor& cu_seqlens_q, const DecodePlan& plan, double scale, bool causal,
-                  const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                  const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
-                  const std::optional<at::Tensor>& sinks);
+                  const at::Tensor& cu_seqlens_q, const DecodePlan& plan, const MixedPartials& partials,
+                  double scale, bool causal, const std::optional<at::Tensor>& k_scale,
+                  const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth,
+                  int64_t window_left, double logits_soft_cap, const std::optional<at::Tensor>& sinks);
 void combine_slots(at::Tensor& out, const at::Tensor& partial_out, const at::Tensor& partial_lse,
                    const at::Tensor& cu_seqlens_q, int64_t num_tokens, int64_t mixed_queries, bool lse_gated);
 void prefill_long_sequences(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
@@ -119,7 +128,7 @@ void prefill_long_sequences(at::Tensor& out, const at::Tensor& q, const at::Tens
                             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                             const std::optional<at::Tensor>& k_smooth, int64_t window_left,
                             double logits_soft_cap, const std::optional<at::Tensor>& sinks,
-                            bool batch_invariant);
+                            bool batch_invariant, const std::function<void()>& decodes);
 }  // namespace cuda
 
 // attention: decode + combine or prefill, chosen from shapes only (same choice

@@ -195,6 +195,17 @@ def main():
         p.cu_seqlens_q[1:] += 500  # sequence 0: 1700 queries, 54 row tiles of its own against the launch's 38
         p.seq_lens[7] = p.block_tables.shape[1] * 16 + 1000
         run_attention_ops(p, causal=(True,))
+    # A mixed step with prefill items enough for its prompt chunk to run
+    # beside its decodes (two prefill launches sharing the run-time hand-out:
+    # prefill.cu, "Mixed steps beside their decodes"); then, unless clean
+    # only, query counts past max_q_len and a bad length.
+    lens = [1200] + [1 + 37 * i for i in range(20)]
+    p = make_problem(lens, [600] + [1] * 20, 8, 2, 128, 16, device=DEV, seed=19)
+    run_attention_ops(p, causal=(True,))
+    if not args.clean_only:
+        p.cu_seqlens_q[1:] += 500  # sequence 0: 1100 queries against max_q_len 600
+        p.seq_lens[3] = p.block_tables.shape[1] * 16 + 1000
+        run_attention_ops(p, causal=(True,))
     # The tile kernel's 128-row prefill tile, which prefill takes from 2048
     # queries on where the Hopper kernels do not run: an int8 cache with a
     # group that is not a power of two (a bf16 cache too on a GPU without

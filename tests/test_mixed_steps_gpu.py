@@ -52,6 +52,43 @@ def test_mixed_step_split_counts(num_decodes, seed):
     check_out(out, exact_attention(p, True)[0], torch.bfloat16, f"mixed step, {splits} splits")
 
 
+def test_mixed_step_chunks_among_many_decodes(seed):
+    """Prompt chunks at slots 0, 35, 70 and 99 of 100 sequences (decodes and
+    16-query verifies between them): the run-time hand-out of the prefill items
+    (prefill_scheduler.cuh) moves its window of 32 sequences past ones without
+    items."""
+    need_path("attention")
+    chunks = {0: 300, 35: 120, 70: 64, 99: 200}
+    q_lens = [chunks.get(i, 1 if i % 7 else 16) for i in range(100)]
+    lens = [q + (37 * i) % 200 for i, q in enumerate(q_lens)]
+    p = make_problem(lens, q_lens, 32, 8, 128, 64, device=DEV, seed=seed)
+    out = run_attention(p, True)
+    check_out(out, exact_attention(p, True)[0], torch.bfloat16, "chunks among 100 sequences")
+
+
+@pytest.mark.parametrize("decode_sms", ["0", "16", "60"])
+def test_mixed_step_beside_decodes_same_bits(decode_sms, seed, monkeypatch):
+    """The prompt chunks' prefill beside the decodes, on any number of SMs left
+    to the decodes (TILEINFER_MIXED_DECODE_SMS; 0: one after the other), gives
+    the bits of the default split."""
+    need_path("attention")
+    q_lens = [1] * 40 + [700] + [16] * 3 + [250]
+    lens = [200 + 31 * i for i in range(40)] + [1500, 300, 40, 900, 250]
+    p = make_problem(lens, q_lens, 32, 8, 128, 64, device=DEV, seed=seed)
+    default = run_attention(p, True)
+    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", decode_sms)
+    assert torch.equal(run_attention(p, True), default), f"{decode_sms} SMs for the decodes"
+
+
+@pytest.mark.parametrize("value", ["-1", "x", "100000"])
+def test_mixed_decode_sms_bad_value(value, monkeypatch):
+    need_path("attention")
+    p = make_problem([500, 40], [300, 1], 32, 8, 128, 64, device=DEV, seed=0)
+    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", value)
+    with pytest.raises(RuntimeError, match="TILEINFER_MIXED_DECODE_SMS must be an integer"):
+        run_attention(p, True)
+
+
 def test_mixed_step_leaves_padding_rows(seed):
     """Tokens past cu_seqlens_q[-1] (a batch captured larger than it runs) keep
     their contents on a mixed step, as on the prefill path."""
@@ -67,15 +104,39 @@ def test_mixed_step_leaves_padding_rows(seed):
     assert (out[n:] == 3.0).all(), "padding rows were written"
 
 
-def test_mixed_steps_in_one_graph(seed):
-    """One graph captured with a token budget of 96 and 6 sequence slots
-    (max_q_len 64), replayed over steps of every kind: all decodes, all prompt
-    chunks, mixed, verify steps, slots without queries and padding tokens. Each
-    replay equals an eager call bit for bit (real rows) and float64."""
+# Graph configurations: (query heads, KV heads, token budget, max_q_len, longest
+# sequence, steps as (q_lens, seq_lens) per slot, token counts <= budget).
+# "beside decodes" has enough prefill items for its prompt chunks to run
+# beside the decodes (prefill.cu, "Mixed steps beside their decodes"): two
+# streams and the run-time hand-out inside the graph.
+GRAPH_CONFIGS = {
+    "small": (8, 2, 96, 64, 400, [
+        ([1, 1, 1, 1, 1, 1], [17, 300, 1, 64, 65, 399]),        # all decodes
+        ([64, 32, 0, 0, 0, 0], [64, 100, 5, 0, 0, 0]),          # prompt chunks, empty slots, padding tokens
+        ([1, 40, 16, 1, 17, 3], [200, 40, 50, 1, 80, 333]),     # mixed, 78 tokens
+        ([16, 16, 16, 16, 16, 16], [16, 40, 100, 200, 300, 399]),  # verify steps at the threshold
+        ([1, 0, 64, 0, 2, 0], [9, 0, 128, 0, 30, 0]),
+    ]),
+    "beside decodes": (32, 8, 720, 320, 1200, [
+        ([1, 1, 1, 1, 1, 1], [17, 900, 1, 64, 65, 1199]),
+        ([320, 200, 0, 0, 0, 0], [320, 1000, 5, 0, 0, 0]),
+        ([1, 300, 16, 1, 17, 3], [700, 300, 50, 1, 80, 1000]),
+        ([16, 16, 16, 16, 16, 16], [16, 40, 100, 200, 300, 1199]),
+        ([1, 0, 320, 0, 2, 0], [9, 0, 1100, 0, 30, 0]),
+    ]),
+}
+
+
+@pytest.mark.parametrize("config", GRAPH_CONFIGS)
+def test_mixed_steps_in_one_graph(config, seed):
+    """One graph captured with a token budget and 6 sequence slots, replayed
+    over steps of every kind: all decodes, all prompt chunks, mixed, verify
+    steps, slots without queries and padding tokens. Each replay equals an
+    eager call bit for bit (real rows) and float64."""
     need_path("attention")
     g = torch.Generator().manual_seed(seed)
-    dtype, page, d, hq, hkv, budget, slots, max_q = torch.bfloat16, 16, 128, 8, 2, 96, 6, 64
-    max_len = 400
+    hq, hkv, budget, max_q, max_len, steps = GRAPH_CONFIGS[config]
+    dtype, page, d, slots = torch.bfloat16, 16, 128, 6
     max_pages = math.ceil(max_len / page)
     num_pages = slots * max_pages + 2
     k_pool = torch.randn(num_pages, hkv, page, d, generator=g).to(dtype).to(DEV)
@@ -97,13 +158,6 @@ def test_mixed_steps_in_one_graph(seed):
     def call(o):
         ops.attention(o, q, k_pool, v_pool, table, seq_lens, cu, max_q, scale, True)
 
-    steps = [  # (q_lens, seq_lens) per slot; token counts <= budget
-        ([1, 1, 1, 1, 1, 1], [17, 300, 1, 64, 65, 399]),        # all decodes
-        ([64, 32, 0, 0, 0, 0], [64, 100, 5, 0, 0, 0]),          # prompt chunks, empty slots, padding tokens
-        ([1, 40, 16, 1, 17, 3], [200, 40, 50, 1, 80, 333]),     # mixed, 78 tokens
-        ([16, 16, 16, 16, 16, 16], [16, 40, 100, 200, 300, 399]),  # verify steps at the threshold
-        ([1, 0, 64, 0, 2, 0], [9, 0, 128, 0, 30, 0]),
-    ]
     set_step(*steps[0])
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

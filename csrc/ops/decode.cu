@@ -191,12 +191,23 @@ void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor&
   launch_decode_into(out, p, s, q, max_q_len, plan, /*writes_every_row=*/true);
 }
 
+MixedPartials mixed_partials(const PagedShape& s, const at::Tensor& q, const DecodePlan& plan) {
+  if (plan.num_splits == 1 || q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0) return {};
+  const int64_t slots = s.num_seqs * kMaxDecodeQueries;
+  const auto f32 = q.options().dtype(at::kFloat);
+  MixedPartials m{at::empty({plan.num_splits, slots, q.size(1), s.head_dim}, f32),
+                  at::empty({plan.num_splits, slots, q.size(1)}, f32)};
+  TILEINFER_CHECK(m.out.numel() < (int64_t(1) << 62) && slots * q.size(1) < (int64_t(1) << 31), "attention",
+                  ": too many sequences for the decode partials of a mixed step");
+  return m;
+}
+
 void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
                   const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                  const at::Tensor& cu_seqlens_q, const DecodePlan& plan, double scale, bool causal,
-                  const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                  const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
-                  const std::optional<at::Tensor>& sinks) {
+                  const at::Tensor& cu_seqlens_q, const DecodePlan& plan, const MixedPartials& partials,
+                  double scale, bool causal, const std::optional<at::Tensor>& k_scale,
+                  const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& k_smooth,
+                  int64_t window_left, double logits_soft_cap, const std::optional<at::Tensor>& sinks) {
   const c10::cuda::CUDAGuard guard(q.device());
   // The grid, and the slots, are sized for kMaxDecodeQueries queries a sequence.
   AttentionParams p = make_attention_params("attention", s, q, k_cache, v_cache, block_tables, seq_lens,
@@ -204,21 +215,14 @@ void decode_mixed(at::Tensor& out, const PagedShape& s, const at::Tensor& q, con
                                             k_smooth, window_left, logits_soft_cap, sinks);
   if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0) return;
   p.mixed_queries = static_cast<int>(kMaxDecodeQueries);
-  const int64_t splits = plan.num_splits;
-  if (splits == 1) {  // the blocks write their (decode) rows of out
+  if (plan.num_splits == 1) {  // the blocks write their (decode) rows of out
     launch_decode_into(out, p, s, q, kMaxDecodeQueries, plan, /*writes_every_row=*/false);
     return;
   }
-  const int64_t slots = s.num_seqs * kMaxDecodeQueries;
-  const auto f32 = q.options().dtype(at::kFloat);
-  at::Tensor partial_out = at::empty({splits, slots, q.size(1), s.head_dim}, f32);
-  at::Tensor partial_lse = at::empty({splits, slots, q.size(1)}, f32);
-  TILEINFER_CHECK(partial_out.numel() < (int64_t(1) << 62) && slots * q.size(1) < (int64_t(1) << 31), "attention",
-                  ": too many sequences for the decode partials of a mixed step");
-  p.partial_out = partial_out.data_ptr<float>();
-  p.partial_lse = partial_lse.data_ptr<float>();
+  p.partial_out = partials.out.data_ptr<float>();
+  p.partial_lse = partials.lse.data_ptr<float>();
   launch_decode("attention", p, s, q, kMaxDecodeQueries, plan);
-  combine_slots(out, partial_out, partial_lse, cu_seqlens_q, q.size(0), kMaxDecodeQueries, plan.batch_invariant);
+  combine_slots(out, partials.out, partials.lse, cu_seqlens_q, q.size(0), kMaxDecodeQueries, plan.batch_invariant);
 }
 
 }  // namespace tileinfer::cuda

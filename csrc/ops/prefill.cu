@@ -7,11 +7,14 @@
 //                               warp-specialized kernel with its converter warps
 //   other quantized cases, other GPUs  the mma.sync tile kernel (attention_kernel.cuh)
 //   fp32                        the CUDA-core kernel (attention_fp32.cuh)
+#include <cstdlib>
+#include <functional>
 #include <optional>
 #include <type_traits>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "attention_host.h"
@@ -109,10 +112,77 @@ void launch_wgmma(const char* op, const AttentionParams& p, cudaStream_t stream)
   launch_attention<attention_wgmma_kernel<Cfg, PrefillWork>, Cfg, PrefillWork>(op, p, stream);
 }
 
+// Mixed steps beside their decodes. A mixed step's two parts need different
+// things: its prompt chunks the tensor cores, its decodes the memory. Run one
+// after the other, as they must be when a kernel takes every SM, the step
+// costs the sum of the parts. The warp-specialized kernel takes a whole SM per
+// block (every register, 144-192 KB of shared memory), so no decode block
+// fits beside one; instead the step leaves D of the SMs to the decodes at the
+// start:
+//   this stream:  prefill, grid - D blocks, at a higher priority (placed first)
+//   side stream:  decode (+ combine), then prefill again, D blocks
+// Both prefill launches take their items from one counter at run time
+// (prefill_scheduler.cuh), so the second launch, on the SMs the decodes give
+// back, takes whatever is left; the decodes, bandwidth-bound, read with D SMs
+// most of what they read with all of them while the chunks compute, and
+// spread over the prefill's SMs as those run out of items. Nothing depends on
+// the mix: a step without decodes starts the second launch after two empty
+// kernels, and one without chunks leaves its prefill launches no item.
+// The quantized kernels keep one walk per block (their converters follow it
+// too): their decodes run first.
+// D: SMs / 4, or TILEINFER_MIXED_DECODE_SMS when set (0: the parts one
+// after the other; read at each call, so a captured graph keeps the value of
+// its capture). A launch whose items need fewer than 2 D blocks runs the
+// parts one after the other too.
+int decode_sms(int sms) {
+  if (const char* env = std::getenv("TILEINFER_MIXED_DECODE_SMS")) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    TILEINFER_CHECK(end != env && *end == '\0' && v >= 0 && v < sms, "attention",
+                    ": TILEINFER_MIXED_DECODE_SMS must be an integer in [0, ", sms, "), not '", env, "'");
+    return static_cast<int>(v);
+  }
+  return sms / 4;
+}
+
+// `side` waits for `main`'s work so far; join() makes `main` wait for
+// `side`'s. Events without timing, as CUDA graph capture takes them (a fork
+// and a join of the captured streams).
+class StreamFork {
+ public:
+  StreamFork(cudaStream_t main, cudaStream_t side) : main_(main), side_(side) {
+    C10_CUDA_CHECK(signal(main_, side_));
+  }
+  void join() {
+    joined_ = true;
+    C10_CUDA_CHECK(signal(side_, main_));
+  }
+  // An error between fork and join: join anyway (a capture must end joined).
+  ~StreamFork() {
+    if (!joined_) (void)signal(side_, main_);
+  }
+
+ private:
+  static cudaError_t signal(cudaStream_t from, cudaStream_t to) {
+    cudaEvent_t e;
+    cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (err != cudaSuccess) return err;
+    err = cudaEventRecord(e, from);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(to, e, 0);
+    const cudaError_t destroyed = cudaEventDestroy(e);  // released once recorded
+    return err != cudaSuccess ? err : destroyed;
+  }
+  cudaStream_t main_, side_;
+  bool joined_ = false;
+};
+
 // Tensor maps and a persistent grid (at most one block per SM) for the
 // warp-specialized kernel. The maps depend on pointers and shapes only.
+// `decodes`: a mixed step's decode launches, enqueued by the call, beside
+// the kernel (above) or before it.
 template <class Cfg>
-void launch_warp_specialized(const char* op, const AttentionParams& a, const at::Tensor& q, cudaStream_t stream) {
+void launch_warp_specialized(const char* op, const AttentionParams& a, const at::Tensor& q, cudaStream_t stream,
+                             const std::function<void()>* decodes = nullptr) {
   using QT = typename Cfg::QT;
   constexpr int D = Cfg::D;
   const CUtensorMapDataType type =
@@ -172,7 +242,27 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   static SmemOptIn opt_in;
   opt_in.ensure(kernel, Cfg::kSmemBytes);
   p.a.programmatic = programmatic_launch(c10::cuda::current_device());
-  C10_CUDA_CHECK(launch_kernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.a.programmatic, p));
+  const dim3 block(Cfg::kThreads);
+  const int beside = decode_sms(sms);  // D
+  if (decodes == nullptr || Cfg::kQuant || beside == 0 || plan.grid < 2 * beside) {
+    if (decodes != nullptr) (*decodes)();
+    C10_CUDA_CHECK(launch_kernel(kernel, grid, block, Cfg::kSmemBytes, stream, p.a.programmatic, p));
+    return;
+  }
+  const at::Tensor counter = at::zeros({1}, q.options().dtype(at::kInt));
+  p.item_counter = counter.data_ptr<int>();
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
+  StreamFork fork(stream, side.stream());
+  int least = 0, greatest = 0;
+  C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  C10_CUDA_CHECK(launch_kernel_at(greatest, kernel, dim3(plan.grid - beside), block, Cfg::kSmemBytes, stream,
+                                  p.a.programmatic, p));
+  {
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    (*decodes)();
+    C10_CUDA_CHECK(launch_kernel(kernel, dim3(beside), block, Cfg::kSmemBytes, side.stream(), p.a.programmatic, p));
+  }
+  fork.join();
 }
 
 // The warp-specialized kernel over a quantized cache: int8 (per-vector
@@ -195,7 +285,8 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
                  const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,
                  bool causal, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                  const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
-                 const std::optional<at::Tensor>& sinks, int64_t mixed_queries, bool batch_invariant) {
+                 const std::optional<at::Tensor>& sinks, int64_t mixed_queries, bool batch_invariant,
+                 const std::function<void()>* decodes = nullptr) {
   const PagedShape s = check_paged_attention(op, q, k_cache, v_cache, block_tables, seq_lens,
                                              cu_seqlens_q, max_q_len, k_scale, v_scale, k_smooth);
   check_variants(op, window_left, logits_soft_cap, sinks, q.size(1), q.device());
@@ -205,6 +296,14 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   AttentionParams p = make_attention_params(op, s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
                                             k_smooth, window_left, logits_soft_cap, sinks);
+  // A mixed step's decodes (they write out's other rows): beside the
+  // warp-specialized kernel over a cache of the queries' type, when out is
+  // written in place; otherwise before the prefill.
+  const bool hopper = use_hopper_prefill(s, p.group_size, q.scalar_type(), q.get_device(), p);
+  const bool beside = decodes != nullptr && hopper && !s.quantized && use_warp_specialized(p.group_size) &&
+                      rows_aligned16(out) && rows_aligned16(q) && q.size(0) > 0 && q.size(1) > 0 &&
+                      s.num_seqs > 0 && max_q_len > 0;
+  if (decodes != nullptr && !beside) (*decodes)();
   if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0 || max_q_len == 0) return;
   p.mixed_queries = static_cast<int>(mixed_queries);
 
@@ -230,14 +329,15 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   // tile each, and every work item holds all of its rows' keys.)
   const bool large = !batch_invariant && use_large_prefill_tile(max_q_len, s.head_dim);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (use_hopper_prefill(s, p.group_size, q.scalar_type(), q.get_device(), p)) {
+  if (hopper) {
     TILEINFER_DISPATCH_HALF(q.scalar_type(), op, [&] {
       TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
         if (s.quantized) {
           if constexpr (TILE_DIM <= 128)  // (use_hopper_prefill)
             launch_hopper_quant<scalar_t, TILE_DIM>(op, p, s, q_c, stream);
         } else if (use_warp_specialized(p.group_size)) {
-          launch_warp_specialized<sm90::PrefillTile<scalar_t, TILE_DIM>>(op, p, q_c, stream);
+          launch_warp_specialized<sm90::PrefillTile<scalar_t, TILE_DIM>>(op, p, q_c, stream,
+                                                                         beside ? decodes : nullptr);
         } else {
           launch_wgmma<WgmmaPrefill<scalar_t, TILE_DIM>>(op, p, stream);
         }
@@ -281,10 +381,10 @@ void prefill_long_sequences(at::Tensor& out, const at::Tensor& q, const at::Tens
                             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                             const std::optional<at::Tensor>& k_smooth, int64_t window_left,
                             double logits_soft_cap, const std::optional<at::Tensor>& sinks,
-                            bool batch_invariant) {
+                            bool batch_invariant, const std::function<void()>& decodes) {
   run_prefill("attention", out, std::nullopt, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
               scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, kMaxDecodeQueries,
-              batch_invariant);
+              batch_invariant, &decodes);
 }
 
 void prefill(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& q,

@@ -152,22 +152,36 @@ __device__ __forceinline__ void timeline_stamp(int i) {
 #endif
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic
-// dependent launch when `programmatic` (see above; the caller checks sm_90).
-// Works in captured CUDA graphs (the dependency becomes a programmatic edge).
+// dependent launch when `programmatic` (see above; the caller checks sm_90),
+// and at a scheduling priority other than the stream's when `priority` is
+// not 0 (lower numbers first: the block scheduler places a pending block of
+// a higher-priority grid first wherever one fits). Works in captured CUDA
+// graphs (the dependency becomes a programmatic edge, the priority the
+// node's).
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                          bool programmatic, Args&&... args) {
+cudaError_t launch_kernel_at(int priority, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, bool programmatic, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attr;
-  config.numAttrs = programmatic ? 1 : 0;
+  cudaLaunchAttribute attrs[2]{};
+  config.attrs = attrs;
+  if (programmatic) {
+    attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (priority != 0) {
+    attrs[config.numAttrs].id = cudaLaunchAttributePriority;
+    attrs[config.numAttrs++].val.priority = priority;
+  }
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          bool programmatic, Args&&... args) {
+  return launch_kernel_at(0, kernel, grid, block, smem, stream, programmatic, std::forward<Args>(args)...);
 }
 
 // 16-byte vector of elements: the unit of every global load/store in the kernels.

@@ -58,8 +58,15 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
   uint32_t tails = 0;  // tail tiles so far: the tail barrier's phase
   uint32_t raws = 0;   // quantized: raw tiles so far (K and V), the raw ring position
   int round = 0;
-  for (WorkItem w = sched.template next_item<BM>(p, round); w.active;
-       w = sched.template next_item<BM>(p, ++round)) {
+  __shared__ HandOutCursor cursor;  // static: its address costs no register in the loop
+  if (p.item_counter != nullptr) cursor.reset();
+  auto next = [&] {
+    return p.item_counter != nullptr ? sched.template take_item<BM>(p, cursor)
+                                     : sched.template next_item<BM>(p, round);
+  };
+  for (;; ++round) {
+    const WorkItem w = next();
+    if (!w.active) break;
 
     // The query tile: rows (query, head) of the KV head's group, token-major,
     // exactly the box {64, group, BM / group} of q at (head0, first token),

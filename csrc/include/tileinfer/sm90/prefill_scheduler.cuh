@@ -48,6 +48,14 @@
 //
 // Row tiles past a sequence's queries, and a mixed step's decode sequences,
 // are inactive: next_item skips them 32 at a time.
+//
+// A mixed step whose prefill runs beside its decodes (prefill.cu, "Mixed
+// steps beside their decodes") hands its items out at run time instead:
+// two launches share one counter (p.item_counter), one on most SMs from the
+// start and one on the decodes' SMs once the decodes are done, so neither
+// launch's share is fixed before the decodes' lengths are known. The
+// counter numbers the active items only, in the mixed order above (the
+// decode sequences have none), and take_item finds each number's item.
 #pragma once
 
 #include "../attention_work.cuh"
@@ -56,6 +64,23 @@
 
 namespace tileinfer {
 namespace sm90 {
+
+// A block's place in the run-time hand-out, in shared memory (the producer
+// warp's registers are all taken by its copy loop): its numbers grow, so its
+// lanes keep a window of 32 sequences with their running count of active
+// items, moved forward as the numbers pass it (each block reads every
+// sequence's query range at most once).
+struct HandOutCursor {
+  int seq0;      // the window's first sequence
+  int before;    // active items of the sequences before the window
+  int upto[32];  // lane l: active items of the window up to sequence seq0 + l; -1 until read
+  __device__ void reset() {
+    const int lane = threadIdx.x & 31;
+    upto[lane] = -1;
+    if (lane == 0) seq0 = before = 0;
+    __syncwarp();
+  }
+};
 
 struct PrefillScheduler {
   PrefillWalk walk;  // the order, as arithmetic (prefill_order.h)
@@ -103,6 +128,53 @@ struct PrefillScheduler {
       }
       if (__ballot_sync(0xffffffffu, in_range) == 0) return WorkItem{};  // past the end: inactive
     }
+  }
+
+  // The run-time hand-out's next item for this block (p.item_counter), or an
+  // inactive one once the numbers pass the last. Called by whole warps.
+  template <int kBlockM>
+  __device__ WorkItem take_item(const PrefillParams& p, HandOutCursor& c) const {
+    const int lane = threadIdx.x & 31;
+    const int heads = p.a.kv.num_kv_heads;
+    int n = 0;
+    if (lane == 0) n = atomicAdd(p.item_counter, 1);
+    n = __shfl_sync(0xffffffffu, n, 0);
+    // A sequence's row tiles: 0 if it is not prefill's; at most the launch's,
+    // as in the order above (bad cu_seqlens_q can give more queries than
+    // max_q_len), which keeps the numbers within the host's int32 check.
+    auto row_tiles = [&](const StepMeta& m) {
+      const QueryRange qr = clamp_query_range(m.q_begin, m.q_end, p.a.num_tokens);
+      return prefill_takes(p.a, qr.count, 0) ? min(ceil_div(qr.count * p.a.group_size, kBlockM), p.num_row_tiles)
+                                             : 0;
+    };
+    int seq0 = c.seq0, before = c.before, upto = c.upto[lane];
+    for (;;) {
+      if (upto < 0) {
+        const int seq = seq0 + lane;
+        upto = seq < p.a.kv.num_seqs ? row_tiles(read_seq_meta<false>(p.a.kv, seq)) * heads : 0;
+#pragma unroll
+        for (int d = 1; d < 32; d *= 2) {
+          const int below = __shfl_up_sync(0xffffffffu, upto, d);
+          if (lane >= d) upto += below;
+        }
+      }
+      const int window = __shfl_sync(0xffffffffu, upto, 31);
+      if (n - before < window) break;
+      if (seq0 + 32 >= p.a.kv.num_seqs) return WorkItem{};  // past the last item (the cursor stays)
+      before += window;
+      seq0 += 32;
+      upto = -1;
+    }
+    c.upto[lane] = upto;
+    if (lane == 0) c.seq0 = seq0, c.before = before;
+    __syncwarp();
+    const int r = n - before;
+    const int src = __ffs(__ballot_sync(0xffffffffu, upto > r)) - 1;
+    const int below = __shfl_sync(0xffffffffu, upto, src > 0 ? src - 1 : 0);
+    const int k = r - (src > 0 ? below : 0);  // the item within its sequence
+    const int seq = seq0 + src;
+    const StepMeta m = read_seq_meta<false>(p.a.kv, seq);
+    return PrefillWork::make_at<kBlockM>(p.a, m, seq, k % heads, (row_tiles(m) - 1 - k / heads) * kBlockM);
   }
 };
 

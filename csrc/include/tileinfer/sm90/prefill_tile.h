@@ -26,6 +26,7 @@ struct PrefillParams {
   int box_rows;       // keys per box: min(page_size, kBlockN)
   PrefillOrder order;  // prefill_order.h
   int tail_pairs;      // kPairs: the last pairs, taken item by item
+  int* item_counter;   // the run-time hand-out's (prefill_scheduler.cuh), zeroed; nullptr: the order above
 };
 
 // Shape of one head dim's instantiation.
