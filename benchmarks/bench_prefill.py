@@ -106,6 +106,8 @@ MIXED = [
     ("1k chunk + 8 decodes, 32k", [(1024, 8192)], (8, 32768)),
     ("4 x 1k chunks + 32 decodes, 8k", [(1024, 8192)] * 4, (32, 8192)),
 ]
+# SMs for the decodes at first in the "beside" timing (TILEINFER_MIXED_DECODE_SMS).
+BESIDE_SMS = 48
 MIXED_QUICK = {"2k chunk + 64 decodes, 4k", "512 chunk + 16 decodes, 2k", "1k chunk + 8 decodes, 32k"}
 
 
@@ -126,9 +128,11 @@ def run_mixed(label, chunks, decodes, args, errors):
         sets = ap.make_sets(lens, q_lens, **QWEN3, n_sets=k) if k > 1 else [one]
         impls = [(name, ap.ours_attention, None)]
         if name == "mixed step":
-            # The same op with the parts one after the other (no SMs left to
-            # the decodes: prefill.cu, "Mixed steps beside their decodes").
-            impls += [("parts in turn", ap.ours_attention, "0"), ("prefill op, whole step", ap.ours_prefill, None)]
+            # The same op with the chunks beside the decodes (BESIDE_SMS SMs
+            # for the decodes at first: prefill.cu, "Mixed steps beside their
+            # decodes"; the default runs the parts one after the other).
+            impls += [("beside", ap.ours_attention, str(BESIDE_SMS)),
+                      ("prefill op, whole step", ap.ours_prefill, None)]
         for impl, make, decode_sms in impls:
             with common.environment_variable("TILEINFER_MIXED_DECODE_SMS", decode_sms):
                 r = ap.timed(f"{label} {impl}", make, sets, True, errors, **kw)
@@ -138,8 +142,8 @@ def run_mixed(label, chunks, decodes, args, errors):
         torch.cuda.empty_cache()
     t, a, b = times.get("mixed step"), times.get("chunks alone"), times.get("decodes alone")
     row = dict(case=label, mixed_us=t, chunks_us=a, decodes_us=b, whole_prefill_us=times.get("prefill op, whole step"),
-               in_turn_us=times.get("parts in turn"), parts_sum_us=a + b if a and b else None)
-    row["over_in_turn"] = t / row["in_turn_us"] if t and row["in_turn_us"] else None
+               beside_us=times.get("beside"), parts_sum_us=a + b if a and b else None)
+    row["beside_over_mixed"] = row["beside_us"] / t if t and row["beside_us"] else None
     row["over_parts"] = t / row["parts_sum_us"] if t and row["parts_sum_us"] else None
     row["over_whole_prefill"] = t / row["whole_prefill_us"] if t and row["whole_prefill_us"] else None
     return [row]
@@ -294,8 +298,8 @@ def main():
                                     errors) or []
         common.print_table(mixed, [("case", "case", ""), ("mixed us", "mixed_us", ".1f"),
                                    ("chunks us", "chunks_us", ".1f"), ("decodes us", "decodes_us", ".1f"),
-                                   ("t / parts", "over_parts", ".2f"), ("in turn us", "in_turn_us", ".1f"),
-                                   ("t / in turn", "over_in_turn", ".2f"),
+                                   ("t / parts", "over_parts", ".2f"), ("beside us", "beside_us", ".1f"),
+                                   ("beside / t", "beside_over_mixed", ".2f"),
                                    ("prefill op us", "whole_prefill_us", ".1f"),
                                    ("t / prefill op", "over_whole_prefill", ".2f")],
                            title="\nmixed steps (attention op; parts run alone; the prefill op over the whole step)")

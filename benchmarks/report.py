@@ -101,14 +101,14 @@ def render_prefill(data: dict) -> list:
            + _vs_peers(data.get("rows") or [], "tflops", "TFLOP/s", "pct_gemm", "% of GEMM"))
     mixed = data.get("mixed") or []
     if mixed:
-        out += ["", "Mixed steps (prompt chunks beside single-query decodes, Qwen3-4B heads) through the "
-                "`attention` op, against the chunks and the decodes run alone, the same op with the parts one "
-                "after the other (`TILEINFER_MIXED_DECODE_SMS=0`) and the prefill op over the whole step:", ""]
+        out += ["", "Mixed steps (prompt chunks and single-query decodes in one step, Qwen3-4B heads) through "
+                "the `attention` op, against the chunks and the decodes run alone, the same op with the chunks "
+                "beside the decodes (`TILEINFER_MIXED_DECODE_SMS=48`) and the prefill op over the whole step:", ""]
         out += table(["step", "mixed us", "chunks alone us", "decodes alone us", "t / (chunks + decodes)",
-                      "in turn us", "t / in turn", "prefill op us", "t / prefill op"],
+                      "beside us", "t_beside / t", "prefill op us", "t / prefill op"],
                      [[r["case"], f(r.get("mixed_us"), ".1f"), f(r.get("chunks_us"), ".1f"),
                        f(r.get("decodes_us"), ".1f"), f(r.get("over_parts"), ".2f"),
-                       f(r.get("in_turn_us"), ".1f"), f(r.get("over_in_turn"), ".2f"),
+                       f(r.get("beside_us"), ".1f"), f(r.get("beside_over_mixed"), ".2f"),
                        f(r.get("whole_prefill_us"), ".1f"), f(r.get("over_whole_prefill"), ".2f")]
                       for r in mixed])
     variants = data.get("variants") or []

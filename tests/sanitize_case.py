@@ -18,6 +18,7 @@ those rows are unspecified), which initcheck would report.
 """
 import argparse
 import dataclasses
+import os
 
 import torch
 
@@ -199,6 +200,7 @@ def main():
     # beside its decodes (two prefill launches sharing the run-time hand-out:
     # prefill.cu, "Mixed steps beside their decodes"); then, unless clean
     # only, query counts past max_q_len and a bad length.
+    os.environ["TILEINFER_MIXED_DECODE_SMS"] = "33"
     lens = [1200] + [1 + 37 * i for i in range(20)]
     p = make_problem(lens, [600] + [1] * 20, 8, 2, 128, 16, device=DEV, seed=19)
     run_attention_ops(p, causal=(True,))
@@ -206,6 +208,7 @@ def main():
         p.cu_seqlens_q[1:] += 500  # sequence 0: 1100 queries against max_q_len 600
         p.seq_lens[3] = p.block_tables.shape[1] * 16 + 1000
         run_attention_ops(p, causal=(True,))
+    del os.environ["TILEINFER_MIXED_DECODE_SMS"]
     # The tile kernel's 128-row prefill tile, which prefill takes from 2048
     # queries on where the Hopper kernels do not run: an int8 cache with a
     # group that is not a power of two (a bf16 cache too on a GPU without

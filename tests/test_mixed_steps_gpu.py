@@ -52,12 +52,13 @@ def test_mixed_step_split_counts(num_decodes, seed):
     check_out(out, exact_attention(p, True)[0], torch.bfloat16, f"mixed step, {splits} splits")
 
 
-def test_mixed_step_chunks_among_many_decodes(seed):
+def test_mixed_step_chunks_among_many_decodes(seed, monkeypatch):
     """Prompt chunks at slots 0, 35, 70 and 99 of 100 sequences (decodes and
-    16-query verifies between them): the run-time hand-out of the prefill items
-    (prefill_scheduler.cuh) moves its window of 32 sequences past ones without
-    items."""
+    16-query verifies between them), beside the decodes: the run-time hand-out
+    of the prefill items (prefill_scheduler.cuh) moves its window of 32
+    sequences past ones without items."""
     need_path("attention")
+    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "33")
     chunks = {0: 300, 35: 120, 70: 64, 99: 200}
     q_lens = [chunks.get(i, 1 if i % 7 else 16) for i in range(100)]
     lens = [q + (37 * i) % 200 for i, q in enumerate(q_lens)]
@@ -66,11 +67,11 @@ def test_mixed_step_chunks_among_many_decodes(seed):
     check_out(out, exact_attention(p, True)[0], torch.bfloat16, "chunks among 100 sequences")
 
 
-@pytest.mark.parametrize("decode_sms", ["0", "16", "60"])
+@pytest.mark.parametrize("decode_sms", ["16", "33", "60"])
 def test_mixed_step_beside_decodes_same_bits(decode_sms, seed, monkeypatch):
     """The prompt chunks' prefill beside the decodes, on any number of SMs left
-    to the decodes (TILEINFER_MIXED_DECODE_SMS; 0: one after the other), gives
-    the bits of the default split."""
+    to the decodes at first (TILEINFER_MIXED_DECODE_SMS), gives the bits of the
+    parts one after the other (the default)."""
     need_path("attention")
     q_lens = [1] * 40 + [700] + [16] * 3 + [250]
     lens = [200 + 31 * i for i in range(40)] + [1500, 300, 40, 900, 250]
@@ -106,9 +107,10 @@ def test_mixed_step_leaves_padding_rows(seed):
 
 # Graph configurations: (query heads, KV heads, token budget, max_q_len, longest
 # sequence, steps as (q_lens, seq_lens) per slot, token counts <= budget).
-# "beside decodes" has enough prefill items for its prompt chunks to run
-# beside the decodes (prefill.cu, "Mixed steps beside their decodes"): two
-# streams and the run-time hand-out inside the graph.
+# "beside decodes" runs its prompt chunks beside the decodes
+# (TILEINFER_MIXED_DECODE_SMS=33; prefill.cu, "Mixed steps beside their
+# decodes"), with prefill items enough for it: two streams and the run-time
+# hand-out inside the graph.
 GRAPH_CONFIGS = {
     "small": (8, 2, 96, 64, 400, [
         ([1, 1, 1, 1, 1, 1], [17, 300, 1, 64, 65, 399]),        # all decodes
@@ -128,12 +130,14 @@ GRAPH_CONFIGS = {
 
 
 @pytest.mark.parametrize("config", GRAPH_CONFIGS)
-def test_mixed_steps_in_one_graph(config, seed):
+def test_mixed_steps_in_one_graph(config, seed, monkeypatch):
     """One graph captured with a token budget and 6 sequence slots, replayed
     over steps of every kind: all decodes, all prompt chunks, mixed, verify
     steps, slots without queries and padding tokens. Each replay equals an
     eager call bit for bit (real rows) and float64."""
     need_path("attention")
+    if config == "beside decodes":
+        monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "33")
     g = torch.Generator().manual_seed(seed)
     hq, hkv, budget, max_q, max_len, steps = GRAPH_CONFIGS[config]
     dtype, page, d, slots = torch.bfloat16, 16, 128, 6

@@ -119,7 +119,8 @@ void launch_wgmma(const char* op, const AttentionParams& p, cudaStream_t stream)
 // block (every register, 144-192 KB of shared memory), so no decode block
 // fits beside one; instead the step leaves D of the SMs to the decodes at the
 // start:
-//   this stream:  prefill, grid - D blocks, at a higher priority (placed first)
+//   this stream:  prefill, grid - D blocks, at a higher priority (placed first;
+//                 eager launches only: PyTorch's graphs ignore node priorities)
 //   side stream:  decode (+ combine), then prefill again, D blocks
 // Both prefill launches take their items from one counter at run time
 // (prefill_scheduler.cuh), so the second launch, on the SMs the decodes give
@@ -130,10 +131,11 @@ void launch_wgmma(const char* op, const AttentionParams& p, cudaStream_t stream)
 // kernels, and one without chunks leaves its prefill launches no item.
 // The quantized kernels keep one walk per block (their converters follow it
 // too): their decodes run first.
-// D: SMs / 4, or TILEINFER_MIXED_DECODE_SMS when set (0: the parts one
-// after the other; read at each call, so a captured graph keeps the value of
-// its capture). A launch whose items need fewer than 2 D blocks runs the
-// parts one after the other too.
+// D: TILEINFER_MIXED_DECODE_SMS (read at each call, so a captured graph
+// keeps the value of its capture); unset or 0, the parts one after the other:
+// an opt-in until measurements settle a default (docs/PERFORMANCE.md, "Mixed
+// steps"). A launch whose items need fewer than 2 D blocks runs the parts one
+// after the other too.
 int decode_sms(int sms) {
   if (const char* env = std::getenv("TILEINFER_MIXED_DECODE_SMS")) {
     char* end = nullptr;
@@ -142,7 +144,7 @@ int decode_sms(int sms) {
                     ": TILEINFER_MIXED_DECODE_SMS must be an integer in [0, ", sms, "), not '", env, "'");
     return static_cast<int>(v);
   }
-  return sms / 4;
+  return 0;
 }
 
 // `side` waits for `main`'s work so far; join() makes `main` wait for
@@ -243,26 +245,32 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   opt_in.ensure(kernel, Cfg::kSmemBytes);
   p.a.programmatic = programmatic_launch(c10::cuda::current_device());
   const dim3 block(Cfg::kThreads);
-  const int beside = decode_sms(sms);  // D
-  if (decodes == nullptr || Cfg::kQuant || beside == 0 || plan.grid < 2 * beside) {
-    if (decodes != nullptr) (*decodes)();
-    C10_CUDA_CHECK(launch_kernel(kernel, grid, block, Cfg::kSmemBytes, stream, p.a.programmatic, p));
-    return;
+  if constexpr (!Cfg::kQuant) {
+    const int beside = decodes != nullptr ? decode_sms(sms) : 0;  // D
+    if (beside > 0 && plan.grid >= 2 * beside) {
+      constexpr auto hand_out = sm90::prefill_kernel<Cfg, true>;
+      static SmemOptIn hand_out_opt_in;
+      hand_out_opt_in.ensure(hand_out, Cfg::kSmemBytes);
+      const at::Tensor counter = at::zeros({1}, q.options().dtype(at::kInt));
+      p.item_counter = counter.data_ptr<int>();
+      const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
+      StreamFork fork(stream, side.stream());
+      int least = 0, greatest = 0;
+      C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      C10_CUDA_CHECK(launch_kernel_at(greatest, hand_out, dim3(plan.grid - beside), block, Cfg::kSmemBytes, stream,
+                                      p.a.programmatic, p));
+      {
+        const c10::cuda::CUDAStreamGuard on_side(side);
+        (*decodes)();
+        C10_CUDA_CHECK(
+            launch_kernel(hand_out, dim3(beside), block, Cfg::kSmemBytes, side.stream(), p.a.programmatic, p));
+      }
+      fork.join();
+      return;
+    }
   }
-  const at::Tensor counter = at::zeros({1}, q.options().dtype(at::kInt));
-  p.item_counter = counter.data_ptr<int>();
-  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
-  StreamFork fork(stream, side.stream());
-  int least = 0, greatest = 0;
-  C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  C10_CUDA_CHECK(launch_kernel_at(greatest, kernel, dim3(plan.grid - beside), block, Cfg::kSmemBytes, stream,
-                                  p.a.programmatic, p));
-  {
-    const c10::cuda::CUDAStreamGuard on_side(side);
-    (*decodes)();
-    C10_CUDA_CHECK(launch_kernel(kernel, dim3(beside), block, Cfg::kSmemBytes, side.stream(), p.a.programmatic, p));
-  }
-  fork.join();
+  if (decodes != nullptr) (*decodes)();
+  C10_CUDA_CHECK(launch_kernel(kernel, grid, block, Cfg::kSmemBytes, stream, p.a.programmatic, p));
 }
 
 // The warp-specialized kernel over a quantized cache: int8 (per-vector

@@ -20,7 +20,9 @@
 namespace tileinfer {
 namespace sm90 {
 
-template <class Cfg>
+// kHandOut: the items from p.item_counter (a mixed step beside its decodes,
+// bf16 / fp16 caches), else the scheduler's order.
+template <class Cfg, bool kHandOut = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_kernel(const __grid_constant__ PrefillParams p) {
 #if TILEINFER_WGMMA_ENABLED
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -41,7 +43,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_kernel(const __grid_
   if (wg == 0) {
     regs_dealloc<Cfg::kProducerRegs>();
     if (threadIdx.x < 32) {
-      prefill_produce<Cfg>(p, sm, sched);
+      prefill_produce<Cfg, kHandOut>(p, sm, sched);
     } else if constexpr (Cfg::kQuant) {
       prefill_convert<Cfg>(p, sm, sched);
     }

@@ -39,9 +39,9 @@
 namespace tileinfer {
 namespace sm90 {
 
-template <class Cfg>
-__device__ __forceinline__ void prefill_produce(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
-                                                const PrefillScheduler& sched) {
+// The loop over the items that `next` hands out (an inactive item ends it).
+template <class Cfg, class NextItem>
+__device__ __forceinline__ void produce_items(const PrefillParams& p, const PrefillSmem<Cfg>& sm, NextItem&& next) {
   constexpr int D = Cfg::D;
   constexpr int BM = Cfg::kBlockM;
   constexpr int BN = Cfg::kBlockN;
@@ -57,16 +57,7 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
   uint32_t items = 0;  // active items so far: the query ring position
   uint32_t tails = 0;  // tail tiles so far: the tail barrier's phase
   uint32_t raws = 0;   // quantized: raw tiles so far (K and V), the raw ring position
-  int round = 0;
-  __shared__ HandOutCursor cursor;  // static: its address costs no register in the loop
-  if (p.item_counter != nullptr) cursor.reset();
-  auto next = [&] {
-    return p.item_counter != nullptr ? sched.template take_item<BM>(p, cursor)
-                                     : sched.template next_item<BM>(p, round);
-  };
-  for (;; ++round) {
-    const WorkItem w = next();
-    if (!w.active) break;
+  for (WorkItem w = next(); w.active; w = next()) {
 
     // The query tile: rows (query, head) of the KV head's group, token-major,
     // exactly the box {64, group, BM / group} of q at (head0, first token),
@@ -185,6 +176,25 @@ __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const Pr
   if (lane == 0) {
     sm.item[qs.stage].active = false;
     mbar_arrive(&sm.q_full[qs.stage]);
+  }
+}
+
+// The producer warp: the scheduler's order, or (kHandOut: a mixed step beside
+// its decodes) the run-time hand-out (prefill_scheduler.cuh). The hand-out is
+// a kernel of its own: its state beside the copy loop would take registers
+// that the order's loop needs (the warp's 40 are all in use there; with both
+// loops in one kernel, both spilled).
+template <class Cfg, bool kHandOut>
+__device__ __forceinline__ void prefill_produce(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
+                                                const PrefillScheduler& sched) {
+  constexpr int BM = Cfg::kBlockM;
+  if constexpr (kHandOut) {
+    __shared__ HandOutCursor cursor;
+    cursor.reset();
+    produce_items<Cfg>(p, sm, [&] { return sched.template take_item<BM>(p, cursor); });
+  } else {
+    int round = -1;  // next_item sets it to the place of the item it returns
+    produce_items<Cfg>(p, sm, [&] { return sched.template next_item<BM>(p, ++round); });
   }
 }
 
