@@ -156,8 +156,9 @@ __device__ __forceinline__ void timeline_stamp(int i) {
 // and at a scheduling priority other than the stream's when `priority` is
 // not 0 (lower numbers first: the block scheduler places a pending block of
 // a higher-priority grid first wherever one fits). Works in captured CUDA
-// graphs (the dependency becomes a programmatic edge, the priority the
-// node's).
+// graphs: the dependency becomes a programmatic edge, the priority the
+// node's, which a graph applies only when instantiated to (PyTorch's graphs
+// are not).
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel_at(int priority, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                              cudaStream_t stream, bool programmatic, Args&&... args) {
