@@ -154,6 +154,7 @@ def run_mixed(label, chunks, decodes, args, errors):
 VARIANTS = [
     ("1x8k, window 4k", 8192, 4095, 0.0, False),
     ("1x8k, soft-cap 50", 8192, -1, 50.0, False),
+    ("1x8k, window 4k + soft-cap 50", 8192, 4095, 50.0, False),
     ("1x8k, sinks", 8192, -1, 0.0, True),
     ("1x8k, window 4k + sinks", 8192, 4095, 0.0, True),
 ]

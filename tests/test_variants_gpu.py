@@ -138,6 +138,35 @@ def test_prefill_quantized(quant, head_dim, variant, window, causal, seed):
             f"{quant} {variant} window {window}", decode=False, ulps=6.0)
 
 
+# (cap, dtype) around the Hopper prefill's choices (softmax.cuh): bf16 takes a
+# fixed exponent offset up to a cap of 52.6 (probabilities at most 1 up to
+# 41.5, at most 2^31.5 at 52.5, never below 2^-120), the running maximum
+# beyond; the one-instruction tanh up to a cap of 64 (bf16) or 8 (fp16), the
+# exact one beyond.
+SOFT_CAPS = [(4.0, torch.bfloat16), (41.0, torch.bfloat16), (50.0, torch.bfloat16), (52.5, torch.bfloat16),
+             (60.0, torch.bfloat16), (100.0, torch.bfloat16), (4.0, torch.float16), (8.0, torch.float16),
+             (12.0, torch.float16), (50.0, torch.float16)]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("cap,dtype", SOFT_CAPS, ids=[f"{c}-{str(t)[6:]}" for c, t in SOFT_CAPS])
+def test_prefill_soft_cap_range(cap, dtype, head_dim, causal, seed):
+    """Scores three times the cap's size: the capped ones span the whole of
+    [-cap, cap], and the first causal rows (a few keys each) often see only
+    scores near -cap. Groups 1 and 8, a sink per head with d 128."""
+    need("prefill")
+    group = 1 if cap in (41.0, 52.5, 8.0) else 8
+    p = make_problem([700, 333, 129, 1, 64], [700, 200, 1, 1, 64], 2 * group, 2, head_dim,
+                     [16, 64, 128][head_dim // 64 % 3], device=DEV, seed=seed)
+    p = scaled(p, 3 * cap)
+    p = dataclasses.replace(p, q=p.q.to(dtype), k_cache=p.k_cache.to(dtype), v_cache=p.v_cache.to(dtype))
+    kw = dict(logits_soft_cap=cap)
+    if head_dim == 128:
+        kw["sinks"] = (torch.randn(2 * group, generator=torch.Generator().manual_seed(seed)) * cap).to(DEV)
+    run_all(p, causal, kw, dtype, f"soft-cap {cap}", decode=False)
+
+
 @pytest.mark.parametrize("variant", ["gpt-oss", "gemma2"])
 @pytest.mark.parametrize("cache", list(CACHE_KINDS))
 def test_prefill_large_tile(variant, cache, seed):

@@ -178,6 +178,21 @@ class StreamFork {
   bool joined_ = false;
 };
 
+// One launch of the warp-specialized kernel, as `kHandOut` says it takes
+// its items (prefill_kernel.cuh), with its soft-capped scores against a fixed
+// offset where the kernel's P has the range for it (softmax.cuh,
+// fixed_offset). Each instantiation opts in to its shared memory once.
+template <class Cfg, bool kHandOut, bool kFixedOffset = false>
+cudaError_t launch_prefill_kernel(int priority, dim3 grid, cudaStream_t stream, const sm90::PrefillParams& p) {
+  if constexpr (Cfg::kFixedOffsetFits && !kFixedOffset) {
+    if (fixed_offset_fits(p.a.soft_cap)) return launch_prefill_kernel<Cfg, kHandOut, true>(priority, grid, stream, p);
+  }
+  constexpr auto kernel = sm90::prefill_kernel<Cfg, kHandOut, kFixedOffset>;
+  static SmemOptIn opt_in;
+  opt_in.ensure(kernel, Cfg::kSmemBytes);
+  return launch_kernel_at(priority, kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.a.programmatic, p);
+}
+
 // Tensor maps and a persistent grid (at most one block per SM) for the
 // warp-specialized kernel. The maps depend on pointers and shapes only.
 // `decodes`: a mixed step's decode launches, enqueued by the call, beside
@@ -240,37 +255,28 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
                   ": too many work items (row tiles x sequences x KV heads)");
   const dim3 grid(static_cast<unsigned>(plan.grid));
 
-  constexpr auto kernel = sm90::prefill_kernel<Cfg>;
-  static SmemOptIn opt_in;
-  opt_in.ensure(kernel, Cfg::kSmemBytes);
   p.a.programmatic = programmatic_launch(c10::cuda::current_device());
-  const dim3 block(Cfg::kThreads);
   if constexpr (!Cfg::kQuant) {
     const int beside = decodes != nullptr ? decode_sms(sms) : 0;  // D
     if (beside > 0 && plan.grid >= 2 * beside) {
-      constexpr auto hand_out = sm90::prefill_kernel<Cfg, true>;
-      static SmemOptIn hand_out_opt_in;
-      hand_out_opt_in.ensure(hand_out, Cfg::kSmemBytes);
       const at::Tensor counter = at::zeros({1}, q.options().dtype(at::kInt));
       p.item_counter = counter.data_ptr<int>();
       const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
       StreamFork fork(stream, side.stream());
       int least = 0, greatest = 0;
       C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      C10_CUDA_CHECK(launch_kernel_at(greatest, hand_out, dim3(plan.grid - beside), block, Cfg::kSmemBytes, stream,
-                                      p.a.programmatic, p));
+      C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(greatest, dim3(plan.grid - beside), stream, p)));
       {
         const c10::cuda::CUDAStreamGuard on_side(side);
         (*decodes)();
-        C10_CUDA_CHECK(
-            launch_kernel(hand_out, dim3(beside), block, Cfg::kSmemBytes, side.stream(), p.a.programmatic, p));
+        C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(0, dim3(beside), side.stream(), p)));
       }
       fork.join();
       return;
     }
   }
   if (decodes != nullptr) (*decodes)();
-  C10_CUDA_CHECK(launch_kernel(kernel, grid, block, Cfg::kSmemBytes, stream, p.a.programmatic, p));
+  C10_CUDA_CHECK((launch_prefill_kernel<Cfg, false>(0, grid, stream, p)));
 }
 
 // The warp-specialized kernel over a quantized cache: int8 (per-vector

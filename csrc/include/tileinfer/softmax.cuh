@@ -31,10 +31,13 @@
 //     maximum). The online softmax then carries it like any score, and the
 //     finished row's normalization and lse include it, at no cost in the key
 //     loop; a row that sees no key gives out = 0 and lse = the sink.
+//   - a fixed exponent offset for soft-capped scores (fixed_offset below),
+//     where the probabilities have fp32's exponent range.
 // The window is a mask (which keys a row sees): attention_work.cuh.
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -63,9 +66,9 @@ struct SoftmaxRow {
   }
 
   // A sink joined after the keys (complete sums), for kernels whose
-  // probabilities must stay relative to the keys' maximum (the quantized
-  // Hopper prefill rounds them to fp16: a row led by a large sink would push
-  // every key's probability toward fp16's subnormals). Returns what the
+  // probabilities must stay relative to the keys' maximum or to a fixed
+  // offset (the Hopper prefill: with fp16 products, a row led by a large
+  // sink would push every key's probability toward fp16's subnormals). Returns what the
   // accumulator, built against the keys' maximum, must be multiplied by.
   // `bias`: that of the sums (OnlineSoftmax::update).
   __device__ __forceinline__ float join_sink(float sink, float bias = 0.f) {
@@ -75,6 +78,13 @@ struct SoftmaxRow {
     l = l * factor + fast_exp2(sink - m_new + bias);
     m = m_new;
     return factor;
+  }
+
+  // A row whose exponents are taken against a fixed offset (fixed_offset):
+  // m holds the offset for good, and the sum starts at 0.
+  __device__ __forceinline__ void init_fixed(float offset) {
+    m = offset;
+    l = 0.f;
   }
 
   // Exponent offset for the current tile: m, or 0 while nothing is visible.
@@ -165,12 +175,70 @@ struct OnlineSoftmax {
     }
   }
 
+  // Scores with a fixed offset (rows started by init_fixed): the
+  // probabilities exp2(s * k - m) against each row's m as it is, so no
+  // maximum to take and nothing to rescale (fixed_offset).
+  template <int kCols>
+  __device__ __forceinline__ void update_fixed(float (&s)[kRows][kCols], float k) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float neg_off = -row[r].m;
+      float sum = 0.f;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        s[r][c] = fast_exp2(fmaf(s[r][c], k, neg_off));
+        sum += s[r][c];
+      }
+      row[r].l += sum;
+    }
+  }
+
   // Completes the sums over the row's lanes (every lane gets the full sum).
   __device__ __forceinline__ void reduce_sums() {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) row[r].l = warp_sum<kWidth>(row[r].l);
   }
 };
+
+// A fixed exponent offset for soft-capped scores. A capped score lies in
+// [-k, k] in log2 units (k = cap * log2(e)), so with every exponent taken
+// against one offset c, each probability lies in [2^(-k - c), 2^(k - c)]:
+// the running maximum, which keeps them at most 1, is only needed where
+// that range does not fit the probabilities' type. In fp32 and bf16 (the
+// Hopper prefill's P for bf16 inputs) it fits with c = min(k, 120 - k):
+//   - every probability at least 2^-120, a normal number (nothing flushes
+//     to 0, where the running maximum flushes those below 2^-126 of the
+//     row's largest);
+//   - at most 1 for caps up to 41.5 (k <= 60), and 2^(2k - 120) beyond:
+//     2^24.3 at Gemma 2's cap of 50, and 2^kFixedOffsetHeadroom at most,
+//     so the row sums and the P V accumulator stay within fp32 for values
+//     below 2^(128 - kFixedOffsetHeadroom - log2(keys)).
+// What it saves, per score: the maximum (and its reduction over the row's
+// lanes), and per tile the rescale of the accumulator (one multiply per
+// element: as many as the scores again at head dim 128). The tanh already
+// costs the capped softmax two instructions per score (ScoreMap).
+constexpr float kFixedOffsetFloor = 120.f;
+constexpr float kFixedOffsetHeadroom = 32.f;
+
+__host__ __device__ constexpr bool fixed_offset_fits(float soft_cap) {
+  return soft_cap > 0.f && 2.f * soft_cap * kLog2e - kFixedOffsetFloor <= kFixedOffsetHeadroom;
+}
+__host__ __device__ constexpr float fixed_offset(float soft_cap) {
+  const float k = soft_cap * kLog2e;
+  return k < kFixedOffsetFloor - k ? k : kFixedOffsetFloor - k;
+}
+
+// The largest cap at which outputs of type T take tanh.approx.f32: its
+// relative error, 2^-11, puts up to cap * 2^-11 on a capped score, and about
+// as much, relatively, on the score's probability. Measured on the Hopper
+// prefill with scores three times the cap: fp16 outputs 17.7 ulps from
+// float64 at a cap of 60, about 0.3 ulps per unit of cap, where bf16's ulp
+// is 8 times fp16's. Up to these caps the outputs stay within ~2.5 ulps of
+// the exact tanh's; beyond them the exact form serves.
+template <typename T>
+constexpr float kFastTanhMaxCap = std::is_same_v<T, __nv_bfloat16> ? 64.f : 8.f;
+static_assert((kFixedOffsetFloor + kFixedOffsetHeadroom) / (2.f * kLog2e) <= kFastTanhMaxCap<__nv_bfloat16>,
+              "a fixed offset (bf16) always takes the one-instruction tanh");
 
 // How raw products x = q . k become what OnlineSoftmax::update takes (its
 // scores s and multiplier k: the softmax runs on exp2(s * k - m)).
@@ -183,33 +251,38 @@ struct OnlineSoftmax {
 // one uniform test per tile.
 // Two forms of the tanh: tanh_exp2 (exact to ~2^-22, two MUFU operations per
 // score) by default, and tanh.approx.f32 (one MUFU, relative error 2^-11) for
-// the Hopper prefill kernel (kFastTanh), where each instruction of the
-// softmax lengthens a warpgroup's path between its products: one instruction
-// per score against ex2, rcp and the arithmetic around them. On the H200
-// (1 x 8k causal, cap 50) the capped prefill took 1.12-1.20x the plain one's
-// time with it, 1.37x with tanh_exp2, and its outputs stayed within the same
-// ulps of float64 (docs/PERFORMANCE.md).
+// the Hopper prefill kernel (kFastTanh) up to the caps where its error stays
+// within the output's bounds (`fast`: kFastTanhMaxCap), where each
+// instruction of the softmax lengthens a warpgroup's path between its
+// products: one instruction per score against ex2, rcp and the arithmetic
+// around them. On the H200 (1 x 8k causal, cap 50) the capped prefill with
+// the running maximum took 1.12-1.20x the plain one's time with it, 1.37x
+// with tanh_exp2 (docs/PERFORMANCE.md).
 struct ScoreMap {
   float pre;  // what x is multiplied by first (scale / cap, or scale * log2(e) when not folded)
   float k;    // update's multiplier
   bool cap;   // soft-cap: tanh(x * pre)
   bool mul;   // no cap and an unfoldable scale: x * pre
+  bool fast;  // cap: the one-instruction tanh is accurate enough (for kFastTanh callers)
 
-  __device__ __forceinline__ static ScoreMap make(float scale, float soft_cap) {
-    if (soft_cap > 0.f) return {scale / soft_cap, soft_cap * kLog2e, true, false};
+  // fast_cap: the largest cap at which the caller's outputs take the
+  // one-instruction tanh (kFastTanhMaxCap of its output type).
+  __device__ __forceinline__ static ScoreMap make(float scale, float soft_cap, float fast_cap = 0.f) {
+    if (soft_cap > 0.f) return {scale / soft_cap, soft_cap * kLog2e, true, false, soft_cap <= fast_cap};
     const float scale_log2 = scale * kLog2e;
     // Folding needs k > 0: max(x) * k == max(x * k) only then.
-    if (scale_log2 > 0.f) return {1.f, scale_log2, false, false};
-    return {scale_log2, 1.f, false, true};
+    if (scale_log2 > 0.f) return {1.f, scale_log2, false, false, false};
+    return {scale_log2, 1.f, false, true, false};
   }
 
   template <bool kFastTanh = false, int kRows, int kCols>
   __device__ __forceinline__ void apply(float (&s)[kRows][kCols]) const {
     if (cap) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) s[r][c] = kFastTanh ? tanh_approx(s[r][c] * pre) : tanh_exp2(s[r][c] * pre);
+      if (kFastTanh && fast) {
+        apply_cap<true>(s);
+      } else {
+        apply_cap<false>(s);
+      }
     } else if (mul) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
@@ -218,17 +291,35 @@ struct ScoreMap {
     }
   }
 
+  // apply() of a map known to cap (a kernel built for capped scores), with
+  // the tanh it names.
+  template <bool kFastTanh = false, int kRows, int kCols>
+  __device__ __forceinline__ void apply_cap(float (&s)[kRows][kCols]) const {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) s[r][c] = kFastTanh ? tanh_approx(s[r][c] * pre) : tanh_exp2(s[r][c] * pre);
+  }
+
   // What apply() multiplies by, for callers that fold it into a factor of
   // their own (the int8 kernels' per-row 2^-e), and apply() for their scores.
   __device__ __forceinline__ float pre_factor() const { return cap || mul ? pre : 1.f; }
   template <bool kFastTanh = false, int kRows, int kCols>
   __device__ __forceinline__ void apply_premultiplied(float (&s)[kRows][kCols]) const {
     if (cap) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) s[r][c] = kFastTanh ? tanh_approx(s[r][c]) : tanh_exp2(s[r][c]);
+      if (kFastTanh && fast) {
+        tanh_all<true>(s);
+      } else {
+        tanh_all<false>(s);
+      }
     }
+  }
+  template <bool kFastTanh, int kRows, int kCols>
+  __device__ __forceinline__ static void tanh_all(float (&s)[kRows][kCols]) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) s[r][c] = kFastTanh ? tanh_approx(s[r][c]) : tanh_exp2(s[r][c]);
   }
 
   // One product's score in log2 units, k included, with the tanh of the math

@@ -36,6 +36,11 @@
 // loaded from its scale slot while S completes. (With a soft-cap the tanh
 // takes the true product: the scores are multiplied by the row factor first.)
 //
+// Soft-capped scores over a bf16 cache (kFixedOffset, a kernel of its own:
+// prefill_kernel.cuh) take their exponents against a fixed offset
+// (softmax.cuh, fixed_offset) instead of the running maximum: no row
+// maximum per tile, and O is never rescaled.
+//
 // Thread layout (as the mma.m16n8k16 accumulator, repeated over N / 8): lane
 // 4 g + c of warp v holds rows 16 v + g and 16 v + g + 8 of its warpgroup; the
 // accumulator element d[4 j + 2 R + e] is row R, column 8 j + 2 c + e.
@@ -57,7 +62,7 @@ namespace sm90 {
 constexpr int kTurnBarrier = 2;   // named barriers 2, 3: "consumer w may issue"
 constexpr int kQueryBarrier = 4;  // named barriers 4, 5: consumer w's queries are converted (quantized)
 
-template <class Cfg>
+template <class Cfg, bool kFixedOffset = false>
 __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const PrefillSmem<Cfg>& sm, int wg) {
   using T = typename Cfg::T;
   constexpr int D = Cfg::D;
@@ -70,7 +75,8 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
   const int r0 = 64 * wg + 16 * warp + (lane >> 2);  // this thread's rows of the item: r0, r0 + 8
   const int box_shift = __ffs(p.box_rows) - 1;
   // Scale (or soft-cap) folded into the exp2 argument when it can be (softmax.cuh).
-  const ScoreMap smap = ScoreMap::make(p.a.scale, p.a.soft_cap);
+  const ScoreMap smap = ScoreMap::make(p.a.scale, p.a.soft_cap, kFastTanhMaxCap<typename Cfg::QT>);
+  const float offset = kFixedOffset ? fixed_offset(p.a.soft_cap) : 0.f;
   const uint32_t q_base0 = smem_u32(sm.q(0)) + 64 * wg * 128;  // this warpgroup's rows of block 0, buffer 0
 
   if (wg == 1) named_arrive(kTurnBarrier, 256);  // consumer 0 issues first
@@ -118,15 +124,21 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     const int wg_qmin = wg_has_rows ? row_query(w, 64 * wg).qpos : INT_MAX;
     const int wg_qmax = wg_has_rows ? row_query(w, 64 * wg + wg_rows - 1).qpos : INT_MIN;
 
-    // A sink starts the row (softmax.cuh); quantized: it joins the row in the
-    // epilogue instead, so that P keeps its fp16 headroom against the keys.
+    // A sink joins its row in the epilogue, after the keys
+    // (SoftmaxRow::join_sink): P stays relative to the keys' maximum, where a
+    // row started from a sink far above its keys would round their fp16
+    // probabilities (fp16 queries, a quantized cache) into fp16's
+    // subnormals; and a row with a fixed offset keeps it.
     OnlineSoftmax<2, 4> smx;
-    float late_sink[2] = {kNegInf, kNegInf};
+    float late_sink[2];
 #pragma unroll
     for (int R = 0; R < 2; ++R) {
-      const float sink = PrefillWork::sink(p.a, w, row_query(w, r0 + 8 * R).head);
-      if constexpr (Cfg::kQuant) late_sink[R] = sink;
-      smx.row[R].init(Cfg::kQuant ? kNegInf : sink, quad == 0);
+      late_sink[R] = PrefillWork::sink(p.a, w, row_query(w, r0 + 8 * R).head);
+      if constexpr (kFixedOffset) {
+        smx.row[R].init_fixed(offset);
+      } else {
+        smx.row[R].init();
+      }
     }
     float o[D / 2];
 #pragma unroll
@@ -199,8 +211,10 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
         }
         if constexpr (Cfg::kVectorScales) scale_columns(s, ks);  // each key's scale on its column
         smap.template apply_premultiplied<true>(s);
+      } else if constexpr (kFixedOffset) {
+        smap.template apply_cap<true>(s);
       } else {
-        smap.template apply<true>(s);  // the one-instruction tanh (softmax.cuh)
+        smap.template apply<true>(s);  // the one-instruction tanh where accurate enough (softmax.cuh)
       }
       if (masked(i, outside)) {
         const TileMask mask{w.key_begin + i * BN, w.key_end, outside, box_shift, p.a.window_left, p.a.causal};
@@ -209,6 +223,8 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       if constexpr (Cfg::kQuant) {
         const float row_k[2] = {smap.cap ? smap.k : unscale[0], smap.cap ? smap.k : unscale[1]};
         smx.update(s, row_k, factor, Cfg::kProbBias);  // per tensor: P comes out times kProbHeadroom
+      } else if constexpr (kFixedOffset) {
+        smx.update_fixed(s, smap.k);
       } else {
         smx.update(s, smap.k, factor);
       }
@@ -297,10 +313,10 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       // Pinned before the wait, so that the softmax stays ahead of it.
 #pragma unroll
       for (int R = 0; R < 2; ++R) wgmma::fence_regs(s[R]);
-      wgmma::fence_regs(factor);
+      if constexpr (!kFixedOffset) wgmma::fence_regs(factor);
       wgmma::wait_pv<D, BN>(o, a);  // P V of tile i - 1: its A registers are free again
       release(&sm.empty_v[prev.stage]);
-      rescale_o();
+      if constexpr (!kFixedOffset) rescale_o();
       pack_p();
       prev = slot;
     }

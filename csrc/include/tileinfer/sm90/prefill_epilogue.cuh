@@ -2,9 +2,9 @@
 // two rows of O (rounded once from fp32), with the row's natural-log lse when
 // asked for. Rows of no query are left untouched. `factor` multiplies each
 // row (a quantized cache's v_scale; NaN for a row whose queries held a
-// non-finite value, which then gets NaN output and lse). `sink`: a sink logit
-// (log2 units) that joins each row only now (quantized caches:
-// SoftmaxRow::join_sink), -inf for none or one already in the row.
+// non-finite value, which then gets NaN output and lse). `sink`: each row's
+// sink logit (log2 units, -inf for none), which joins the row only now
+// (SoftmaxRow::join_sink).
 //
 // Where the item's query tile stays in its buffer until the epilogue
 // (Cfg::kStagedStore: two query buffers, so the producer fills the other

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <type_traits>
@@ -78,6 +79,10 @@ struct PrefillTile {
   // (OnlineSoftmax::update's bias): a quantized cache's fp16 headroom, but
   // with per-vector scales it rides on the value scales instead.
   static constexpr float kProbBias = kQuant && !kVectorScales ? static_cast<float>(kLog2ProbHeadroom) : 0.f;
+  // Whether P (of type T) has fp32's exponent range, which soft-capped
+  // scores against a fixed offset need (softmax.cuh, fixed_offset): bf16
+  // products; fp16's range is too narrow for caps past about 10.
+  static constexpr bool kFixedOffsetFits = std::is_same_v<T, __nv_bfloat16>;
   // A quantized cache's converters (prefill_convert.cuh) take 56: with 40
   // they spilled and kept four rows in flight, and the kernel waited on them;
   // with 56 they hold six, and the consumers, at 224, spill only around an
