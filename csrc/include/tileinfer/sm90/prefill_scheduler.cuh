@@ -166,6 +166,7 @@ struct PrefillScheduler {
       upto = -1;
     }
     c.upto[lane] = upto;
+    __syncwarp();  // every lane has read the cursor (above) before lane 0 moves it
     if (lane == 0) c.seq0 = seq0, c.before = before;
     __syncwarp();
     const int r = n - before;
