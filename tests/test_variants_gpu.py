@@ -60,7 +60,7 @@ def scaled(p, factor=2.0):
     return dataclasses.replace(p, scale=factor * p.scale)
 
 
-def run_all(p, causal, kw, dtype, what, decode=True, ulps=4.0, attention=True):
+def run_all(p, causal, kw, dtype, what, decode=True, ulps=4.0):
     """prefill (out, lse), attention, and (decode-shaped problems) decode with
     several split counts + combine, all against one float64 oracle. The lse of
     a quantized problem is checked against float64 attention of the queries as
@@ -78,8 +78,7 @@ def run_all(p, causal, kw, dtype, what, decode=True, ulps=4.0, attention=True):
     out, lse = run_prefill(p, causal, **kw)
     check_out(out, exact, dtype, f"prefill {what}", ulps=ulps)
     check_lse(lse, exact_lse, dtype, f"prefill {what} lse")
-    if attention:
-        check_out(run_attention(p, causal, **kw), exact, dtype, f"attention {what}", ulps=ulps)
+    check_out(run_attention(p, causal, **kw), exact, dtype, f"attention {what}", ulps=ulps)
     if decode:
         for splits in (1, 3, 32):
             po, pl = run_decode(p, causal, splits, **kw)
@@ -156,10 +155,10 @@ def test_prefill_soft_cap_range(cap, dtype, head_dim, causal, seed):
     """Scores three times the cap's size: the capped ones span the whole of
     [-cap, cap], and the first causal rows (a few keys each) often see only
     scores near -cap. Groups 1 and 8; with d 128 a sink per head of the
-    cap's size, often far above every key of a row: the Hopper prefill joins
-    it after the keys, and is checked alone there (the attention op's decode
-    path starts each row from its sink, and its fp16 probabilities of keys
-    far below it fall into fp16's subnormals: 4-5 ulps at a cap of 50)."""
+    cap's size, often far above every key of a row: every kernel joins it
+    after the keys, so that fp16 probabilities stay relative to the keys'
+    maximum (with the sink leading, keys far below it fell into fp16's
+    subnormals: 4-5 ulps at a cap of 50 on the decode path)."""
     need("prefill")
     group = 1 if cap in (41.0, 52.5, 8.0) else 8
     p = make_problem([700, 333, 129, 1, 64], [700, 200, 1, 1, 64], 2 * group, 2, head_dim,
@@ -169,7 +168,7 @@ def test_prefill_soft_cap_range(cap, dtype, head_dim, causal, seed):
     kw = dict(logits_soft_cap=cap)
     if head_dim == 128:
         kw["sinks"] = (torch.randn(2 * group, generator=torch.Generator().manual_seed(seed)) * cap).to(DEV)
-    run_all(p, causal, kw, dtype, f"soft-cap {cap}", decode=False, attention="sinks" not in kw)
+    run_all(p, causal, kw, dtype, f"soft-cap {cap}", decode=False)
 
 
 @pytest.mark.parametrize("variant", ["gpt-oss", "gemma2"])
@@ -225,6 +224,26 @@ def test_int8_decode(quant, n, head_dim, variant, seed):
                             **QUANT_KINDS[quant]))
     run_all(p, True, kwargs(variant, 100, p.q.shape[1], seed), torch.bfloat16, f"{quant} n={n} {variant}",
             ulps=6.0)
+
+
+@pytest.mark.parametrize("cache", ["fp16", *CACHE_KINDS])
+@pytest.mark.parametrize("n,group", [(1, 4), (4, 8), (2, 3), (1, 16)])
+def test_decode_far_sinks(n, group, cache, seed):
+    """Sinks tens above every score of their rows, and far below: each
+    decode tile (small, large, quantized) and every prefill kernel (the
+    synchronous wgmma one for group 3) joins the sink after the keys, so that the probabilities rounded to 16 bits stay relative to the
+    keys' maximum rather than fall toward fp16's subnormals."""
+    need("decode", "combine", "prefill")
+    dtype = torch.float16 if cache == "fp16" else torch.bfloat16
+    kind = {} if cache == "fp16" else CACHE_KINDS[cache]
+    p = scaled(make_problem([n, 63, 64, 700], [n] * 4, 2 * group, 2, 128, 64, dtype=dtype, device=DEV, seed=seed,
+                            **kind))
+    # From far below every score to 25 above it (rows of magnitude down to
+    # e^-25 |v|; below fp16's normals the check's unit is its subnormals' spacing).
+    g = torch.Generator().manual_seed(seed)
+    sinks = torch.linspace(-20.0, 25.0, 2 * group)[torch.randperm(2 * group, generator=g)]
+    run_all(p, True, dict(sinks=sinks.to(DEV)), dtype, f"{cache} n={n} far sinks",
+            ulps=4.0 if cache in ("fp16", "bf16") else 6.0)
 
 
 @pytest.mark.parametrize("cache", list(CACHE_KINDS))

@@ -340,11 +340,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     }
 
     OnlineSoftmax<kR, 4> sm;  // each row spread over the 4 lanes of a quad
-    // A sink (in the blocks Work says hold it) starts the row: softmax.cuh. Its
-    // term of the sum goes to one lane of the row, in one key-slice warp.
+    // A sink (in the blocks Work says hold it) joins the row in the epilogue
+    // (tile_epilogue.cuh), after its keys.
 #pragma unroll
-    for (int R = 0; R < kR; ++R)
-      sm.row[R].init(Work::sink(p, w, sh.row_head[row_of(R)]), (lane & 3) == 0 && warp_n == 0);
+    for (int R = 0; R < kR; ++R) sm.row[R].init();
     float o[kR][D / 4];  // O row R; column 8j + 2(lane % 4) + e at [2j + e] (int8 decode: tile_pv)
 #pragma unroll
     for (int R = 0; R < kR; ++R)

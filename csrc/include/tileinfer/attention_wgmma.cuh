@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
 
   OnlineSoftmax<2, 4> sm;
 #pragma unroll
-  for (int R = 0; R < 2; ++R) sm.row[R].init(Work::sink(p, w, row_head_s[row_of(R)]), (lane & 3) == 0);  // a sink
+  for (int R = 0; R < 2; ++R) sm.row[R].init();  // a sink joins in the epilogue
   float o[D / 2];  // O: o[4 j + 2 R + e] is row R, column 8 j + 2 (lane % 4) + e
 #pragma unroll
   for (int x = 0; x < D / 2; ++x) o[x] = 0.f;
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attention_wgmma_kernel(const
   float out_scale[2];
 #pragma unroll
   for (int R = 0; R < 2; ++R) {
-    const SoftmaxResult res = softmax_result(sm.row[R].m, sm.row[R].l);
+    const SoftmaxResult res = softmax_result_with_sink(sm.row[R], Work::sink(p, w, row_head_s[row_of(R)]));
     out_scale[R] = res.inv_sum;
     if (quad == 0) lse_s[row_of(R)] = res.lse;
   }

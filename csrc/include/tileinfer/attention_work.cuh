@@ -108,7 +108,7 @@ __device__ __forceinline__ int window_key_begin(const AttentionParams& p, int se
 }
 
 // The sink logit of query head `head` in log2 units, or -inf: what
-// softmax_result takes. Only the blocks that hold `with_sink` add it, so that
+// softmax_result_with_sink takes. Only the blocks that hold `with_sink` add it, so that
 // it joins each row's denominator once (decode: split 0's partial).
 __device__ __forceinline__ float sink_log2(const AttentionParams& p, int head, bool with_sink) {
   return p.sinks != nullptr && with_sink ? p.sinks[head] * kLog2e : -INFINITY;

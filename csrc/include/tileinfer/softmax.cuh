@@ -24,13 +24,15 @@
 //     cap the raw product is multiplied by scale / cap, goes through tanh, and
 //     the exp2 multiplier becomes cap * log2(e) instead of scale * log2(e):
 //     the fold into the exp2 argument still holds, with another constant.
-//   - learned sinks (SoftmaxRow::init's `sink`): a per-head logit that joins
-//     a row's denominator once and nothing else. The row starts as if it had
-//     seen one key of that score and value 0: m = sink, l = 1 (in one lane of
-//     the row; all its lanes start from m = sink, so that they keep one
-//     maximum). The online softmax then carries it like any score, and the
-//     finished row's normalization and lse include it, at no cost in the key
-//     loop; a row that sees no key gives out = 0 and lse = the sink.
+//   - learned sinks: a per-head logit that joins a row's denominator once
+//     and nothing else, as a key of that score and value 0 would. The
+//     16-bit kernels join it after the keys (softmax_result_with_sink): their
+//     probabilities are rounded to fp16 / bf16 for the P V product, and must
+//     stay relative to the keys' maximum; with the sink leading the row, a
+//     sink tens above every key put their probabilities among fp16's
+//     subnormals. The fp32 kernel starts each row from it (SoftmaxRow::init's
+//     `sink`: m = sink, l = 1 in one lane of the row). Either way a row that
+//     sees no key gives out = 0 and lse = the sink.
 //   - a fixed exponent offset for soft-capped scores (fixed_offset below),
 //     where the probabilities have fp32's exponent range.
 // The window is a mask (which keys a row sees): attention_work.cuh.
@@ -65,12 +67,10 @@ struct SoftmaxRow {
     l = owner && sink != kNegInf ? 1.f : 0.f;
   }
 
-  // A sink joined after the keys (complete sums), for kernels whose
-  // probabilities must stay relative to the keys' maximum or to a fixed
-  // offset (the Hopper prefill: with fp16 products, a row led by a large
-  // sink would push every key's probability toward fp16's subnormals). Returns what the
-  // accumulator, built against the keys' maximum, must be multiplied by.
-  // `bias`: that of the sums (OnlineSoftmax::update).
+  // A sink joined after the keys (complete sums; see the top of this file).
+  // Returns what the accumulator, built against the keys' maximum (or a
+  // fixed offset), must be multiplied by. `bias`: that of the sums
+  // (OnlineSoftmax::update).
   __device__ __forceinline__ float join_sink(float sink, float bias = 0.f) {
     if (sink == kNegInf) return 1.f;
     const float m_new = fmaxf(m, sink);
@@ -112,6 +112,16 @@ struct SoftmaxResult {
 __device__ __forceinline__ SoftmaxResult softmax_result(float m, float l) {
   if (!(l > 0.f)) return {0.f, kNegInf};
   return {1.f / l, (m + log2f(l)) * kLn2};
+}
+
+// softmax_result of a row whose sink joins it only now, after its keys
+// (SoftmaxRow::join_sink; `bias`: that of the sums): inv_sum also carries
+// the factor that the accumulator, built without the sink, needs.
+__device__ __forceinline__ SoftmaxResult softmax_result_with_sink(SoftmaxRow row, float sink, float bias = 0.f) {
+  const float keep = row.join_sink(sink, bias);
+  SoftmaxResult res = softmax_result(row.m - bias, row.l);
+  res.inv_sum *= keep;
+  return res;
 }
 
 // Merges partial states of one row over disjoint sets of scores (sums

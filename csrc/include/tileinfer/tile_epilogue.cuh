@@ -32,7 +32,7 @@ __device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const Wo
   if constexpr (Cfg::kWarpsN == 1) {
 #pragma unroll
     for (int R = 0; R < kR; ++R) {
-      const SoftmaxResult res = softmax_result(sm.row[R].m, sm.row[R].l);
+      const SoftmaxResult res = softmax_result_with_sink(sm.row[R], Work::sink(p, w, sh.row_head[row_of(R)]));
       out_scale[R] = res.inv_sum;
       if (quad == 0) sh.lse[row_of(R)] = res.lse;
     }
@@ -56,7 +56,7 @@ __device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const Wo
         parts[wn].l = sh.merge[(wn * BM + row_of(R)) * 2 + 1];
       }
       const SoftmaxRow total = merge_rows(parts);
-      const SoftmaxResult res = softmax_result(total.m, total.l);
+      const SoftmaxResult res = softmax_result_with_sink(total, Work::sink(p, w, sh.row_head[row_of(R)]));
       out_scale[R] = fast_exp2(sm.row[R].m - total.offset()) * res.inv_sum;
       if (warp_n == 0 && quad == 0) sh.lse[row_of(R)] = res.lse;
     }

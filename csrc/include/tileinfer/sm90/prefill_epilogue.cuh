@@ -43,9 +43,8 @@ __device__ __forceinline__ void prefill_store(const PrefillParams& p, const Work
   for (int R = 0; R < 2; ++R) {
     const int r = r0 + 8 * R;
     // (Cfg::kProbBias: the sums carry a power of two, which the lse drops.)
-    const float keep = smx.row[R].join_sink(sink[R], Cfg::kProbBias);
-    SoftmaxResult res = softmax_result(smx.row[R].m - Cfg::kProbBias, smx.row[R].l);
-    res.inv_sum *= factor[R] * keep;
+    SoftmaxResult res = softmax_result_with_sink(smx.row[R], sink[R], Cfg::kProbBias);
+    res.inv_sum *= factor[R];
     if (isnan(factor[R])) res.lse = factor[R];
     if constexpr (Cfg::kStagedStore) {
 #pragma unroll
