@@ -231,8 +231,10 @@ def test_int8_decode(quant, n, head_dim, variant, seed):
 def test_decode_far_sinks(n, group, cache, seed):
     """Sinks tens above every score of their rows, and far below: each
     decode tile (small, large, quantized) and every prefill kernel (the
-    synchronous wgmma one for group 3) joins the sink after the keys, so that the probabilities rounded to 16 bits stay relative to the
-    keys' maximum rather than fall toward fp16's subnormals."""
+    synchronous wgmma one for group 3) joins the sink after the keys, so
+    that the probabilities rounded to 16 bits stay relative to the keys'
+    maximum rather than fall toward fp16's subnormals (a model of rows
+    started from their sink puts these fp16 rows ~20 ulps off)."""
     need("decode", "combine", "prefill")
     dtype = torch.float16 if cache == "fp16" else torch.bfloat16
     kind = {} if cache == "fp16" else CACHE_KINDS[cache]
