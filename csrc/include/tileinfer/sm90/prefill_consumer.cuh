@@ -130,10 +130,10 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     // probabilities (fp16 queries, a quantized cache) into fp16's
     // subnormals; and a row with a fixed offset keeps it.
     OnlineSoftmax<2, 4> smx;
-    float late_sink[2];
+    float sink[2];
 #pragma unroll
     for (int R = 0; R < 2; ++R) {
-      late_sink[R] = PrefillWork::sink(p.a, w, row_query(w, r0 + 8 * R).head);
+      sink[R] = PrefillWork::sink(p.a, w, row_query(w, r0 + 8 * R).head);
       if constexpr (kFixedOffset) {
         smx.row[R].init_fixed(offset);
       } else {
@@ -339,7 +339,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 #pragma unroll
       for (int R = 0; R < 2; ++R) out_factor[R] = bad[R] ? __int_as_float(0x7fc00000) : v_scale;
     }
-    prefill_store<Cfg>(p, w, smx, o, r0, quad, out_factor, late_sink, q_tile, wg, tid);
+    prefill_store<Cfg>(p, w, smx, o, r0, quad, out_factor, sink, q_tile, wg, tid);
     if constexpr (Cfg::kStagedStore) {
       wgmma::fence_proxy_async_smem();  // the staging stores, ordered before the producer's next copy into the tile
       release(&sm.q_empty[qs.stage]);
