@@ -154,10 +154,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   auto finish_lookups = [&] { keys.lookup_entries(first_entries, num_tiles); };
   start();
   TILEINFER_STAMP(1);  // metadata read, first entries in flight
+  // 16-bit rows on the d 128 tile: head dims 80 and 96 may leave the zero
+  // chunks past their rows to zero_pads (tile_io.cuh). Not the 64-row
+  // walking tile: at 253 registers it spilled with it.
+  constexpr bool kPadsZeroed =
+      sizeof(typename Cfg::CacheT) == 2 && Cfg::kCacheChunks == 16 && !(Work::kWalks && BM > 16);
   auto load_tile = [&](int tile) {
     uint8_t* k_dst = sh.kv + (tile % S) * 2 * Cfg::kTileBytes;
     uint8_t* v_dst = k_dst + Cfg::kTileBytes;
-    keys.template copy_kv<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes, Cfg::kKeySlices>(
+    keys.template copy_kv<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes, Cfg::kKeySlices, kPadsZeroed>(
         tile, k_pool, v_pool, k_dst, v_dst, [](int row, int ch) { return Cfg::stage_offset(row, ch); });
     if constexpr (Cfg::kQuant) {
       // A pool row is also the index of its scale ([num_pages, num_kv_heads,
@@ -185,6 +190,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   finish_lookups();
   __syncthreads();  // row table and the first lookups
   auto issue_first_copies = [&] {
+    if constexpr (kPadsZeroed) {
+      keys.template zero_pads<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes>(
+          sh.kv, 2 * S, [](int row, int ch) { return Cfg::stage_offset(row, ch); });
+    }
     if constexpr (!Cfg::kQuant) {
       copy_query_rows<BM, Cfg::kThreads, Cfg::kChunks, T>(
           p, sh.row_token, sh.row_head, sh.q, tid, [](int row, int ch) { return int(sizeof(T)) * Cfg::swz(row, ch); });

@@ -84,7 +84,10 @@ struct KeyTiles {
   // gets zeros in the chunks past its row. Then the block-table entries
   // kStages tiles ahead.
   // kPageRuns: tiles on one page take the path below (see there).
-  template <int kThreads, int kChunks, int kRowBytes, bool kPageRuns, class Offset>
+  // kPadsZeroed: the kernel zeroes the stages' chunks past a short row once
+  // per work item (zero_pads), so rows where skips_pads holds copy only
+  // their own chunks.
+  template <int kThreads, int kChunks, int kRowBytes, bool kPageRuns, bool kPadsZeroed = false, class Offset>
   __device__ __forceinline__ void copy_kv(int tile, const uint8_t* k_pool, const uint8_t* v_pool, uint8_t* k_dst,
                                           uint8_t* v_dst, Offset offset) const {
     static_assert((kBlockN * kChunks) % kThreads == 0 && kThreads % kChunks == 0, "whole copy rounds of whole rows");
@@ -111,19 +114,51 @@ struct KeyTiles {
       fetch_entries(tile + kStages);
       return;
     }
+    const bool skip_pads = kPadsZeroed && skips_pads<kChunks, kRowBytes>();
 #pragma unroll
     for (int i = 0; i < kBlockN * kChunks / kThreads; ++i) {
       const int c = tid + i * kThreads;
       const int row = c / kChunks;
-      const int ch = c % kChunks;
+      const int ch = c % kChunks;  // the same in every round (kThreads % kChunks == 0)
+      const bool in_row = ch * 16 < row_bytes;
+      if (skip_pads && !in_row) continue;
       const int pr = rows[row];
-      const bool valid = pr >= 0 && ch * 16 < row_bytes;
+      const bool valid = pr >= 0 && in_row;
       const int64_t src = valid ? static_cast<int64_t>(pr) * row_bytes + ch * 16 : 0;
       const int dst = offset(row, ch);
       cp_async_16(k_dst + dst, k_pool + src, valid);
       cp_async_16(v_dst + dst, v_pool + src, valid);
     }
     fetch_entries(tile + kStages);  // lands with this tile, kStages tiles before its lookup
+  }
+
+  // Rows shorter than the tile's whose two rows per warp of copies are whole
+  // 128-byte lines (16-bit head dim 96 on the d 128 tile: 384 bytes, three
+  // lines) leave their zero chunks to zero_pads instead of zero-filling copies.
+  // On the H200, 32 x 4k decode at d 96 went from 117 to 100 us without those
+  // copies, while d 80 (two rows: 2.5 lines) went from 86 to 99 us, so d 80
+  // keeps them (docs/PERFORMANCE.md, "Head dims 80 and 96").
+  template <int kChunks, int kRowBytes>
+  __device__ __forceinline__ bool skips_pads() const {
+    return kChunks == 16 && row_bytes < kRowBytes && row_bytes % 64 == 0;
+  }
+  // Zeros in the chunks past each row of `tiles` staged K or V tiles (kBlockN
+  // rows of kRowBytes each, from `stages` on, chunk ch of row r at byte
+  // offset(r, ch)) where copy_kv<..., kPadsZeroed = true> leaves them.
+  // Before an item's first copies: nothing else writes those chunks until
+  // the epilogue reuses the stages.
+  template <int kThreads, int kChunks, int kRowBytes, class Offset>
+  __device__ __forceinline__ void zero_pads(uint8_t* stages, int tiles, Offset offset) const {
+    if (!skips_pads<kChunks, kRowBytes>()) return;
+    const int data_ch = row_bytes >> 4;
+    const int pad_ch = kChunks - data_ch;
+    for (int c = tid; c < tiles * kBlockN * pad_ch; c += kThreads) {
+      const int t = c / (kBlockN * pad_ch);
+      const int r = c - t * (kBlockN * pad_ch);
+      const int row = r / pad_ch;
+      *reinterpret_cast<uint4*>(stages + t * kBlockN * kRowBytes + offset(row, data_ch + r - row * pad_ch)) =
+          make_uint4(0u, 0u, 0u, 0u);
+    }
   }
 
  private:

@@ -29,7 +29,8 @@
 //     for (TILEINFER_DISPATCH_TILE_DIM). A head dim runs on the smallest tile
 //     dim that holds it (tile_head_dim): 80 and 96 on 128's kernels, whose
 //     tiles in shared memory and registers get zeros past the head dim (the
-//     copies read only the row's own bytes, zero-filling the rest, and the
+//     copies read only the row's own bytes and zero-fill the rest, or at d 96
+//     leave the rest to zeros written once per work item, tile_io.cuh; the
 //     stores write only its columns). Zero columns add nothing to a score,
 //     and the output columns past the head dim are never stored. That costs
 //     tensor-core time (128 / 80 of d 80's products) but no new
