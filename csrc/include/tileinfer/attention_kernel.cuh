@@ -154,9 +154,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   auto finish_lookups = [&] { keys.lookup_entries(first_entries, num_tiles); };
   start();
   TILEINFER_STAMP(1);  // metadata read, first entries in flight
-  // 16-bit rows on the d 128 tile: head dims 80 and 96 may leave the zero
-  // chunks past their rows to zero_pads (tile_io.cuh). Not the 64-row
-  // walking tile: at 253 registers it spilled with it.
+  // 16-bit rows on the d 128 tile: short rows where skips_pads holds (head
+  // dim 96) leave the zero chunks past them to zero_pads (tile_io.cuh). Not
+  // the 64-row walking tile: at 253 registers it spilled with it.
   constexpr bool kPadsZeroed =
       sizeof(typename Cfg::CacheT) == 2 && Cfg::kCacheChunks == 16 && !(Work::kWalks && BM > 16);
   auto load_tile = [&](int tile) {
