@@ -159,11 +159,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // the 64-row walking tile: at 253 registers it spilled with it.
   constexpr bool kPadsZeroed =
       sizeof(typename Cfg::CacheT) == 2 && Cfg::kCacheChunks == 16 && !(Work::kWalks && BM > 16);
+  const auto stage_at = [](int row, int ch) { return Cfg::stage_offset(row, ch); };  // a staged tile's chunks
   auto load_tile = [&](int tile) {
     uint8_t* k_dst = sh.kv + (tile % S) * 2 * Cfg::kTileBytes;
     uint8_t* v_dst = k_dst + Cfg::kTileBytes;
     keys.template copy_kv<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes, Cfg::kKeySlices, kPadsZeroed>(
-        tile, k_pool, v_pool, k_dst, v_dst, [](int row, int ch) { return Cfg::stage_offset(row, ch); });
+        tile, k_pool, v_pool, k_dst, v_dst, stage_at);
     if constexpr (Cfg::kQuant) {
       // A pool row is also the index of its scale ([num_pages, num_kv_heads,
       // page_size]). A per-tensor scale (fp8) is stored for every key from
@@ -191,8 +192,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   __syncthreads();  // row table and the first lookups
   auto issue_first_copies = [&] {
     if constexpr (kPadsZeroed) {
-      keys.template zero_pads<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes>(
-          sh.kv, 2 * S, [](int row, int ch) { return Cfg::stage_offset(row, ch); });
+      keys.template zero_pads<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes>(sh.kv, 2 * S, stage_at);
     }
     if constexpr (!Cfg::kQuant) {
       copy_query_rows<BM, Cfg::kThreads, Cfg::kChunks, T>(
