@@ -245,6 +245,55 @@ def test_attention_single_split_writes_out(dtype, head_dim, int8, n, misaligned_
         check_out(out[:r], exact[:r], dtype, "attention, single split")
 
 
+# (sequence lengths, query counts, query heads, KV heads, head dim, page,
+# dtype, extra): steps of fewer than 8 (sequence, KV head) pairs, which get
+# more than 32 splits (decode_num_splits), most of them without a page.
+FEW_PAIR_CASES = {
+    "mqa": ([1000], [1], 32, 1, 128, 16, torch.bfloat16, {}),
+    "tp-shard": ([700], [1], 8, 1, 128, 64, torch.float16, {}),
+    "4-kv-heads": ([100], [1], 32, 4, 128, 64, torch.bfloat16, {}),
+    "odd-group-d64": ([5, 300, 1000], [1, 1, 1], 7, 1, 64, 16, torch.bfloat16, {}),  # a warp's rows span tokens
+    "verify": ([40, 300, 17], [16, 4, 1], 16, 2, 128, 32, torch.bfloat16, {}),
+    "window-sinks": ([2000, 50], [1, 1], 8, 1, 128, 16, torch.bfloat16, {"window_left": 100, "sinks": True}),
+    "padding-d96": ([300, 0, 64], [2, 0, 1], 16, 2, 96, 32, torch.float16, {"pad": 3}),
+    "d256": ([3000], [1], 16, 1, 256, 64, torch.bfloat16, {}),
+    "fp32": ([500], [1], 8, 1, 64, 16, torch.float32, {}),
+    "int8": ([900], [1], 8, 1, 128, 64, torch.bfloat16, {"int8": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(FEW_PAIR_CASES))
+def test_attention_few_pairs(case, seed):
+    """Steps of a few (sequence, KV head) pairs (one MQA sequence, a
+    tensor-parallel shard's KV head, verify steps, a window): the attention
+    op gives them 33-128 splits, which combine shares among several warps.
+    The result must be the bits of decode + combine with that split count,
+    and float64's within tolerance."""
+    need_path("attention")
+    lens, q_lens, hq, hkv, d, page, dtype, extra = FEW_PAIR_CASES[case]
+    p = make_problem(lens, q_lens, hq, hkv, d, page, dtype=dtype, device=DEV, seed=seed,
+                     int8=extra.get("int8", False))
+    if "pad" in extra:
+        p = with_padding_tokens(p, extra["pad"])
+    variants = {}
+    if "window_left" in extra:
+        variants["window_left"] = extra["window_left"]
+    if extra.get("sinks"):
+        variants["sinks"] = torch.randn(hq, device=DEV)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = ops.decode_num_splits(sms, len(lens), hkv)
+    assert splits > 32, "the case needs more splits than a row's lanes"
+    out = run_attention(p, True, **variants)
+
+    expected, _ = run_combine(*run_decode(p, True, splits, **variants), dtype)
+    assert torch.equal(out, expected), "attention differs from decode + combine"
+    r = real_rows(p)
+    assert torch.all(out[r:] == 0), "padding tokens must get 0"
+    if not extra.get("int8"):
+        exact, _ = exact_attention(p, True, **variants)
+        check_out(out[:r], exact[:r], dtype, f"attention, few pairs ({case})")
+
+
 # ------------------------------------------------------------------ combine alone
 def random_partials(splits, tokens, heads, head_dim, g):
     """Partials with a spread of lse values (weights from ~1 down to underflow),
@@ -259,14 +308,15 @@ def random_partials(splits, tokens, heads, head_dim, g):
     return po.to(DEV), pl.to(DEV)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 7, 32, 33, 100])
+@pytest.mark.parametrize("splits", [1, 2, 7, 32, 33, 100, 300])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_combine(dtype, head_dim, splits, seed):
     """combine against the float64 merge: only its own rounding is allowed (the
     output rounded once to the element type). Splits beyond one chunk of lanes
-    (33, 100) exercise the running rescale; rows of only neutral splits give
-    out 0 and lse -inf."""
+    (33, 100, 300) are shared by several warps, each with its running rescale
+    over one or more chunks, merged at the end; rows of only neutral splits
+    give out 0 and lse -inf."""
     need("combine")
     g = torch.Generator().manual_seed(seed)
     po, pl = random_partials(splits, 5, 6, head_dim, g)

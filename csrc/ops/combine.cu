@@ -33,6 +33,19 @@ void check_combine_inputs(const char* op, const at::Tensor& out, const std::opti
               op, ": partial_out is too large (num_tokens * num_q_heads and num_splits must fit in int32)");
 }
 
+// Launches combine_kernel for p on the current stream (device: the current one,
+// set by the caller's guard).
+void launch_combine_for(const char* op, const at::Tensor& out, const AttentionParams& p) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool programmatic = programmatic_launch(out.get_device());
+  TILEINFER_DISPATCH_FLOAT(out.scalar_type(), op, [&] {
+    TILEINFER_DISPATCH_TILE_DIM(p.kv.head_dim, op, [&] {
+      const cudaError_t err = launch_combine<scalar_t, TILE_DIM>(p, stream, programmatic);  // (commas: not in the macro)
+      C10_CUDA_CHECK(err);
+    });
+  });
+}
+
 }  // namespace
 
 // out [num_tokens, num_q_heads, head_dim] bf16/fp16/fp32 (token/head strides free);
@@ -59,14 +72,7 @@ void combine_as(const char* op, at::Tensor& out, const std::optional<at::Tensor>
   p.kv.head_dim = static_cast<int>(partial_out.size(3));
   p.split_slots = lse_gated ? p.num_splits : 0;
 
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const bool programmatic = programmatic_launch(partial_out.get_device());
-  TILEINFER_DISPATCH_FLOAT(out.scalar_type(), op, [&] {
-    TILEINFER_DISPATCH_TILE_DIM(p.kv.head_dim, op, [&] {
-      const cudaError_t err = launch_combine<scalar_t, TILE_DIM>(p, stream, programmatic);  // (commas: not in the macro)
-      C10_CUDA_CHECK(err);
-    });
-  });
+  launch_combine_for(op, out, p);
 }
 
 void combine_slots(at::Tensor& out, const at::Tensor& partial_out, const at::Tensor& partial_lse,
@@ -86,14 +92,7 @@ void combine_slots(at::Tensor& out, const at::Tensor& partial_out, const at::Ten
   p.kv.num_seqs = static_cast<int>(cu_seqlens_q.size(0) - 1);
   p.mixed_queries = static_cast<int>(mixed_queries);
   p.split_slots = lse_gated ? p.num_splits : 0;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const bool programmatic = programmatic_launch(partial_out.get_device());
-  TILEINFER_DISPATCH_FLOAT(out.scalar_type(), "attention", [&] {
-    TILEINFER_DISPATCH_TILE_DIM(p.kv.head_dim, "attention", [&] {
-      const cudaError_t err = launch_combine<scalar_t, TILE_DIM>(p, stream, programmatic);  // (commas: not in the macro)
-      C10_CUDA_CHECK(err);
-    });
-  });
+  launch_combine_for("attention", out, p);
 }
 
 void combine(at::Tensor& out, const std::optional<at::Tensor>& lse, const at::Tensor& partial_out,

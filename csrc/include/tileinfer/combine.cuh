@@ -16,10 +16,13 @@
 // weight to the whole group with a shuffle. Neutral splits are read like the
 // others (a branch per split would serialize the loads); their out = 0 adds
 // nothing, and a NaN there would propagate, as in reference.merge_partials.
+// More splits than a row's lanes are shared by several warps (kWideWarps),
+// whose merges meet in shared memory.
 //
-// Determinism: every output element sums its splits in index order (0, 1, ...)
-// and the lse reductions use a fixed shuffle tree, so the same inputs give the
-// same bits on every run, whatever the grid.
+// Determinism: every output element sums its splits in a fixed order (index
+// order, or with several warps each warp's chunks in index order and the
+// warps in theirs) and the lse reductions use a fixed shuffle tree, so the
+// same inputs give the same bits on every run, whatever the grid.
 #pragma once
 
 #include <cmath>
@@ -56,6 +59,13 @@ struct CombineTraits {
   // the SASS). It uses ~96; 20 warps per SM still keep >100 KB of loads in flight.
   // Head dim 128's batch of 32 splits takes ~160 registers: 4 blocks.
   static constexpr int kMinBlocksPerSM = kSplitBatch * kVecsPerLane > 16 ? 4 : 8;
+  // More splits than a row's lanes (a step of fewer than 8 (sequence, KV
+  // head) pairs gets up to 128: decode_splits.h) are shared by kWideWarps
+  // warps, each taking every kWideWarps-th chunk of kLanesPerRow splits,
+  // whose partial merges meet in shared memory: one sequence's 128 splits
+  // at head dim 128 take one round trip of loads instead of four in turn.
+  static constexpr int kWideWarps = 4;
+  static constexpr int kWarpRows = 32 / kLanesPerRow;  // rows per warp
   static_assert(kLanesPerRow <= 32 && 32 % kLanesPerRow == 0, "a row's lanes must sit in one warp");
   static_assert(kLanesPerRow % kSplitBatch == 0, "split batches must tile a chunk");
 };
@@ -106,20 +116,38 @@ __device__ __forceinline__ void store_channels(scalar_t* dst, const float (&x)[C
 // DecodeWork::lse_only), so each out is loaded only once its lse is known
 // finite: a round trip more, and no read of the splits a short sequence
 // leaves empty. Weights and sums are those of the ungated kernel.
-template <typename scalar_t, int HEAD_DIM, bool kLseGated>
-__global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTraits<HEAD_DIM>::kMinBlocksPerSM)
+//
+// W (kWideWarps, for more splits than a row's lanes; never gated): the
+// block's W warps share its rows (kWarpRows), warp w taking chunks w, w + W,
+// ...; each merges its chunks as the one-warp kernel does, and warp 0 then
+// merges the W results in warp order. Deterministic, but not the bits of the
+// one-warp order (both ops that merge decode's partials use this kernel).
+template <int HEAD_DIM, int W>
+struct CombineShape {
+  using Traits = CombineTraits<HEAD_DIM>;
+  static constexpr int kThreads = W == 1 ? Traits::kThreads : 32 * W;
+  static constexpr int kRowsPerBlock = W == 1 ? Traits::kRowsPerBlock : Traits::kWarpRows;
+  // The one-warp kernel's register cap per thread.
+  static constexpr int kMinBlocksPerSM = Traits::kMinBlocksPerSM * Traits::kThreads / kThreads;
+};
+template <typename scalar_t, int HEAD_DIM, bool kLseGated, int W>
+__global__ void __launch_bounds__(CombineShape<HEAD_DIM, W>::kThreads, CombineShape<HEAD_DIM, W>::kMinBlocksPerSM)
     combine_kernel(const AttentionParams p) {
   using Traits = CombineTraits<HEAD_DIM>;
+  using Shape = CombineShape<HEAD_DIM, W>;
   constexpr int R = Traits::kLanesPerRow;
   constexpr int C = Traits::kChannelsPerLane;
   constexpr int V = Traits::kVecsPerLane;
   constexpr int B = Traits::kSplitBatch;
+  static_assert(W == 1 || !kLseGated, "gated plans have at most 32 splits: one warp a row");
   allow_dependent_launch();  // (common.cuh)
   wait_for_prior_grids();
 
   const int lane = threadIdx.x % R;  // lane within the row's group
+  const int wr = W == 1 ? 0 : static_cast<int>(threadIdx.x) / 32;  // this warp's share of the chunks
+  const int block_row = static_cast<int>(W == 1 ? threadIdx.x : threadIdx.x % 32) / R;
   const int64_t num_rows = static_cast<int64_t>(partial_rows(p)) * p.num_q_heads;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * Traits::kRowsPerBlock + threadIdx.x / R;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * Shape::kRowsPerBlock + block_row;
   // Rows past the end still run the loop (reading the last row, storing
   // nothing): the shuffles below involve every lane of the warp. So do the
   // slots of a mixed step that hold no decode query.
@@ -175,7 +203,7 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
     }
   };
   int last = R - 1;  // the chunk's last split read (warp-uniform)
-  for (int c0 = 0; c0 < S; c0 += R) {
+  for (int c0 = wr * R; c0 < S; c0 += W * R) {
     const int s_mine = c0 + lane;
     const float l = (active && s_mine < S) ? lse_in[static_cast<int64_t>(s_mine) * num_rows] : -INFINITY;
     if constexpr (kLseGated) {
@@ -218,6 +246,41 @@ __global__ void __launch_bounds__(CombineTraits<HEAD_DIM>::kThreads, CombineTrai
       if (j0 + B < R && c0 + j0 + B < S) load_batch(c0 + j0 + B);  // the chunk's next batch
     }
   }
+  if constexpr (W > 1) {
+    // Warp 0 merges the warps' (max, sum, acc), in warp order.
+    __shared__ float sh_max[W][Traits::kWarpRows], sh_den[W][Traits::kWarpRows];
+    __shared__ float4 sh_acc[W][32][V];
+    const int wl = threadIdx.x % 32;
+    if (lane == 0) {
+      sh_max[wr][block_row] = run_max;
+      sh_den[wr][block_row] = den;
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      sh_acc[wr][wl][k] = make_float4(acc[4 * k], acc[4 * k + 1], acc[4 * k + 2], acc[4 * k + 3]);
+    __syncthreads();
+    if (wr != 0) return;
+    run_max = -INFINITY;
+#pragma unroll
+    for (int x = 0; x < W; ++x) run_max = fmaxf(run_max, sh_max[x][block_row]);
+    const float base = run_max == -INFINITY ? 0.f : run_max;
+    den = 0.f;
+#pragma unroll
+    for (int i = 0; i < C; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int x = 0; x < W; ++x) {
+      const float f = exp2f((sh_max[x][block_row] - base) * kLog2e);  // 0 for a warp without a live split
+      den = fmaf(sh_den[x][block_row], f, den);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float4 a = sh_acc[x][wl][k];
+        acc[4 * k + 0] = fmaf(a.x, f, acc[4 * k + 0]);
+        acc[4 * k + 1] = fmaf(a.y, f, acc[4 * k + 1]);
+        acc[4 * k + 2] = fmaf(a.z, f, acc[4 * k + 2]);
+        acc[4 * k + 3] = fmaf(a.w, f, acc[4 * k + 3]);
+      }
+    }
+  }
   if (!active) return;
 
   // den >= 1 when any split saw a position; 0 when all were neutral: then the
@@ -239,12 +302,17 @@ cudaError_t launch_combine(const AttentionParams& p, cudaStream_t stream, bool p
   using Traits = CombineTraits<HEAD_DIM>;
   const int64_t rows = static_cast<int64_t>(partial_rows(p)) * p.num_q_heads;
   if (rows == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, Traits::kRowsPerBlock)));
-  if (p.split_slots > 0)
-    return launch_kernel(combine_kernel<scalar_t, HEAD_DIM, true>, grid, dim3(Traits::kThreads), 0, stream,
-                         programmatic, p);
-  return launch_kernel(combine_kernel<scalar_t, HEAD_DIM, false>, grid, dim3(Traits::kThreads), 0, stream,
-                       programmatic, p);
+  auto launch = [&](auto kernel, auto shape) {
+    using Shape = decltype(shape);
+    const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(rows, Shape::kRowsPerBlock)));
+    return launch_kernel(kernel, grid, dim3(Shape::kThreads), 0, stream, programmatic, p);
+  };
+  using One = CombineShape<HEAD_DIM, 1>;
+  constexpr int W = Traits::kWideWarps;
+  using Wide = CombineShape<HEAD_DIM, W>;
+  if (p.split_slots > 0) return launch(combine_kernel<scalar_t, HEAD_DIM, true, 1>, One{});
+  if (p.num_splits > Traits::kLanesPerRow) return launch(combine_kernel<scalar_t, HEAD_DIM, false, W>, Wide{});
+  return launch(combine_kernel<scalar_t, HEAD_DIM, false, 1>, One{});
 }
 
 }  // namespace tileinfer
