@@ -260,7 +260,7 @@ def combine(
     return_lse: bool = False,
 ):
     """Merges partial results: ``out = sum_i w_i out_i / sum_i w_i`` with
-    ``w_i = exp(lse_i - max_j lse_j)``, in split order (deterministic).
+    ``w_i = exp(lse_i - max_j lse_j)``, in a fixed order (deterministic; docs/CONTRACT.md).
 
     Args:
         partial_out: ``[S, num_tokens, num_q_heads, head_dim]`` fp32 (decode splits, or
