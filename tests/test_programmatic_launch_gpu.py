@@ -26,15 +26,17 @@ ops = torch.ops.tileinfer_attn
 DEV = "cuda"
 DELAY_NS = 2_000_000  # long past the host's launch of the attention op behind it
 
+# Plain CUDA, no torch headers: nvcc builds it in a few seconds into a private
+# directory and ctypes loads it. (A torch extension built with load_inline took
+# over a minute per build with the other test workers busy, and its shared
+# build lock, left behind by a worker that was stopped mid-build, held every
+# later run's workers forever.)
 _LATE_COPY_CUDA = r"""
-#include <torch/extension.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime.h>
 
 // Lets the next kernel start, waits delay_ns, then copies src to dst (int32).
 __global__ void late_copy_kernel(int* dst, const int* src, int n, long long delay_ns) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
   long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do {
@@ -43,27 +45,41 @@ __global__ void late_copy_kernel(int* dst, const int* src, int n, long long dela
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
-void late_copy(torch::Tensor dst, torch::Tensor src, int64_t delay_ns) {
-  TORCH_CHECK(dst.is_cuda() && dst.scalar_type() == torch::kInt32 && dst.is_contiguous(), "dst: contiguous int32");
-  TORCH_CHECK(src.is_cuda() && src.scalar_type() == torch::kInt32 && src.numel() == dst.numel(), "src: as dst");
-  late_copy_kernel<<<1, 128, 0, at::cuda::getCurrentCUDAStream()>>>(dst.data_ptr<int>(), src.data_ptr<int>(),
-                                                                   static_cast<int>(dst.numel()), delay_ns);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+extern "C" int late_copy(int* dst, const int* src, int n, long long delay_ns, void* stream) {
+  late_copy_kernel<<<1, 128, 0, static_cast<cudaStream_t>(stream)>>>(dst, src, n, delay_ns);
+  return static_cast<int>(cudaGetLastError());
 }
 """
 
 
 @pytest.fixture(scope="module")
-def late_copy():
+def late_copy(tmp_path_factory):
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launches need sm_90 or later")
-    from torch.utils.cpp_extension import load_inline
+    import ctypes
+    import os
+    import subprocess
+    from torch.utils.cpp_extension import CUDA_HOME
+    nvcc = os.path.join(CUDA_HOME or "/usr/local/cuda", "bin", "nvcc")
+    if not os.path.exists(nvcc):
+        pytest.skip(f"the test kernel needs nvcc ({nvcc} not found)")
     major, minor = torch.cuda.get_device_capability()
     arch = f"{major}{minor}{'a' if major == 9 else ''}"
-    mod = load_inline(name="tileinfer_test_late_copy", cuda_sources=_LATE_COPY_CUDA,
-                      cpp_sources="void late_copy(torch::Tensor dst, torch::Tensor src, int64_t delay_ns);",
-                      functions=["late_copy"], extra_cuda_cflags=[f"-gencode=arch=compute_{arch},code=sm_{arch}"])
-    return mod.late_copy
+    d = tmp_path_factory.mktemp("late_copy")
+    (d / "late_copy.cu").write_text(_LATE_COPY_CUDA)
+    subprocess.run([nvcc, "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+                    "-o", str(d / "late_copy.so"), str(d / "late_copy.cu")], check=True, timeout=300)
+    lib = ctypes.CDLL(str(d / "late_copy.so"))
+    lib.late_copy.restype = ctypes.c_int
+    lib.late_copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p]
+
+    def launch(dst, src, delay_ns):
+        assert dst.is_cuda and dst.dtype == torch.int32 and dst.is_contiguous(), "dst: contiguous int32"
+        assert src.is_cuda and src.dtype == torch.int32 and src.is_contiguous() and src.numel() == dst.numel()
+        err = lib.late_copy(dst.data_ptr(), src.data_ptr(), dst.numel(), delay_ns,
+                            torch.cuda.current_stream().cuda_stream)
+        assert err == 0, f"late_copy: CUDA error {err}"
+    return launch
 
 
 # (path, int8, q_lens, long): decode + combine for 1 and 4 queries per
