@@ -182,6 +182,13 @@ def main():
             p.seq_lens[3] = p.block_tables.shape[1] * 16 + 1000
             p.seq_lens[4] = -7
             run_attention_ops(p, causal=(True,), with_prefill=False)
+    # Combine over more splits than a row's lanes (32 at d 128, 16 at d 64),
+    # which four warps a row share (combine.cuh): decode into 100 splits, and
+    # the attention op's own plan for one KV head (MQA), whose few pairs get
+    # more than 32 splits.
+    for head_dim in (128, 64):
+        p = make_problem([5000, 300, 1], [1, 1, 1], 8, 1, head_dim, 16, device=DEV, seed=19)
+        run_attention_ops(p, splits=100, causal=(True,), with_prefill=False)
     # The Hopper prefill scheduler's doubles (two row tiles of one sequence and
     # KV head per unit) before its tail of single items: a prompt batch whose
     # keys and values, as max_q_len counts them (28 x 2 pairs x 1200
