@@ -28,9 +28,9 @@ DELAY_NS = 2_000_000  # long past the host's launch of the attention op behind i
 
 # Plain CUDA, no torch headers: nvcc builds it in a few seconds into a private
 # directory and ctypes loads it. (A torch extension built with load_inline took
-# over a minute per build with the other test workers busy, and its shared
-# build lock, left behind by a worker that was stopped mid-build, held every
-# later run's workers forever.)
+# over a minute with the other test workers busy, every worker of this module
+# waited on its shared build lock, and a lock left by a worker stopped
+# mid-build makes them wait for good.)
 _LATE_COPY_CUDA = r"""
 #include <cuda_runtime.h>
 
