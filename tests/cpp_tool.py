@@ -1,5 +1,5 @@
-"""Helper of the CPU tests that compile a C++ program over the kernels'
-host-and-device headers (not a test module)."""
+"""Helper of the tests that compile a program of their own: a C++ program over
+the kernels' host-and-device headers, or a CUDA test kernel (not a test module)."""
 from __future__ import annotations
 
 import os
@@ -12,13 +12,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def compile_tool(tmp_path_factory, source: str) -> Path:
-    """tests/<source> built with the machine's C++ compiler against
-    csrc/include; skips the test when there is none."""
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if not cxx:
-        pytest.skip("no C++ compiler on PATH (g++, c++ or clang++; or set CXX)")
-    exe = tmp_path_factory.mktemp(Path(source).stem) / Path(source).stem
-    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-I", str(ROOT / "csrc" / "include"),
-                    str(ROOT / "tests" / source), "-o", str(exe)], check=True)
-    return exe
+def compile_tool(tmp_path_factory, source: str, command: list[str] | None = None, suffix: str = "") -> Path:
+    """tests/<source> built into a private folder (each test worker its own:
+    no shared build lock), named after it plus `suffix`. By default an
+    executable from the machine's C++ compiler against csrc/include, and the
+    test skips when there is none; `command` replaces that compiler and its
+    flags (the source and `-o <output>` follow it)."""
+    if command is None:
+        cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+        if not cxx:
+            pytest.skip("no C++ compiler on PATH (g++, c++ or clang++; or set CXX)")
+        command = [cxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-I", str(ROOT / "csrc" / "include")]
+    out = tmp_path_factory.mktemp(Path(source).stem) / (Path(source).stem + suffix)
+    subprocess.run([*command, str(ROOT / "tests" / source), "-o", str(out)], check=True, timeout=300)
+    return out

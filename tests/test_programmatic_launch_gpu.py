@@ -3,8 +3,9 @@ on): a kernel of this package launched behind another one may start while
 that one still runs, and must not read what it wrote before
 griddepcontrol.wait (common.cuh).
 
-The previous kernel here is a test kernel that lets dependents start at once
-(griddepcontrol.launch_dependents), spins for a while, and only then writes
+The previous kernel here is a test kernel (late_copy.cu) that lets
+dependents start at once (griddepcontrol.launch_dependents), spins for a
+while, and only then writes
 seq_lens and the block table: a kernel that read them before its wait would
 see stale values, and the result must be, bit for bit, that of the same op
 run on the new metadata (a decode kernel that reads them early and uses what
@@ -17,6 +18,7 @@ import dataclasses
 import pytest
 import torch
 
+from cpp_tool import compile_tool
 from op_helpers import need
 from tileinfer_attn.testing import make_problem, poison_
 
@@ -26,31 +28,6 @@ ops = torch.ops.tileinfer_attn
 DEV = "cuda"
 DELAY_NS = 2_000_000  # long past the host's launch of the attention op behind it
 
-# Plain CUDA, no torch headers: nvcc builds it in a few seconds into a private
-# directory and ctypes loads it. (A torch extension built with load_inline took
-# over a minute with the other test workers busy, every worker of this module
-# waited on its shared build lock, and a lock left by a worker stopped
-# mid-build makes them wait for good.)
-_LATE_COPY_CUDA = r"""
-#include <cuda_runtime.h>
-
-// Lets the next kernel start, waits delay_ns, then copies src to dst (int32).
-__global__ void late_copy_kernel(int* dst, const int* src, int n, long long delay_ns) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < delay_ns);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
-}
-
-extern "C" int late_copy(int* dst, const int* src, int n, long long delay_ns, void* stream) {
-  late_copy_kernel<<<1, 128, 0, static_cast<cudaStream_t>(stream)>>>(dst, src, n, delay_ns);
-  return static_cast<int>(cudaGetLastError());
-}
-"""
-
 
 @pytest.fixture(scope="module")
 def late_copy(tmp_path_factory):
@@ -58,18 +35,14 @@ def late_copy(tmp_path_factory):
         pytest.skip("programmatic dependent launches need sm_90 or later")
     import ctypes
     import os
-    import subprocess
     from torch.utils.cpp_extension import CUDA_HOME
     nvcc = os.path.join(CUDA_HOME or "/usr/local/cuda", "bin", "nvcc")
     if not os.path.exists(nvcc):
         pytest.skip(f"the test kernel needs nvcc ({nvcc} not found)")
     major, minor = torch.cuda.get_device_capability()
     arch = f"{major}{minor}{'a' if major == 9 else ''}"
-    d = tmp_path_factory.mktemp("late_copy")
-    (d / "late_copy.cu").write_text(_LATE_COPY_CUDA)
-    subprocess.run([nvcc, "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-                    "-o", str(d / "late_copy.so"), str(d / "late_copy.cu")], check=True, timeout=300)
-    lib = ctypes.CDLL(str(d / "late_copy.so"))
+    lib = ctypes.CDLL(str(compile_tool(tmp_path_factory, "late_copy.cu", [
+        nvcc, "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}"], ".so")))
     lib.late_copy.restype = ctypes.c_int
     lib.late_copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p]
 
