@@ -107,6 +107,18 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Four 8 x 8 matrices of 16-bit elements from a warp's registers to shared
+// memory (stmatrix): register i of lane l holds elements 2 (l % 4), + 1 of
+// row l / 4 of matrix i (the mma accumulator's layout, packed), and lane l
+// gives the address of row l % 8 of matrix l / 8 (16 bytes).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+#if TILEINFER_WGMMA_ENABLED
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+#endif
+}
+
 // Register reallocation between warpgroups: every thread of the warpgroup
 // executes it. Needs a register cap at entry (__launch_bounds__(threads, 1)).
 template <int kRegs>
