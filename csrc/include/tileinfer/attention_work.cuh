@@ -72,20 +72,16 @@ struct RowQuery {
   int head;
   int qpos;
 };
+// kPow2Group: the group is a power of two (the Hopper prefill kernel's), so
+// a shift and a mask replace the division by a run-time divisor (about 20
+// instructions).
+template <bool kPow2Group = false>
 __device__ __forceinline__ RowQuery row_query(const WorkItem& w, int r) {
   const int rr = w.row_base + r;
-  const int t = rr / w.group;
+  const int t = kPow2Group ? rr >> (__ffs(w.group) - 1) : rr / w.group;
+  const int h = kPow2Group ? rr & (w.group - 1) : rr % w.group;
   const bool valid = t < w.q_count;
-  return {valid ? w.q_begin + t : -1, w.head0 + rr % w.group, valid ? w.seq_len - w.q_count + t : INT_MAX};
-}
-// The same for a group that is a power of two (the Hopper prefill kernel's):
-// a shift and a mask instead of a division by a run-time divisor (about 20
-// instructions).
-__device__ __forceinline__ RowQuery row_query_pow2(const WorkItem& w, int r) {
-  const int rr = w.row_base + r;
-  const int t = rr >> (__ffs(w.group) - 1);
-  const bool valid = t < w.q_count;
-  return {valid ? w.q_begin + t : -1, w.head0 + (rr & (w.group - 1)), valid ? w.seq_len - w.q_count + t : INT_MAX};
+  return {valid ? w.q_begin + t : -1, w.head0 + h, valid ? w.seq_len - w.q_count + t : INT_MAX};
 }
 
 // The block's row table in shared memory: row_query of each of its BM rows.

@@ -116,13 +116,13 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 
     int qpos[2];
 #pragma unroll
-    for (int R = 0; R < 2; ++R) qpos[R] = row_query_pow2(w, r0 + 8 * R).qpos;
+    for (int R = 0; R < 2; ++R) qpos[R] = row_query<true>(w, r0 + 8 * R).qpos;
     // The warpgroup's query positions (rows are ordered by query; padding
     // rows last): its skips are warpgroup-uniform, as wgmma needs.
     const int wg_rows = min(w.q_count * w.group - w.row_base - 64 * wg, 64);
     const bool wg_has_rows = wg_rows > 0;
-    const int wg_qmin = wg_has_rows ? row_query_pow2(w, 64 * wg).qpos : INT_MAX;
-    const int wg_qmax = wg_has_rows ? row_query_pow2(w, 64 * wg + wg_rows - 1).qpos : INT_MIN;
+    const int wg_qmin = wg_has_rows ? row_query<true>(w, 64 * wg).qpos : INT_MAX;
+    const int wg_qmax = wg_has_rows ? row_query<true>(w, 64 * wg + wg_rows - 1).qpos : INT_MIN;
 
     // A sink joins its row in the epilogue, after the keys
     // (SoftmaxRow::join_sink): P stays relative to the keys' maximum, where a
@@ -133,7 +133,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     float sink[2];
 #pragma unroll
     for (int R = 0; R < 2; ++R) {
-      sink[R] = PrefillWork::sink(p.a, w, row_query_pow2(w, r0 + 8 * R).head);
+      sink[R] = PrefillWork::sink(p.a, w, row_query<true>(w, r0 + 8 * R).head);
       if constexpr (kFixedOffset) {
         smx.row[R].init_fixed(offset);
       } else {

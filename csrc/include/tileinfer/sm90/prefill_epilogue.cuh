@@ -14,7 +14,7 @@
 // registers (four bytes each, a warp's store spread over eight rows). The
 // ring's stages are never used: the next item's copies already fill them
 // while the epilogue runs. Rows map to (token, head) by a shift and a mask
-// (row_query_pow2: the kernel's groups are powers of two).
+// (row_query<true>: the kernel's groups are powers of two).
 #pragma once
 
 #include "../attention_work.cuh"
@@ -49,7 +49,7 @@ __device__ __forceinline__ void prefill_store(const PrefillParams& p, const Work
     res.inv_sum *= factor[R];
     if (isnan(factor[R])) res.lse = factor[R];
     inv_sum[R] = res.inv_sum;
-    const RowQuery rq = row_query_pow2(w, r0 + 8 * R);
+    const RowQuery rq = row_query<true>(w, r0 + 8 * R);
     if (rq.token < 0) continue;
     if constexpr (!Cfg::kStagedStore) {
       T* dst = output_row<T>(p.a, rq.token, rq.head) + 2 * quad;
@@ -96,7 +96,7 @@ __device__ __forceinline__ void prefill_store(const PrefillParams& p, const Work
     if (8 * c < p.a.kv.head_dim) {  // a head dim below the tile's: its own columns only
 #pragma unroll
       for (int k = 0; k < 64 / kRowStep; ++k) {
-        const RowQuery rq = row_query_pow2(w, first + k * kRowStep);
+        const RowQuery rq = row_query<true>(w, first + k * kRowStep);
         if (rq.token >= 0)
           *reinterpret_cast<uint4*>(output_row<T>(p.a, rq.token, rq.head) + 8 * c) =
               *reinterpret_cast<const uint4*>(src + k * kRowStep * 128);
