@@ -5,11 +5,10 @@ griddepcontrol.wait (common.cuh).
 
 The previous kernel here is a test kernel (late_copy.cu) that lets
 dependents start at once (griddepcontrol.launch_dependents), spins for a
-while, and only then writes
-seq_lens and the block table: a kernel that read them before its wait would
-see stale values, and the result must be, bit for bit, that of the same op
-run on the new metadata (a decode kernel that reads them early and uses what
-it read fails the bf16 decode cases). The long case
+while, and only then writes seq_lens and the block table: a kernel that read
+them before its wait would see stale values, and the result must be, bit for
+bit, that of the same op run on the new metadata (a decode kernel that reads
+them early and uses what it read fails the bf16 decode cases). The long case
 gives each decode block more tiles than it reads ahead, so block-table
 entries of the lines read early are read again, through L1, after the wait.
 """
