@@ -143,12 +143,16 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
         mbar_wait(sm.tail, tails & 1);
         ++tails;
         // Zero rows [key_end - tile_pos, BN): 128 contiguous bytes per row and
-        // 64-column block (the swizzle only permutes inside them).
+        // 64-column block (the swizzle only permutes inside them). A loop per
+        // block: one loop over all blocks' chunks divided by the run-time
+        // chunk count per chunk, and the producer, which waits here for the
+        // item's tail copies, paced short prompts.
         const int first = w.key_end - tile_pos;
         const int chunks = (BN - first) * 8;  // 16-byte chunks of one block's rows
-        for (int x = lane; x < kBlocks * chunks; x += 32) {
-          const int c = x / chunks;
-          *reinterpret_cast<uint4*>(tile + c * BN * 128 + first * 128 + (x % chunks) * 16) = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int c = 0; c < kBlocks; ++c) {
+          uint8_t* rows_past = tile + c * BN * 128 + first * 128;
+          for (int x = lane; x < chunks; x += 32) *reinterpret_cast<uint4*>(rows_past + x * 16) = make_uint4(0, 0, 0, 0);
         }
         wgmma::fence_proxy_async_smem();  // the zeros, visible to the tensor cores
         __syncwarp();
