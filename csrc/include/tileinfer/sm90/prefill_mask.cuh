@@ -7,6 +7,8 @@
 // (prefill_masked_tiles.h says which).
 #pragma once
 
+#include <climits>
+
 #include "../attention_work.cuh"
 #include "../softmax.cuh"
 #include "prefill_masked_tiles.h"
@@ -24,7 +26,7 @@ struct TileMask {
 
   // s[R][2 j + e]: row R (query position qpos[R]), key 8 j + 2 quad + e.
   // Branch-free: each row's last and first visible positions once, then
-  // two compares and a select per score (the tests written as one
+  // (general tile) two compares and a select per score (the tests written as one
   // short-circuit chain per score compiled to a branch each).
   template <int kBlockN>
   __device__ __forceinline__ void apply(float (&s)[2][kBlockN / 4], const int (&qpos)[2], int quad) const {
@@ -33,6 +35,23 @@ struct TileMask {
     for (int R = 0; R < 2; ++R) {
       last[R] = causal ? min(key_end - 1, qpos[R]) : key_end - 1;  // key_end >= 1: the tile exists
       first[R] = window_first_key(qpos[R], window_left);
+    }
+    if (outside == 0 && window_left == INT_MAX) {
+      // The common tile (no bad page, no window): only the key end and the
+      // diagonal hide keys, so a score's test is its column against the
+      // row's last visible column, one compare and one select. A row that
+      // sees none of the tile gets a negative one (all hidden); no overflow, as
+      // last >= tile_pos - 1 after the max.
+      int last_col[2];
+#pragma unroll
+      for (int R = 0; R < 2; ++R) last_col[R] = max(last[R], tile_pos - 1) - tile_pos - 2 * quad;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+          for (int R = 0; R < 2; ++R) s[R][2 * j + e] = 8 * j + e > last_col[R] ? kNegInf : s[R][2 * j + e];
+      return;
     }
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j)
