@@ -26,8 +26,8 @@ struct TileMask {
 
   // s[R][2 j + e]: row R (query position qpos[R]), key 8 j + 2 quad + e.
   // Branch-free: each row's last and first visible positions once, then
-  // (general tile) two compares and a select per score (the tests written as one
-  // short-circuit chain per score compiled to a branch each).
+  // (the general tile) two compares and a select per score (the tests
+  // written as one short-circuit chain per score compiled to a branch each).
   template <int kBlockN>
   __device__ __forceinline__ void apply(float (&s)[2][kBlockN / 4], const int (&qpos)[2], int quad) const {
     int last[2], first[2];
@@ -40,8 +40,8 @@ struct TileMask {
       // The common tile (no bad page, no window): only the key end and the
       // diagonal hide keys, so a score's test is its column against the
       // row's last visible column, one compare and one select. A row that
-      // sees none of the tile gets a negative one (all hidden); no overflow, as
-      // last >= tile_pos - 1 after the max.
+      // sees none of the tile gets a negative one (all hidden); no overflow,
+      // as last >= tile_pos - 1 after the max.
       int last_col[2];
 #pragma unroll
       for (int R = 0; R < 2; ++R) last_col[R] = max(last[R], tile_pos - 1) - tile_pos - 2 * quad;

@@ -143,10 +143,11 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
         mbar_wait(sm.tail, tails & 1);
         ++tails;
         // Zero rows [key_end - tile_pos, BN): 128 contiguous bytes per row and
-        // 64-column block (the swizzle only permutes inside them). A loop per
-        // block: one loop over all blocks' chunks divided by the run-time
-        // chunk count per chunk, and the producer, which waits here for the
-        // item's tail copies, paced short prompts.
+        // 64-column block (the swizzle only permutes inside them). One loop
+        // per block, with no division: a loop over all blocks' chunks at once
+        // divided by the run-time chunk count for each, and since the
+        // producer waits here for the item's tail copies, it paced short
+        // prompts.
         const int first = w.key_end - tile_pos;
         const int chunks = (BN - first) * 8;  // 16-byte chunks of one block's rows
 #pragma unroll
