@@ -30,12 +30,9 @@ struct TileMask {
   // written as one short-circuit chain per score compiled to a branch each).
   template <int kBlockN>
   __device__ __forceinline__ void apply(float (&s)[2][kBlockN / 4], const int (&qpos)[2], int quad) const {
-    int last[2], first[2];
+    int last[2];  // key_end >= 1: the tile exists
 #pragma unroll
-    for (int R = 0; R < 2; ++R) {
-      last[R] = causal ? min(key_end - 1, qpos[R]) : key_end - 1;  // key_end >= 1: the tile exists
-      first[R] = window_first_key(qpos[R], window_left);
-    }
+    for (int R = 0; R < 2; ++R) last[R] = causal ? min(key_end - 1, qpos[R]) : key_end - 1;
     if (outside == 0 && window_left == INT_MAX) {
       // The common tile (no bad page, no window): only the key end and the
       // diagonal hide keys, so a score's test is its column against the
@@ -53,6 +50,9 @@ struct TileMask {
           for (int R = 0; R < 2; ++R) s[R][2 * j + e] = 8 * j + e > last_col[R] ? kNegInf : s[R][2 * j + e];
       return;
     }
+    int first[2];
+#pragma unroll
+    for (int R = 0; R < 2; ++R) first[R] = window_first_key(qpos[R], window_left);
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll

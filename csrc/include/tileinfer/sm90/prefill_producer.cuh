@@ -144,16 +144,16 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
         ++tails;
         // Zero rows [key_end - tile_pos, BN): 128 contiguous bytes per row and
         // 64-column block (the swizzle only permutes inside them). One loop
-        // per block, with no division: a loop over all blocks' chunks at once
-        // divided by the run-time chunk count for each, and since the
-        // producer waits here for the item's tail copies, it paced short
-        // prompts.
+        // per block: the producer waits here for the item's tail copies, and
+        // a division by the run-time chunk count per chunk (one loop over all
+        // blocks) made this loop the pace of short prompts.
         const int first = w.key_end - tile_pos;
         const int chunks = (BN - first) * 8;  // 16-byte chunks of one block's rows
 #pragma unroll
         for (int c = 0; c < kBlocks; ++c) {
           uint8_t* rows_past = tile + c * BN * 128 + first * 128;
-          for (int x = lane; x < chunks; x += 32) *reinterpret_cast<uint4*>(rows_past + x * 16) = make_uint4(0, 0, 0, 0);
+          for (int x = lane; x < chunks; x += 32)
+            *reinterpret_cast<uint4*>(rows_past + x * 16) = make_uint4(0, 0, 0, 0);
         }
         wgmma::fence_proxy_async_smem();  // the zeros, visible to the tensor cores
         __syncwarp();
