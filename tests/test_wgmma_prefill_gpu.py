@@ -18,7 +18,8 @@ build or a device without them cannot pass the rest on the tile kernel.
 import pytest
 import torch
 
-from op_helpers import QUANT_KINDS, check_lse, check_out, exact_attention, has_cuda_kernel, run_prefill
+from op_helpers import (QUANT_KINDS, check_lse, check_out, exact_attention, has_cuda_kernel, ops, poison_,
+                        run_prefill)
 from tileinfer_attn.testing import make_problem
 
 pytestmark = pytest.mark.gpu
@@ -208,6 +209,26 @@ def test_wgmma_prefill_strided_q(D, seed):
     p.q = qkv[:, :h]
     assert not p.q.is_contiguous()
     check_all(p, True, torch.bfloat16, "wgmma prefill strided q")
+
+
+@pytest.mark.parametrize("group", [4, 128])
+def test_wgmma_prefill_strided_out(D, group, seed):
+    """out as a view of some heads and columns of a larger buffer (token and
+    head strides past the rows, columns past the head dim): rows right, and
+    every element outside the view still the poison. Group 128 packs 128
+    heads of one token into a row tile."""
+    hkv = 2 if group == 4 else 1
+    p = make_problem([300, 77], [300, 5], group * hkv, hkv, D, 64, device=DEV, seed=seed)
+    t, h, d = p.q.shape
+    buf = poison_(torch.empty(t, h + 3, d + 8, dtype=p.q.dtype, device=DEV))
+    out = buf[:, 1:h + 1, :d]
+    ops.prefill(out, None, *p.args(), p.scale, True)
+    exact, _ = exact_attention(p, True)
+    check_out(out, exact, torch.bfloat16, "wgmma prefill strided out")
+    rest = buf.clone()
+    rest[:, 1:h + 1, :d] = 0
+    assert torch.isnan(rest[:, 0]).all() and torch.isnan(rest[:, h + 1:]).all(), "write outside the out view's heads"
+    assert torch.isnan(rest[:, :, d:]).all(), "write past the out view's head dim"
 
 
 def test_wgmma_prefill_padding_untouched(D, seed):
