@@ -92,7 +92,20 @@ struct SoftmaxRow {
 
   // Takes the row maximum of a new tile (already reduced over the row's lanes),
   // updates m and l, and returns the factor that rescales the accumulator.
+  // kSlack > 0: m stays where it is while the tile's maximum exceeds it by at
+  // most kSlack (log2 units), so the probabilities reach 2^kSlack and the
+  // accumulator is rescaled only when the maximum jumps (or on the row's
+  // first visible tile); the sum and the output take the same offset, so
+  // the result is the same function, computed against a lower reference.
+  template <int kSlack = 0>
   __device__ __forceinline__ float enter_tile(float tile_max) {
+    if constexpr (kSlack > 0) {
+      const bool move = tile_max > m + static_cast<float>(kSlack);  // m = -inf: any visible score
+      const float factor = move ? fast_exp2(m - tile_max) : 1.f;
+      m = move ? tile_max : m;
+      l *= factor;
+      return factor;
+    }
     const float m_new = fmaxf(m, tile_max);
     const float factor = fast_exp2(m - (m_new == kNegInf ? 0.f : m_new));  // exp2(-inf) = 0
     m = m_new;
@@ -157,14 +170,17 @@ struct OnlineSoftmax {
   // that the probabilities, and so l, come out multiplied by (0: none; the
   // quantized Hopper prefill's fp16 headroom, which SoftmaxRow::join_sink
   // and softmax_result then take back).
-  template <int kCols>
+  //
+  // kSlack: SoftmaxRow::enter_tile's (the probabilities reach 2^kSlack times
+  // 2^bias: the caller's element type must hold them).
+  template <int kSlack = 0, int kCols>
   __device__ __forceinline__ void update(float (&s)[kRows][kCols], float k, float (&factor)[kRows]) {
     float row_k[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) row_k[r] = k;
-    update(s, row_k, factor, 0.f);
+    update<kSlack>(s, row_k, factor, 0.f);
   }
-  template <int kCols>
+  template <int kSlack = 0, int kCols>
   __device__ __forceinline__ void update(float (&s)[kRows][kCols], const float (&k)[kRows], float (&factor)[kRows],
                                          float bias) {
 #pragma unroll
@@ -173,7 +189,7 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int c = 1; c < kCols; ++c) mx = fmaxf(mx, s[r][c]);
       mx = warp_max<kWidth>(mx);
-      factor[r] = row[r].enter_tile(mx * k[r]);  // -inf * k = -inf
+      factor[r] = row[r].template enter_tile<kSlack>(mx * k[r]);  // -inf * k = -inf
       const float neg_off = bias - row[r].offset();
       float sum = 0.f;
 #pragma unroll

@@ -226,7 +226,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       } else if constexpr (kFixedOffset) {
         smx.update_fixed(s, smap.k);
       } else {
-        smx.update(s, smap.k, factor);
+        smx.template update<Cfg::kSoftmaxSlack>(s, smap.k, factor);
       }
       if constexpr (Cfg::kVectorScales) {
         // Each value's scale on its probabilities, times kProbHeadroom over

@@ -79,6 +79,13 @@ struct PrefillTile {
   // (OnlineSoftmax::update's bias): a quantized cache's fp16 headroom, but
   // with per-vector scales it rides on the value scales instead.
   static constexpr float kProbBias = kQuant && !kVectorScales ? static_cast<float>(kLog2ProbHeadroom) : 0.f;
+  // How far (log2) a row's scores may rise above its running maximum before
+  // it moves (SoftmaxRow::enter_tile): O is rescaled only on the tiles where
+  // it does, which gained 1-3% at d 128 and 256 (O of 64 and 128 registers a
+  // thread) and cost 1% at d 64. P reaches 2^8, which bf16 and fp16 hold; a
+  // quantized cache's P already carries fp16's headroom (kProbBias) and
+  // keeps the exact maximum.
+  static constexpr int kSoftmaxSlack = kQuant || D == 64 ? 0 : 8;
   // Whether P (of type T) has fp32's exponent range, which soft-capped
   // scores against a fixed offset need (softmax.cuh, fixed_offset): bf16
   // products; fp16's range is too narrow for caps past about 10.
