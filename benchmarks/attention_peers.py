@@ -330,23 +330,40 @@ def _flashinfer_pages(p: Problem):
 _FI_WORKSPACE_BYTES = 512 << 20
 
 
-def flashinfer_decode(p: Problem):
+def flashinfer_decode(p: Problem, fp8: Optional[dict] = None):
     """BatchDecodeWithPagedKVCacheWrapper on our pools as they are (layout HND =
-    [pages, kv heads, page, d]), tensor-core path for GQA."""
+    [pages, kv heads, page, d]), tensor-core path for GQA. fp8: an e4m3 cache
+    with one scale per tensor (pools and 1-element k_scale / v_scale, as
+    bench_int8 builds them), which FlashInfer takes as its calibration
+    scales (read once here, outside the timing)."""
+    what = "decode_fp8" if fp8 else "decode"
     fi, why = load_flashinfer()
-    if fi is None or not flashinfer_allowed("decode"):
-        raise RuntimeError(why or "its decode kernel did not compile in the warm-up")
+    if fi is None or not flashinfer_allowed(what):
+        raise RuntimeError(why or f"its {what} kernel did not compile in the warm-up")
+    kc, vc = (fp8["k_cache"], fp8["v_cache"]) if fp8 else (p.k_cache, p.v_cache)
+    scales = dict(k_scale=float(fp8["k_scale"]), v_scale=float(fp8["v_scale"])) if fp8 else {}
     ws = torch.empty(_FI_WORKSPACE_BYTES, dtype=torch.uint8, device=p.q.device)
     w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout="HND", use_tensor_cores=p.hq != p.hkv)
     indptr, indices, last = _flashinfer_pages(p)
-    w.plan(indptr, indices, last, p.hq, p.hkv, p.d, p.page, q_data_type=p.q.dtype, kv_data_type=p.k_cache.dtype,
+    w.plan(indptr, indices, last, p.hq, p.hkv, p.d, p.page, q_data_type=p.q.dtype, kv_data_type=kc.dtype,
            sm_scale=p.scale)
     out = torch.empty_like(p.q)
 
     def fn(w, q, kc, vc, out):
-        w.run(q, (kc, vc), out=out)
+        w.run(q, (kc, vc), out=out, **scales)
         return out
-    return fn, (w, p.q, p.k_cache, p.v_cache, out)
+    return fn, (w, p.q, kc, vc, out)
+
+
+def fp8_per_tensor(p: Problem) -> dict:
+    """The e4m3 pools of p with one scale per tensor (amax / 448, as a
+    calibrated scale), in flashinfer_decode's fp8 form."""
+    out = {}
+    for name, pool in (("k", p.k_cache), ("v", p.v_cache)):
+        scale = (pool.abs().amax().float() / 448).clamp_min(1e-12).reshape(1)
+        out[f"{name}_cache"] = (pool.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+        out[f"{name}_scale"] = scale
+    return out
 
 
 def flashinfer_prefill(p: Problem, causal: bool = True):
@@ -459,8 +476,10 @@ def warm_flashinfer(head_dims: Sequence[int]) -> None:
         print(f"flashinfer warm-up skipped: {why}")
         return
     for d in head_dims:
-        for what, lens, q_lens, make in (("decode", [256], [1], flashinfer_decode),
-                                         ("prefill", [256], [256], flashinfer_prefill)):
+        kinds = [("decode", [256], [1], flashinfer_decode), ("prefill", [256], [256], flashinfer_prefill)]
+        if d == 128:  # bench_int8's head dim: FlashInfer's decode of an fp8 cache
+            kinds.append(("decode_fp8", [256], [1], lambda p: flashinfer_decode(p, fp8_per_tensor(p))))
+        for what, lens, q_lens, make in kinds:
             p = make_sets(lens, q_lens, 32, 8, d)[0]
             t0 = time.time()
             fn_args = common.attempt(f"flashinfer {what} d{d}", lambda make=make, p=p: make(p))

@@ -80,9 +80,11 @@ PRE_INT8 = "tileinfer int8 prefill"
 PRE_BF16 = "tileinfer bf16 prefill"
 # The quantized caches timed beside bf16: impl row name -> (the problem's
 # attribute holding its pools, the prefill row name).
+FP8_TENSOR = "tileinfer fp8 per tensor (attention op)"
+FI_FP8 = "flashinfer fp8 decode (per tensor)"
 QUANT = {
     INT8: ("int8", PRE_INT8),
-    "tileinfer fp8 per tensor (attention op)": ("fp8_tensor", "tileinfer fp8 per tensor prefill"),
+    FP8_TENSOR: ("fp8_tensor", "tileinfer fp8 per tensor prefill"),
     "tileinfer fp8 per vector (attention op)": ("fp8_vector", "tileinfer fp8 per vector prefill"),
 }
 OUTLIERS = [5, 77, 100]  # outlier key channels (tests/test_int8_smoothing.py)
@@ -164,6 +166,9 @@ def run_decode(label, batch, ctx, args, ceil, errors):
     # The quantized caches last: a fault then costs no bf16 row.
     impls = [(BF16, lambda p: ap.ours_attention(p), True)] + [
         (name, lambda p, a=attr: ours_quant(p, "attention", a), True) for name, (attr, _) in QUANT.items()]
+    fi, _ = ap.load_flashinfer()
+    if fi is not None and ap.flashinfer_allowed("decode_fp8"):  # the same fp8 pools, per-tensor scales
+        impls.append((FI_FP8, lambda p: ap.flashinfer_decode(p, fp8=p.fp8_tensor), True))
     if batch == 1:  # more blocks than the split rule's 32 (the int8 loop is latency-bound at 2 blocks per SM)
         for splits in INT8_SPLITS:
             impls.append((f"int8 decode+combine, {splits} splits",
@@ -176,6 +181,7 @@ def run_decode(label, batch, ctx, args, ceil, errors):
     del sets
     free_memory()
     t = {r["impl"]: r["us"] for r in rows}
+    nbytes[FI_FP8] = nbytes[FP8_TENSOR]
     for r in rows:
         r["kv_bytes"] = nbytes.get(r["impl"], nbytes[INT8])
         r["mb_read"] = r["kv_bytes"] / 1e6

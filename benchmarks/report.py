@@ -149,6 +149,7 @@ def render_decode(data: dict) -> list:
 QUANT_CACHES = (("int8", "tileinfer int8 (attention op)", "tileinfer int8 prefill"),
                 ("fp8/tensor", "tileinfer fp8 per tensor (attention op)", "tileinfer fp8 per tensor prefill"),
                 ("fp8/vector", "tileinfer fp8 per vector (attention op)", "tileinfer fp8 per vector prefill"))
+FI_FP8 = "flashinfer fp8 decode (per tensor)"  # bench_int8's FlashInfer row
 # The accuracy table's caches (bench_int8.ACCURACY_CACHES), bf16 first.
 ACCURACY_CACHES = ("bf16", "int8", "int8 + smoothing", "fp8 per tensor", "fp8 per vector",
                    "fp8 per vector + smoothing")
@@ -169,6 +170,14 @@ def render_int8(data: dict) -> list:
                                                             f(b["us"] / i["us"], ".2f") if i and b else "-",
                                                             f(i and i.get("gbps")))]
                   for c in cases for b in [_row(rows, c, bf16)]])
+    fi = [r for r in rows if r["impl"] == FI_FP8]
+    if fi:
+        ours = QUANT_CACHES[1][1]
+        out += ["", "FlashInfer's paged decode (tensor-core path) on the same fp8 pools with the same per-tensor "
+                "scales: t_flashinfer / t_ours above 1 when ours is faster.", ""]
+        out += table(["case", "fp8/tensor us", "FlashInfer fp8 us", "t_flashinfer / t_ours"],
+                     [[r["case"], f(o and o["us"], ".1f"), f(r["us"], ".1f"), f(o and r["us"] / o["us"], ".2f")]
+                      for r in fi for o in [_row(rows, r["case"], ours)]])
     prefill = data.get("prefill") or []
     if prefill:
         pb = "tileinfer bf16 prefill"

@@ -15,7 +15,7 @@
 #   GIT_COMMIT=<sha> GIT_DIRTY=0|1   the commit the result files record, where the
 #                    tree here is a copy without .git (with .git, git says it)
 #   TEST_TIMEOUT / SANITIZE_TIMEOUT / BENCH_TIMEOUT / FI_TIMEOUT   seconds per step
-#                    (480 / 150 / 210 / 240: FlashInfer's background JIT, from the start)
+#                    (480 / 150 / 210 / 330: FlashInfer's background JIT, from the start)
 #
 # FlashInfer as a peer: its wheels travel in .whl/ (git-ignored), fetched once in
 # the checkout with
@@ -81,10 +81,10 @@ if [ -z "${TILEINFER_NO_FLASHINFER:-}" ] && ls .whl/flashinfer_python-*.whl >/de
     export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
     heads="128"; [ -n "${FULL:-}" ] && heads="64 128 256"
     # timeout kills the whole process group (nvcc and ninja too) when it runs over.
-    timeout "${FI_TIMEOUT:-240}" python3 benchmarks/attention_peers.py --warm-flashinfer $heads \
+    timeout "${FI_TIMEOUT:-330}" python3 benchmarks/attention_peers.py --warm-flashinfer $heads \
       >>"$WORK/flashinfer.log" 2>&1 &
     FI_PID=$!
-    step "flashinfer installed from .whl; JIT warm-up in the background (pid $FI_PID, ${FI_TIMEOUT:-240}s max)"
+    step "flashinfer installed from .whl; JIT warm-up in the background (pid $FI_PID, ${FI_TIMEOUT:-330}s max)"
   else
     step "flashinfer wheels present but pip install failed (see log)"
   fi
@@ -134,10 +134,10 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     step "waiting for the flashinfer warm-up"
     wait "$FI_PID"
     rc=$?
-    [ $rc -eq 124 ] && echo "flashinfer warm-up timed out after ${FI_TIMEOUT:-240}s"
+    [ $rc -eq 124 ] && echo "flashinfer warm-up timed out after ${FI_TIMEOUT:-330}s"
     grep -E "^flashinfer " "$WORK/flashinfer.log"
     # Only the kernels that compiled are used (a failed JIT would be retried per case).
-    ok=$(grep -E "^flashinfer (decode|prefill) d[0-9]+: ok" "$WORK/flashinfer.log" | awk '{print $2}' | sort -u | paste -sd,)
+    ok=$(grep -E "^flashinfer (decode|decode_fp8|prefill) d[0-9]+: ok" "$WORK/flashinfer.log" | awk '{print $2}' | sort -u | paste -sd,)
     if [ -n "$ok" ]; then export TILEINFER_FLASHINFER_OPS=$ok; else export TILEINFER_NO_FLASHINFER=1; fi
     step "flashinfer: using ${ok:-nothing}"
   fi
