@@ -355,17 +355,6 @@ def flashinfer_decode(p: Problem, fp8: Optional[dict] = None):
     return fn, (w, p.q, kc, vc, out)
 
 
-def fp8_per_tensor(p: Problem) -> dict:
-    """The e4m3 pools of p with one scale per tensor (amax / 448, as a
-    calibrated scale), in flashinfer_decode's fp8 form."""
-    out = {}
-    for name, pool in (("k", p.k_cache), ("v", p.v_cache)):
-        scale = (pool.abs().amax().float() / 448).clamp_min(1e-12).reshape(1)
-        out[f"{name}_cache"] = (pool.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
-        out[f"{name}_scale"] = scale
-    return out
-
-
 def flashinfer_prefill(p: Problem, causal: bool = True):
     """BatchPrefillWithPagedKVCacheWrapper (backend auto: FA3 on Hopper); its
     causal mask is aligned to the end of each sequence, as ours."""
@@ -467,6 +456,13 @@ def time_impls(label: str, impls: Sequence[tuple], sets: Sequence[Problem], erro
     return rows
 
 
+def _fp8_per_tensor(p: Problem) -> dict:
+    """p's pools in e4m3 with one scale per tensor, in flashinfer_decode's fp8 form."""
+    from bench_int8 import quantize  # (bench_int8 imports this module)
+    (k8, ks), (v8, vs) = (quantize(t, torch.float8_e4m3fn, per_tensor=True) for t in (p.k_cache, p.v_cache))
+    return dict(k_cache=k8, v_cache=v8, k_scale=ks, v_scale=vs)
+
+
 def warm_flashinfer(head_dims: Sequence[int]) -> None:
     """Runs FlashInfer's decode and prefill once on tiny problems per head dim:
     its JIT compiles each variant on first use (a minute or more each), and
@@ -477,8 +473,8 @@ def warm_flashinfer(head_dims: Sequence[int]) -> None:
         return
     for d in head_dims:
         kinds = [("decode", [256], [1], flashinfer_decode), ("prefill", [256], [256], flashinfer_prefill)]
-        if d == 128:  # bench_int8's head dim: FlashInfer's decode of an fp8 cache
-            kinds.append(("decode_fp8", [256], [1], lambda p: flashinfer_decode(p, fp8_per_tensor(p))))
+        if d == 128:  # bench_int8's head dim: FlashInfer's decode of an fp8 cache, as bench_int8 quantizes it
+            kinds.append(("decode_fp8", [256], [1], lambda p: flashinfer_decode(p, _fp8_per_tensor(p))))
         for what, lens, q_lens, make in kinds:
             p = make_sets(lens, q_lens, 32, 8, d)[0]
             t0 = time.time()
