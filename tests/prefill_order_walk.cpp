@@ -20,7 +20,12 @@ int main() {
   while (std::scanf("%lld %lld %lld %lld %lld %lld %lld %lld", &sms, &heads, &group, &block_m, &max_q_len, &mixed,
                     &fits_l2, &n) == 8) {
     std::vector<long long> q(n);
-    for (auto& x : q) std::scanf("%lld", &x);
+    for (auto& x : q) {
+      if (std::scanf("%lld", &x) != 1) {
+        std::fprintf(stderr, "prefill_order_walk: a batch line ends before its %lld query counts\n", n);
+        return 1;
+      }
+    }
     const long long row_tiles = (group * max_q_len + block_m - 1) / block_m;
     const PrefillPlan plan = tileinfer::sm90::plan_prefill_order(n, heads, row_tiles, mixed != 0, fits_l2 != 0, sms);
     std::printf("plan %d %d %lld %d\n", static_cast<int>(plan.order), plan.tail_pairs,
