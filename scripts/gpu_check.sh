@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The one call on the GPU machine: builds the extension, runs every test (GPU and
-# CPU), scripts/sanitize.sh, the benchmarks, and prints a short summary last.
+# The one call on the GPU machine: builds the extension, runs the tests that need
+# the GPU, scripts/sanitize.sh, the benchmarks, and prints a short summary last.
 #
 #   bash scripts/gpu_check.sh                  # ~8 minutes: full build, tests, --quick benchmarks
 #
 # Options (environment):
 #   SKIP_BUILD=1     use the extension already built in place
-#   PYTEST_ARGS="-m gpu -n 8 tests"   what pytest runs (default: tests)
+#   PYTEST_ARGS="tests"   what pytest runs (default: -m gpu -n 12 tests, the tests
+#                    that need the GPU over 12 workers; CI runs the CPU ones)
 #   SKIP_TESTS=1     no pytest            SKIP_SANITIZE=1  no scripts/sanitize.sh
 #   SKIP_BENCH=1     no benchmarks        BENCH_ONLY=decode,prefill,inputs,model,int8  (subset)
 #   FULL=1           full benchmark grids instead of --quick (several minutes more)
@@ -107,9 +108,16 @@ fi
 
 # --- tests ------------------------------------------------------------------------
 if [ -z "${SKIP_TESTS:-}" ]; then
-  step "tests (timeout ${TEST_TIMEOUT:-480}s)"
+  args=${PYTEST_ARGS:--m gpu -n 12 tests}
+  # Each pytest worker's torch would start one CPU thread per core, and a
+  # dozen workers' spinning threads starve each other (the CPU soak, 4 s
+  # alone, passed 300 s among 15 such workers), so the workers share the cores.
+  workers=$(sed -nE 's/.*-n *([0-9]+).*/\1/p' <<<"$args")
+  threads=$(( $(nproc) / ${workers:-1} )); [ "$threads" -lt 1 ] && threads=1
+  step "tests: pytest $args, OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} (timeout ${TEST_TIMEOUT:-480}s)"
   # shellcheck disable=SC2086
-  timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} >"$WORK/tests.log" 2>&1
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} timeout "${TEST_TIMEOUT:-480}" \
+    python3 -m pytest -q -p no:cacheprovider $args >"$WORK/tests.log" 2>&1
   rc=$?
   grep -E "^(FAILED|ERROR)" "$WORK/tests.log" | head -20
   tail -1 "$WORK/tests.log"
