@@ -21,13 +21,26 @@ CFG = Qwen3Config(vocab_size=512, hidden_size=256, num_layers=2, num_heads=8, nu
                   intermediate_size=512, max_position=512)
 
 
-def _pair(device, page_size=16, max_seqs=3, max_len=200):
+def _pair(device, page_size=16, max_seqs=3, max_len=200, kv_dtype=None, kv_scale="vector"):
+    """Our runner and the reference's, on the same weights and the same kind of cache."""
     if device == "cuda" and not _has_cuda_kernels():
         pytest.skip("this build lacks the CUDA kernels the model needs")
     torch.manual_seed(0)
     ours = Qwen3Model(CFG).randomize_(0).to(device=device, dtype=torch.bfloat16).eval()
     ref = copy.deepcopy(ours).set_backend("reference")
-    return (PagedRunner(ours, max_seqs, max_len, page_size), PagedRunner(ref, max_seqs, max_len, page_size))
+    return tuple(PagedRunner(m, max_seqs, max_len, page_size, kv_dtype=kv_dtype, kv_scale=kv_scale)
+                 for m in (ours, ref))
+
+
+# The caches a model can run on: the model's dtype, and the quantized kinds
+# (int8 per vector; fp8 e4m3 per vector, or per tensor with the scales of 1
+# new_kv_caches starts with).
+KV_KINDS = [
+    pytest.param(None, "vector", id="bf16"),
+    pytest.param(torch.int8, "vector", id="int8"),
+    pytest.param(torch.float8_e4m3fn, "vector", id="fp8-vector"),
+    pytest.param(torch.float8_e4m3fn, "tensor", id="fp8-tensor"),
+]
 
 
 def _close(a, b, what):
@@ -36,14 +49,23 @@ def _close(a, b, what):
     assert err < 3e-2, f"{what}: logits differ by {err:.3g} of their magnitude"
 
 
+@pytest.mark.parametrize("kv_dtype,kv_scale", KV_KINDS)
 @pytest.mark.parametrize("device", DEVICES)
 @torch.no_grad()
-def test_prefill_decode_verify_draft(device):
-    ours, ref = _pair(device)
+def test_prefill_decode_verify_draft(device, kv_dtype, kv_scale):
+    ours, ref = _pair(device, kv_dtype=kv_dtype, kv_scale=kv_scale)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, CFG.vocab_size, (n,), generator=g).tolist() for n in (37, 16, 70)]
-    for a, b in zip(ours.step(prompts), ref.step(prompts)):
+    prefill = ours.step(prompts)
+    for a, b in zip(prefill, ref.step(prompts)):
         _close(a, b, "prefill")
+    if kv_dtype is not None:
+        # The quantized cache against the reference on the model's own dtype:
+        # the quantization's error, not that of a scale applied twice or never.
+        _, exact = _pair(device)
+        for a, b in zip(prefill, exact.step(prompts)):
+            err = float((a - b).abs().max() / b.abs().max())
+            assert err < 0.1, f"{kv_dtype} {kv_scale} cache: prefill logits {err:.3g} off the unquantized model's"
     nxt = [int(x[-1].argmax()) for x in ref.step([[p[-1]] for p in prompts], commit=False)]
     # Greedy decode: teacher-force the reference's tokens so both walk the same path;
     # 20 steps cross page boundaries (page_size 16).
