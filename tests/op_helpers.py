@@ -143,6 +143,19 @@ def poison_unowned_(p, window_left=-1):
     return p
 
 
+def hopper() -> bool:
+    """A compute-capability 9.0 device: the one the warp-specialized prefill kernel runs on."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def kernels_run(fn):
+    """Names of the CUDA kernels that fn() runs (torch profiler), and fn()'s result."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        result = fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events()], result
+
+
 def hopper_quantized_prefill(p):
     """Whether `prefill` runs problem p (a quantized cache) on the Hopper
     warp-specialized kernel: a compute-capability 9.0 device, bf16 / fp16

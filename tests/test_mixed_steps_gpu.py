@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from op_helpers import check_out, exact_attention, need_path, run_attention
+from op_helpers import check_out, exact_attention, hopper, kernels_run, need_path, run_attention
 from tileinfer_attn.testing import PagedProblem, make_problem, poison_
 
 pytestmark = [
@@ -21,6 +21,7 @@ pytestmark = [
 ops = torch.ops.tileinfer_attn
 DEV = "cuda"
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+PREFILL_KERNEL = "sm90::prefill_kernel"  # the warp-specialized Hopper prefill, in a kernel's profiler name
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
@@ -71,14 +72,25 @@ def test_mixed_step_chunks_among_many_decodes(seed, monkeypatch):
 def test_mixed_step_beside_decodes_same_bits(decode_sms, seed, monkeypatch):
     """The prompt chunks' prefill beside the decodes, on any number of SMs left
     to the decodes at first (TILEINFER_MIXED_DECODE_SMS), gives the bits of the
-    parts one after the other (the default)."""
+    parts one after the other (the default). On Hopper, where the path
+    exists, the profiler shows it ran: two launches of the prefill kernel
+    (one on the SMs the decodes leave, one after them), against one."""
     need_path("attention")
     q_lens = [1] * 40 + [700] + [16] * 3 + [250]
     lens = [200 + 31 * i for i in range(40)] + [1500, 300, 40, 900, 250]
     p = make_problem(lens, q_lens, 32, 8, 128, 64, device=DEV, seed=seed)
-    default = run_attention(p, True)
+    names, default = kernels_run(lambda: run_attention(p, True))
     monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", decode_sms)
-    assert torch.equal(run_attention(p, True), default), f"{decode_sms} SMs for the decodes"
+    run_attention(p, True)  # warm-up outside the profile
+    beside_names, beside = kernels_run(lambda: run_attention(p, True))
+    assert torch.equal(beside, default), f"{decode_sms} SMs for the decodes"
+    if hopper():
+        # The path falls back to the parts in turn when the prefill grid
+        # (every SM here: 700 queries x 8 KV heads fill them) is under twice D.
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        launches = [sum(PREFILL_KERNEL in n for n in x) for x in (names, beside_names)]
+        assert launches == [1, 2 if sms >= 2 * int(decode_sms) else 1], (
+            f"prefill kernel launches in turn / beside {decode_sms} decode SMs: {launches}")
 
 
 @pytest.mark.parametrize("value", ["-1", "x", "100000"])

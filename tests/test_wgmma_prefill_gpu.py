@@ -18,8 +18,8 @@ build or a device without them cannot pass the rest on the tile kernel.
 import pytest
 import torch
 
-from op_helpers import (QUANT_KINDS, check_lse, check_out, exact_attention, has_cuda_kernel, ops, poison_,
-                        run_prefill)
+from op_helpers import (QUANT_KINDS, check_lse, check_out, exact_attention, has_cuda_kernel, hopper, kernels_run,
+                        ops, poison_, run_prefill)
 from tileinfer_attn.testing import make_problem
 
 pytestmark = pytest.mark.gpu
@@ -32,10 +32,6 @@ TILE = "attention_tile_kernel"
 HOPPER_KERNELS = (WARP_SPECIALIZED, WGMMA)
 
 
-def hopper():
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
 @pytest.fixture(params=[128, 64, 256], ids=["d128", "d64", "d256"])
 def D(request):
     """The head dim; skips where the wgmma kernel cannot run."""
@@ -44,14 +40,6 @@ def D(request):
     if not hopper():
         pytest.skip("the wgmma prefill kernel needs a compute-capability 9.0 (Hopper) device")
     return request.param
-
-
-def kernels_run(fn):
-    """Names of the CUDA kernels that fn() runs (torch profiler), and fn()'s result."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        result = fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events()], result
 
 
 def check_all(p, causal, dtype, what, with_lse=True):
