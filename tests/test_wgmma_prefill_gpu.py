@@ -9,7 +9,8 @@ cover both.
 Same oracle and bounds as tests/test_attention_gpu.py (op_helpers): float64
 attention on the same inputs, within 4 ulps of each row's magnitude, lse
 within 1e-4 relative; outputs poisoned with NaN first, so unwritten rows fail,
-and rows of no sequence must stay untouched. Every head dim (the D fixture:
+and rows of no sequence must stay untouched; cache slots that no row may read
+hold NaN. Every head dim (the D fixture:
 128, 64, 256) runs every test.
 
 The first test checks (with the torch profiler) which kernel runs, so that a
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 from op_helpers import (QUANT_KINDS, check_lse, check_out, exact_attention, has_cuda_kernel, hopper, kernels_run,
-                        ops, poison_, run_prefill)
+                        ops, poison_, poison_unowned_, run_prefill)
 from tileinfer_attn.testing import make_problem
 
 pytestmark = pytest.mark.gpu
@@ -43,8 +44,12 @@ def D(request):
 
 
 def check_all(p, causal, dtype, what, with_lse=True):
-    out, lse = run_prefill(p, causal, with_lse=with_lse)
+    """The kernel against float64, with NaN in every cache slot that no row
+    may read (op_helpers.poison_unowned_; the oracle, which gathers whole
+    pages, first)."""
     exact, exact_lse = exact_attention(p, causal)
+    poison_unowned_(p)
+    out, lse = run_prefill(p, causal, with_lse=with_lse)
     check_out(out, exact, dtype, what)
     if with_lse:
         check_lse(lse, exact_lse, dtype, what + " lse")
@@ -125,9 +130,10 @@ def test_persistent_scheduler_covers_every_row(D, page, causal, seed):
     p = make_problem(seq_lens, q_lens, 8, 2, D, page, device=DEV, seed=seed)
     pad = torch.randn(3, *p.q.shape[1:], device=DEV).to(p.q.dtype)
     p.q = torch.cat([p.q, pad])
+    exact, exact_lse = exact_attention(p, causal)
+    poison_unowned_(p)
     out, lse = run_prefill(p, causal)
     n = int(p.cu_seqlens_q[-1])
-    exact, exact_lse = exact_attention(p, causal)
     check_out(out[:n], exact[:n], torch.bfloat16, f"scheduler coverage page {page}")
     check_lse(lse[:n], exact_lse[:n], torch.bfloat16, f"scheduler coverage page {page} lse")
     assert torch.isnan(out[n:]).all() and torch.isnan(lse[n:]).all(), "rows of no sequence were written"
