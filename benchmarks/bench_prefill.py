@@ -2,14 +2,17 @@
 our prefill op against its peers in the same run.
 
 Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, bf16,
-page 64) at prompt lengths 512 / 2k / 8k / 16k for one sequence, batches of
-4 x 2k, 8 x 512 and 16 x 1k, a mixed batch of 1 x 8k + 31 x 256 (no SDPA
-peer: it needs equal lengths), and head dims 64, 80, 96 and 256. Mixed steps: prompt
+page 64) at prompt lengths 512 / 2k / 8k / 16k (and 32k) for one sequence,
+batches of 4 x 2k, 8 x 512 and 16 x 1k, a mixed batch of 1 x 8k + 31 x 256
+(no SDPA peer: it needs equal lengths), and head dims 64, 80, 96 and 256
+(64 and 256 also at 512 / 2k / 16k); non-causal prompts ("full") at 2k, 8k
+and 16 x 1k. --quick leaves out 32k, the other d 64 / 256 lengths and the
+non-causal cases. Mixed steps: prompt
 chunks beside single-query decodes through the attention op, against the
 same chunks and decodes run alone and the prefill op over the whole step. Per-item
 cost: uniform batches of 1-64 prompts, each launch's time (ours and cuDNN's)
 fitted to the key tiles and items of our busiest block. FLOPs: 2 * 2 * L * L / 2 * d * Hq
-per prompt (half the query-key pairs); TFLOP/s against the bf16 GEMM rate
+per causal prompt (half the query-key pairs), twice that non-causal; TFLOP/s against the bf16 GEMM rate
 measured in this run.
 
 Peers: torch SDPA with the cuDNN and the flash backend on a contiguous cache,
@@ -52,6 +55,14 @@ CASES = [
     ("1x8k d80", [8192], dict(hq=32, hkv=8, d=80)),
     ("1x8k d96", [8192], dict(hq=32, hkv=8, d=96)),
     ("1x2k d96", [2048], dict(hq=32, hkv=8, d=96)),
+    # The full grid only: 32k, the other lengths at d 64 and 256, and
+    # non-causal prompts ("full": every query sees every key, 2x the FLOPs).
+    ("1x32k", [32768], QWEN3),
+    *[(f"1x{n} d{d}", [t], dict(hq=32, hkv=8, d=d)) for d in (64, 256)
+      for n, t in (("512", 512), ("2k", 2048), ("16k", 16384))],
+    ("1x2k full", [2048], dict(QWEN3, causal=False)),
+    ("1x8k full", [8192], dict(QWEN3, causal=False)),
+    ("16x1k full", [1024] * 16, dict(QWEN3, causal=False)),
 ]
 QUICK = {"1x512", "1x2k", "1x8k", "1x16k", "4x2k", "16x1k", "1x8k+31x256", "1x8k d64", "1x8k d256", "1x8k d80",
          "1x8k d96", "1x2k d96"}
@@ -68,22 +79,23 @@ BASE = ["sdpa flash (contiguous)", "sdpa cudnn (contiguous)", "eager reference"]
 
 def run_case(label, lens, cfg, args, ceil, errors, status):
     d = cfg["d"]
+    causal = cfg.get("causal", True)
     one = ap.make_sets(lens, lens, cfg["hq"], cfg["hkv"], d, n_sets=1)[0]
     n_sets = common.sets_for(ap.set_bytes(one), cap=16)
     sets = ap.make_sets(lens, lens, cfg["hq"], cfg["hkv"], d, n_sets=n_sets) if n_sets > 1 else [one]
-    flops = ap.attention_flops(one, causal=True)
+    flops = ap.attention_flops(one, causal=causal)
     kw = dict(rep_ms=60 if args.quick else 200, warmup_ms=20)
     impls = []
     for be in ("cudnn", "flash"):
-        impls.append((f"sdpa {be} (contiguous)", lambda p, be=be: ap.sdpa_contiguous(p, be), True))
-    impls.append(("gather+sdpa flash", lambda p: ap.gather_then_sdpa(p, "flash"), True))
+        impls.append((f"sdpa {be} (contiguous)", lambda p, be=be: ap.sdpa_contiguous(p, be, causal), True))
+    impls.append(("gather+sdpa flash", lambda p: ap.gather_then_sdpa(p, "flash", causal), True))
     if sum(lens) <= EAGER_MAX_TOKENS:
-        impls.append(("eager reference", lambda p: ap.eager_reference(p), False))
+        impls.append(("eager reference", lambda p: ap.eager_reference(p, causal), False))
     if status["flashinfer"][0] and (not args.quick or d == 128):
-        impls.append(("flashinfer paged (auto backend)", lambda p: ap.flashinfer_prefill(p), True))
+        impls.append(("flashinfer paged (auto backend)", lambda p: ap.flashinfer_prefill(p, causal), True))
     # Ours last: a kernel that breaks the CUDA context then costs no peer of this case.
     if status["prefill"][0]:
-        impls += [(name, make, True, role) for name, make, role in OUR_KERNELS]
+        impls += [(name, lambda p, make=make: make(p, causal), True, role) for name, make, role in OUR_KERNELS]
 
     def metrics(t):
         tflops = flops / t.seconds / 1e12
@@ -279,7 +291,8 @@ def main():
     for label, lens, cfg in CASES:
         if args.quick and label not in QUICK or args.only and args.only not in label:
             continue
-        print(f"-- {label}: {len(lens)} x {lens[0]} tokens, {cfg['hq']}/{cfg['hkv']} heads, d {cfg['d']}")
+        print(f"-- {label}: {len(lens)} x {lens[0]} tokens, {cfg['hq']}/{cfg['hkv']} heads, d {cfg['d']}"
+              + ("" if cfg.get("causal", True) else ", non-causal"))
         rows += common.attempt(label, lambda a=(label, lens, cfg): run_case(*a, args, ceil, errors, status),
                                errors) or []
 

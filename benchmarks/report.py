@@ -96,8 +96,11 @@ def _vs_peers(rows, value_key: str, value_head: str, pct_key: str, pct_head: str
 
 
 def render_prefill(data: dict) -> list:
+    rows = data.get("rows") or []
+    full = any(r.get("causal") is False for r in rows)
     out = (["Causal prefill over the paged cache (bf16, page 64); TFLOP/s of causal FLOPs "
-            "(2 * 2 * L * L / 2 * d * Hq per prompt).", ""]
+            "(2 * 2 * L * L / 2 * d * Hq per prompt)"
+            + ("; cases marked `full` are non-causal (2 * 2 * L * L * d * Hq)." if full else "."), ""]
            + _vs_peers(data.get("rows") or [], "tflops", "TFLOP/s", "pct_gemm", "% of GEMM"))
     mixed = data.get("mixed") or []
     if mixed:
