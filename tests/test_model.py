@@ -106,6 +106,36 @@ def test_cuda_graph_decode_matches_eager():
 
 @pytest.mark.parametrize("device", DEVICES)
 @torch.no_grad()
+def test_captured_step_serves_every_mix(device):
+    """One step captured at a token budget (a CUDA graph on a GPU; the same
+    static buffers run eagerly on a CPU), replayed over prompts, mixed steps
+    (chunks beside decodes and verifies), decodes, a step with an idle slot and
+    one that fills the budget: each against the same step on an eager runner."""
+    replayed, eager = _pair(device, max_seqs=4, max_len=300)
+    before = [k.clone() for k, *_ in replayed.kv_caches]
+    captured = replayed.capture(token_budget=96, max_q_len=64)
+    assert all(torch.equal(k, b) for (k, *_), b in zip(replayed.kv_caches, before)), "capture wrote the cache"
+    g = torch.Generator().manual_seed(4)
+
+    def toks(*n):
+        return [torch.randint(0, CFG.vocab_size, (k,), generator=g).tolist() for k in n]
+    steps = [toks(40, 7, 33), toks(1, 1, 1), toks(1, 50, 16, 3), toks(2, 0, 1, 1), toks(64, 1, 30, 1),
+             toks(1, 1, 1, 1), toks(5, 17, 1, 9)]
+    for i, tokens in enumerate(steps):
+        a, b = captured.replay(tokens), eager.step(tokens)
+        assert replayed.lens == eager.lens, f"step {i}: lengths {replayed.lens} vs {eager.lens}"
+        for j, (x, y) in enumerate(zip(a, b)):
+            assert x.shape == y.shape, f"step {i} slot {j}: {tuple(x.shape)} vs {tuple(y.shape)}"
+            if x.numel():
+                _close(x, y, f"captured step {i} q_lens {[len(t) for t in tokens]} slot {j}")
+    with pytest.raises(ValueError, match="does not fit"):
+        captured.replay(toks(64, 33))  # past the budget
+    with pytest.raises(ValueError, match="does not fit"):
+        captured.replay(toks(65))  # past max_q_len
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@torch.no_grad()
 def test_compile_fullgraph_no_breaks(device):
     ours, _ = _pair(device)
     model = ours.model

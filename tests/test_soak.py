@@ -57,12 +57,14 @@ cache soak's part. Steps with no token at all are skipped here (no engine
 sends one to a model); the attention layer's 0-token step is tested in
 tests/test_model.py.
 
-CUDA graphs: the runner captures only whole-batch decode steps
-(``PagedRunner.capture_decode``: one token per slot, max_q_len 1, unused slots
-padded); it has no capture path for mixed or verify steps. On CUDA the runner
-soak replays its all-decode steps through that graph (against eager on the
-reference model) and runs the other steps eagerly; the cache soak runs eagerly.
-The CUDA cases skip where there is no CUDA device.
+CUDA graphs: the runner soak captures two steps (``PagedRunner.capture``):
+the whole batch's decode step (max_q_len 1), through which half of the
+all-decode steps replay, and one at the schedule's token budget, through
+which half of the other causal steps replay whatever their mix (prompt
+chunks, decodes, verifies, idle slots); the rest run eagerly, and the
+reference model always does. Without a GPU the same static buffers run
+eagerly (padded tokens and slots, max_q_len at the budget). The cache soak
+runs eagerly. The CUDA cases skip where there is no CUDA device.
 """
 import copy
 import random
@@ -534,9 +536,9 @@ def test_runner_soak(device, dtype, seed, steps):
     ref_model = copy.deepcopy(ours_model).set_backend("reference")
     ours = PagedRunner(ours_model, max_seqs, max_len, PAGE, seed=seed)
     ref = PagedRunner(ref_model, max_seqs, max_len, PAGE, seed=seed)
-    graph = device == "cuda"
-    if graph:
-        ours.capture_decode()
+    chunk_max = 48  # the schedule's longest prompt chunk (its verifies take at most 16)
+    any_mix = ours.capture(token_budget=max_seqs * chunk_max, max_q_len=chunk_max)
+    ours.capture_decode()
     r = random.Random(seed)
     vocab = RUNNER_CFG.vocab_size
     active = [None] * max_seqs   # per slot: (prompt length, target length) or None
@@ -572,7 +574,7 @@ def test_runner_soak(device, dtype, seed, steps):
             if active[i] is None or r.random() < 0.1:
                 n = acc = 0  # idle: in the step with no query
             elif ours.lens[i] < active[i][0]:
-                n = acc = min(active[i][0] - ours.lens[i], r.randint(1, 48))
+                n = acc = min(active[i][0] - ours.lens[i], r.randint(1, chunk_max))
             elif r.random() < 0.3:
                 n = r.randint(2, 16)
                 acc = n if r.random() < 0.4 else r.randint(1, n - 1)
@@ -583,12 +585,19 @@ def test_runner_soak(device, dtype, seed, steps):
         if not any(tokens):
             continue  # nothing to run (a model call of 0 tokens is not a step)
         what = f"seed {seed} step {step} q_lens {[len(t) for t in tokens]} causal {causal}"
-        if graph and causal and all(len(t) == 1 for t in tokens) and r.random() < 0.7:
+        kinds = [len(t) for t in tokens]
+        mixed = any(n > 16 for n in kinds) and any(0 < n <= 16 for n in kinds)
+        if causal and all(n == 1 for n in kinds) and r.random() < 0.5:
             la = list(ours.decode_graph([t[0] for t in tokens]).split(1))
             lb = ref.step(tokens)
             ours.lens[:m] = ref.lens[:m] = [x - 1 for x in ref.lens[:m]]  # committed below, as eager steps
-            what += " (graph replay)"
-            stats["graph_decode"] += 1
+            what += " (decode replay)"
+            stats["replay_decode"] += 1
+        elif causal and r.random() < 0.5:
+            la = any_mix.replay(tokens, commit=False)
+            lb = ref.step(tokens, commit=False)
+            what += " (replay at the token budget)"
+            stats["replay_mixed" if mixed else "replay_other"] += 1
         else:
             la = ours.step(tokens, causal=causal, commit=False)
             lb = ref.step(tokens, causal=causal, commit=False)
@@ -601,8 +610,8 @@ def test_runner_soak(device, dtype, seed, steps):
             history[i] += tokens[i][:acc]
             if acc:
                 last[i] = la[i][acc - 1]
-        kinds = [len(t) for t in tokens]
-        stats["mixed" if any(n > 16 for n in kinds) and any(0 < n <= 16 for n in kinds) else "other"] += 1
+        stats["mixed" if mixed else "other"] += 1
         stats["verify"] += sum(acc < len(t) for acc, t in zip(accept, tokens) if causal)
-    for key in ("started", "finished", "history_checked", "mixed", "verify") + (("graph_decode",) if graph else ()):
+    for key in ("started", "finished", "history_checked", "mixed", "verify", "replay_mixed", "replay_other",
+                "replay_decode"):
         assert stats[key] > 0, f"seed {seed}: the runner schedule never did {key!r}: {dict(stats)}"

@@ -3,9 +3,11 @@
 Each sequence slot owns a fixed, shuffled set of pages (enough for max_len
 positions), so the block table never changes and only lengths move; a step
 takes any number of new tokens per sequence (prefill, decode, speculative
-verify, non-causal drafting). ``capture_decode`` records one decode step of the
-whole batch in a CUDA graph; ``decode_graph`` replays it after copying the new
-tokens and lengths into the graph's static buffers.
+verify, non-causal drafting). ``capture`` records one step of up to a token
+budget in a CUDA graph, any mix of prompt chunks, decodes and verify steps,
+and its ``replay`` copies each step's tokens and metadata into the graph's
+static buffers; ``capture_decode`` / ``decode_graph`` are the whole batch's
+decode step (max_q_len 1, the decode kernels alone).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import torch
 from ..metadata import AttentionMetadata
 from .qwen3 import Qwen3Model
 
-__all__ = ["PagedRunner"]
+__all__ = ["CapturedStep", "PagedRunner"]
 
 
 class PagedRunner:
@@ -50,32 +52,72 @@ class PagedRunner:
             self.lens[:seqs] = new_lens
         return list(logits.split(n))
 
+    def capture(self, token_budget: int, max_q_len: Optional[int] = None, causal: bool = True) -> "CapturedStep":
+        """One step of up to ``token_budget`` tokens over the ``max_seqs`` slots,
+        each sequence with at most ``max_q_len`` queries (default: the budget),
+        captured in a CUDA graph: any mix of prompt chunks, decodes and verify
+        steps replays through it (the ops read lengths and positions on the
+        device and size their grids from shapes and max_q_len alone). Without
+        a GPU nothing is captured and replay runs the same static buffers eagerly."""
+        return CapturedStep(self, token_budget, token_budget if max_q_len is None else max_q_len, causal)
+
     def capture_decode(self) -> None:
         """Captures one decode step (1 token per slot, all max_seqs slots) in a CUDA graph."""
-        b = self.max_seqs
-        self._ids = torch.zeros(b, dtype=torch.long, device=self.device)
-        # Captured with every slot empty (static(): no queries, length 0), so the
-        # warm-up run writes nothing into the caches; each replay update_()s the
-        # buffers' contents with the real step.
-        self._meta = AttentionMetadata.static(b, self.block_tables.shape[1], 1, self.device)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside the graph (allocations, lazy init)
-            self.model(self._ids, self.kv_caches, self._meta)
-        torch.cuda.current_stream().wait_stream(side)
-        self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
-            self._logits = self.model(self._ids, self.kv_caches, self._meta)
+        self._graph = self.capture(self.max_seqs, 1)
 
     def decode_graph(self, tokens: Sequence[int]) -> torch.Tensor:
         """One decode token for each of the first len(tokens) slots, by graph replay.
         Unused slots are padded (length 0: no work, no NaN). Returns [len(tokens), vocab]."""
-        b = len(tokens)
-        new_lens = [self.lens[i] + 1 for i in range(b)]
-        ids = torch.zeros(self.max_seqs, dtype=torch.long)
-        ids[:b] = torch.tensor(list(tokens))
-        self._ids.copy_(ids)
-        self._meta.update_(AttentionMetadata.build(self.block_tables[:b], new_lens, [1] * b, self.device))
-        self._graph.replay()
-        self.lens[:b] = new_lens
-        return self._logits[:b].clone()
+        return torch.cat(self._graph.replay([[t] for t in tokens]))
+
+
+class CapturedStep:
+    """A step of a PagedRunner on static buffers (PagedRunner.capture): token
+    ids padded to the budget and ``AttentionMetadata.static`` slots, which
+    every replay overwrites."""
+
+    def __init__(self, runner: PagedRunner, token_budget: int, max_q_len: int, causal: bool):
+        self.runner, self.budget = runner, token_budget
+        self.ids = torch.zeros(token_budget, dtype=torch.long, device=runner.device)
+        # Captured with every slot empty (static(): no queries, length 0), so the
+        # warm-up run writes nothing into the caches.
+        self.meta = AttentionMetadata.static(runner.max_seqs, runner.block_tables.shape[1], max_q_len, runner.device,
+                                             causal=causal)
+        self.graph = None
+        if runner.device.type == "cuda":
+            model, kv = runner.model, runner.kv_caches
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up outside the graph (allocations, lazy init)
+                model(self.ids, kv, self.meta)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = model(self.ids, kv, self.meta)
+
+    def replay(self, tokens: Sequence[Sequence[int]], commit: bool = True) -> List[torch.Tensor]:
+        """PagedRunner.step through the captured graph: new tokens of sequences
+        0..len(tokens)-1, at most the budget in all and max_q_len each. Tokens
+        past the step's (up to the budget) and slots past len(tokens) are padding."""
+        r = self.runner
+        n = [len(t) for t in tokens]
+        total = sum(n)
+        if total > self.budget or len(tokens) > r.max_seqs:
+            raise ValueError(f"step of {total} tokens over {len(tokens)} sequences does not fit the captured "
+                             f"{self.budget} tokens over {r.max_seqs} slots")
+        seqs = len(tokens)
+        new_lens = [r.lens[i] + n[i] for i in range(seqs)]
+        ids = torch.zeros(self.budget, dtype=torch.long)
+        ids[:total] = torch.tensor([t for ts in tokens for t in ts], dtype=torch.long)
+        self.ids.copy_(ids)
+        # (update_ refuses a step past max_q_len or of the other causality.)
+        self.meta.update_(AttentionMetadata.build(r.block_tables[:seqs], new_lens, n, r.device,
+                                                  causal=self.meta.causal))
+        if self.graph is not None:
+            self.graph.replay()
+            logits = self.logits
+        else:
+            logits = r.model(self.ids, r.kv_caches, self.meta)
+        if commit:
+            r.lens[:seqs] = new_lens
+        return list(logits[:total].clone().split(n))
