@@ -164,8 +164,7 @@ def hopper_quantized_prefill(p):
     default). That kernel rounds int8 problems' queries to fp16, as for fp8."""
     group = p.q.shape[1] // p.k_cache.shape[1]
     aligned = p.k_scale.numel() == 1 or (p.k_scale.data_ptr() % 16 == 0 and p.v_scale.data_ptr() % 16 == 0)
-    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-            and p.q.dtype in (torch.bfloat16, torch.float16) and p.q.shape[-1] <= 128
+    return (hopper() and p.q.dtype in (torch.bfloat16, torch.float16) and p.q.shape[-1] <= 128
             and group & (group - 1) == 0 and group <= 128 and aligned)
 
 
