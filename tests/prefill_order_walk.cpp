@@ -5,6 +5,9 @@
 //
 // stdin, one batch per line:
 //   sms kv_heads group block_m max_q_len mixed fits_l2 num_seqs q_0 ... q_{n-1}
+// mixed: 0 for a prefill step, else the most queries a sequence that the
+// decode path takes has (AttentionParams::mixed_queries: prefill_takes skips
+// those sequences).
 // stdout, per batch: "plan <order> <tail_pairs> <units> <grid>", then one
 // "<block> <item> <seq> <kv_head> <row_tile>" line per item taken, then "end".
 #include <cstdio>
@@ -40,7 +43,8 @@ int main() {
         const long long rows = q[s.seq] * group;
         const int own_row_tiles = static_cast<int>((rows + block_m - 1) / block_m);
         if (walk.is_double(item)) s.row_tile = walk.double_row_tile(own_row_tiles, item);
-        if (s.row_tile >= 0 && s.row_tile * block_m < rows)
+        const bool decode_takes = mixed > 0 && q[s.seq] <= mixed;  // (attention_work.cuh, prefill_takes)
+        if (s.row_tile >= 0 && s.row_tile * block_m < rows && !decode_takes)
           std::printf("%d %d %d %d %d\n", b, item, s.seq, s.kv_head, s.row_tile);
       }
     }

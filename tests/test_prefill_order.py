@@ -24,7 +24,8 @@ def walk(tmp_path_factory):
     exe = compile_tool(tmp_path_factory, "prefill_order_walk.cpp")
 
     def run(batches):
-        """batches: dicts of sms, heads, group, block_m, max_q_len, mixed, fits_l2, q (query counts).
+        """batches: dicts of sms, heads, group, block_m, max_q_len, mixed (0, or the decode path's
+        most queries a sequence: a mixed step), fits_l2, q (query counts).
         Returns per batch (plan dict, list of (block, item, seq, kv_head, row_tile))."""
         lines = [" ".join(str(v) for v in (b["sms"], b["heads"], b["group"], b["block_m"], b["max_q_len"],
                                            int(b["mixed"]), int(b["fits_l2"]), len(b["q"]), *b["q"]))
@@ -46,8 +47,12 @@ def walk(tmp_path_factory):
     return run
 
 
-def row_tiles(q, group, block_m):
-    return -(-q * group // block_m)
+MIXED_QUERIES = 16  # the attention op's mixed steps: sequences of up to 16 queries take the decode path
+
+
+def row_tiles(q, group, block_m, mixed=0):
+    """The row tiles prefill computes for a sequence of q queries (none where the decode path takes it)."""
+    return 0 if 0 < q <= mixed else -(-q * group // block_m)
 
 
 def random_batch(rng, garbage=False):
@@ -62,7 +67,7 @@ def random_batch(rng, garbage=False):
         for s in rng.sample(range(n), k=max(1, n // 4)):
             q[s] = max_q_len + rng.randint(1, 5 * max_q_len + 200)
     return dict(sms=rng.choice([132, 114, 78, 7, 1]), heads=rng.choice([1, 2, 8]), group=rng.choice([1, 4, 8]),
-                block_m=rng.choice([128, 64]), max_q_len=max_q_len, mixed=rng.random() < 0.25,
+                block_m=rng.choice([128, 64]), max_q_len=max_q_len, mixed=MIXED_QUERIES if rng.random() < 0.25 else 0,
                 fits_l2=rng.random() < 0.3, q=q)
 
 
@@ -88,7 +93,7 @@ def test_every_item_once(walk, seed):
     for b, (plan, items) in zip(batches, walk(batches)):
         check_plan(b, plan)
         want = sorted((s, h, t) for s, q in enumerate(b["q"]) for h in range(b["heads"])
-                      for t in range(row_tiles(q, b["group"], b["block_m"])))
+                      for t in range(row_tiles(q, b["group"], b["block_m"], b["mixed"])))
         got = sorted((s, h, t) for _, _, s, h, t in items)
         assert got == want, f"batch {b}: {len(got)} items taken, {len(want)} expected"
         last = {}
@@ -110,7 +115,7 @@ def test_garbage_query_counts(walk, seed):
         assert len(keys) == len(set(keys)), f"batch {b}: an item taken twice"
         for s, h, t in keys:
             assert 0 <= s < len(b["q"]) and 0 <= h < b["heads"]
-            assert 0 <= t < row_tiles(b["q"][s], b["group"], b["block_m"])
+            assert 0 <= t < row_tiles(b["q"][s], b["group"], b["block_m"], b["mixed"])
 
 
 def test_doubles_spread_short_sequences(walk):
@@ -118,7 +123,7 @@ def test_doubles_spread_short_sequences(walk):
     4, 132 SMs): the pairs' units start at their own offsets, so the single
     queries' items spread over the blocks instead of landing on the few that
     one stride reaches (33 of 132 when every pair's units started at 0)."""
-    b = dict(sms=132, heads=8, group=4, block_m=128, max_q_len=2048, mixed=False, fits_l2=False, q=[2048] + [1] * 64)
+    b = dict(sms=132, heads=8, group=4, block_m=128, max_q_len=2048, mixed=0, fits_l2=False, q=[2048] + [1] * 64)
     plan, items = walk([b])[0]
     singles = {blk for blk, _, s, _, _ in items if s > 0}
     assert plan["tail_pairs"] < 64 * 8, "the single queries should be mostly in the doubles"
@@ -139,7 +144,7 @@ def test_benchmark_model_matches(walk):
     l2 = 60 << 20
     cases = [(1, 512), (1, 2048), (1, 8192), (16, 1024), (64, 256), (16, 512), (3, 1152), (1, 3456), (8, 4000),
              (16, 1000)]
-    batches = [dict(sms=132, heads=8, group=4, block_m=128, max_q_len=t, mixed=False,
+    batches = [dict(sms=132, heads=8, group=4, block_m=128, max_q_len=t, mixed=0,
                     fits_l2=bench_prefill.kv_fits_l2(b, t, l2), q=[t] * b) for b, t in cases]
     for (b, t), batch, (plan, items) in zip(cases, batches, walk(batches)):
         tiles, counts = [0] * plan["grid"], [0] * plan["grid"]
