@@ -4,12 +4,13 @@
 // queries), for tests/test_prefill_order.py.
 //
 // stdin, one batch per line:
-//   sms kv_heads group block_m max_q_len mixed fits_l2 num_seqs q_0 ... q_{n-1}
+//   sms heads group block_m max_q_len mixed fits_l2 num_seqs q_0 ... q_{n-1}
+// heads: the items' heads per sequence, group: the query heads of an item.
 // mixed: 0 for a prefill step, else the most queries a sequence that the
 // decode path takes has (AttentionParams::mixed_queries: prefill_takes skips
 // those sequences).
 // stdout, per batch: "plan <order> <tail_pairs> <units> <grid>", then one
-// "<block> <item> <seq> <kv_head> <row_tile>" line per item taken, then "end".
+// "<block> <item> <seq> <head> <row_tile>" line per item taken, then "end".
 #include <cstdio>
 #include <vector>
 
@@ -45,7 +46,7 @@ int main() {
         if (walk.is_double(item)) s.row_tile = walk.double_row_tile(own_row_tiles, item);
         const bool decode_takes = mixed > 0 && q[s.seq] <= mixed;  // (attention_work.cuh, prefill_takes)
         if (s.row_tile >= 0 && s.row_tile * block_m < rows && !decode_takes)
-          std::printf("%d %d %d %d %d\n", b, item, s.seq, s.kv_head, s.row_tile);
+          std::printf("%d %d %d %d %d\n", b, item, s.seq, s.head, s.row_tile);
       }
     }
     std::printf("end\n");

@@ -66,9 +66,11 @@ def random_batch(rng, garbage=False):
     if garbage:  # counts past max_q_len (the kernel clamps only to the step's tokens)
         for s in rng.sample(range(n), k=max(1, n // 4)):
             q[s] = max_q_len + rng.randint(1, 5 * max_q_len + 200)
-    return dict(sms=rng.choice([132, 114, 78, 7, 1]), heads=rng.choice([1, 2, 8]), group=rng.choice([1, 4, 8]),
-                block_m=rng.choice([128, 64]), max_q_len=max_q_len, mixed=MIXED_QUERIES if rng.random() < 0.25 else 0,
-                fits_l2=rng.random() < 0.3, q=q)
+    # heads: the items' heads per sequence, group: the query heads of an item
+    # (28 heads of 1: Qwen2.5-7B's query heads, an item each).
+    return dict(sms=rng.choice([132, 114, 78, 7, 1]), heads=rng.choice([1, 2, 8, 28]), group=rng.choice([1, 4, 8]),
+                block_m=rng.choice([128, 64]), max_q_len=max_q_len,
+                mixed=MIXED_QUERIES if rng.random() < 0.25 else 0, fits_l2=rng.random() < 0.3, q=q)
 
 
 def check_plan(b, plan):
@@ -85,7 +87,7 @@ def check_plan(b, plan):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_every_item_once(walk, seed):
-    """Each (sequence, KV head, row tile) with rows of the sequence's queries
+    """Each (sequence, head, row tile) with rows of the sequence's queries
     is taken exactly once over all blocks, and nothing else is; each block's
     item numbers grow (next_item's early exit relies on it)."""
     rng = random.Random(seed)

@@ -31,6 +31,7 @@ WARP_SPECIALIZED = "sm90::prefill_kernel"
 WGMMA = "attention_wgmma_kernel"
 TILE = "attention_tile_kernel"
 HOPPER_KERNELS = (WARP_SPECIALIZED, WGMMA)
+PER_HEAD = "TILEINFER_PREFILL_PER_HEAD"  # groups that are not powers of two on the warp-specialized kernel
 
 
 @pytest.fixture(params=[128, 64, 256], ids=["d128", "d64", "d256"])
@@ -88,6 +89,48 @@ def test_quantized_cache_kernel(D, kind, seed):
     check_out(out, exact, torch.bfloat16, f"{kind} prefill", ulps=6.0)
 
 
+@pytest.mark.parametrize("group", [3, 5, 7])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_per_head_items(D, dtype, page, causal, group, seed, monkeypatch):
+    """TILEINFER_PREFILL_PER_HEAD=1: a group that is not a power of two runs
+    the warp-specialized kernel with an item per query head (a query tile of
+    128 tokens of one head, each item copying its KV head's pages) instead of
+    the synchronous wgmma kernel; the sweep of test_wgmma_prefill."""
+    monkeypatch.setenv(PER_HEAD, "1")
+    seq_lens = [1, page - 1, page, page + 1, 3 * page + 7, 517]
+    q_lens = [1, page - 1, page // 2, 1, 2 * page + 3, 517]
+    p = make_problem(seq_lens, q_lens, 2 * group, 2, D, page, dtype=dtype, device=DEV, seed=seed)
+    run_prefill(p, causal)  # warm-up (and the shared-memory opt-in) outside the profile
+    torch.cuda.synchronize()
+    names, _ = kernels_run(lambda: check_all(p, causal, dtype, f"per-head items page {page} group {group}"))
+    assert any(WARP_SPECIALIZED in n for n in names), f"kernels seen: {sorted(set(names))}"
+
+
+@pytest.mark.parametrize("kind", ["fp8-tensor", "fp8-vector", "int8"])
+def test_per_head_items_quantized(D, kind, seed, monkeypatch):
+    """The same over quantized caches (group 3, d 64 and 128: the converter
+    warps' kernel), within the quantized caches' 6 ulps."""
+    if D > 128:
+        pytest.skip("a quantized cache at d 256 takes the mma.sync tile kernel")
+    monkeypatch.setenv(PER_HEAD, "1")
+    p = make_problem([300, 41, 700], [300, 41, 129], 6, 2, D, 64, device=DEV, seed=seed, **QUANT_KINDS[kind])
+    exact, _ = exact_attention(p, True)
+    poison_unowned_(p)
+    names, (out, _) = kernels_run(lambda: run_prefill(p, True))
+    assert any(WARP_SPECIALIZED in n for n in names), f"kernels seen: {sorted(set(names))}"
+    check_out(out, exact, torch.bfloat16, f"{kind} prefill, per-head items", ulps=6.0)
+
+
+@pytest.mark.parametrize("value", ["2", "yes"])
+def test_per_head_items_bad_value(D, value, monkeypatch):
+    monkeypatch.setenv(PER_HEAD, value)
+    p = make_problem([100], [100], 6, 2, D, 64, device=DEV, seed=0)
+    with pytest.raises(RuntimeError, match="TILEINFER_PREFILL_PER_HEAD must be 0 or 1"):
+        run_prefill(p, True)
+
+
 @pytest.mark.parametrize("kind", ["fp8-vector", "int8"])
 def test_misaligned_vector_scales_take_the_tile_kernel(kind, seed):
     """Per-vector scales that start 4 bytes past a 16-byte boundary (a
@@ -115,19 +158,22 @@ def test_misaligned_vector_scales_take_the_tile_kernel(kind, seed):
     check_out(out, exact, torch.bfloat16, f"{kind} prefill, misaligned scales", ulps=6.0)
 
 
+@pytest.mark.parametrize("group", [4, 7], ids=["group4", "group7-per-head"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 128])
-def test_persistent_scheduler_covers_every_row(D, page, causal, seed):
+def test_persistent_scheduler_covers_every_row(D, page, causal, group, seed, monkeypatch):
     """The warp-specialized kernel's persistent grid (at most one block per SM)
     walks every (row tile, sequence, KV head) item once: a random varlen batch
     of many sequences (empty ones, single positions, chunks, prompts past a
     few tiles) has more items than blocks, and more (sequence, KV head) pairs
     than the scheduler's tail, so most pairs go by doubles of row tiles R - 1 -
-    j and j of their own R; every row right, padding untouched."""
+    j and j of their own R; every row right, padding untouched. Group 7
+    takes an item per query head (TILEINFER_PREFILL_PER_HEAD=1)."""
+    monkeypatch.setenv(PER_HEAD, "1")
     g = torch.Generator().manual_seed(seed)
     seq_lens = torch.randint(0, 700, (61,), generator=g).tolist() + [0, 1, 2000]
     q_lens = [int(torch.randint(0, L + 1, (1,), generator=g)) if i % 3 else L for i, L in enumerate(seq_lens)]
-    p = make_problem(seq_lens, q_lens, 8, 2, D, page, device=DEV, seed=seed)
+    p = make_problem(seq_lens, q_lens, 2 * group, 2, D, page, device=DEV, seed=seed)
     pad = torch.randn(3, *p.q.shape[1:], device=DEV).to(p.q.dtype)
     p.q = torch.cat([p.q, pad])
     exact, exact_lse = exact_attention(p, causal)

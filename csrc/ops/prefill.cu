@@ -8,6 +8,7 @@
 //   other quantized cases, other GPUs  the mma.sync tile kernel (attention_kernel.cuh)
 //   fp32                        the CUDA-core kernel (attention_fp32.cuh)
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <type_traits>
@@ -77,11 +78,24 @@ bool is_hopper(int device) {
          cached_device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
 }
 
-// The warp-specialized kernel (sm90/prefill_kernel.cuh) copies a query tile as
-// one box of {group heads x kBlockM / group tokens}: groups that are powers of
-// two up to kBlockM. Other groups take the synchronous wgmma kernel
-// (attention_wgmma.cuh), which gathers its rows one by one.
-bool use_warp_specialized(int group) { return group > 0 && (group & (group - 1)) == 0 && group <= 128; }
+// The query heads of a work item of the warp-specialized kernel
+// (sm90/prefill_tile.h, PrefillParams::item_group), 0 where that kernel does
+// not run. It copies an item's query tile as one box of {heads x kBlockM /
+// heads tokens}: a group that is a power of two up to kBlockM packs a KV
+// head's whole group into an item. Other groups take an item per query head
+// with TILEINFER_PREFILL_PER_HEAD=1 (read at each call, as the mixed steps'
+// TILEINFER_MIXED_DECODE_SMS: a captured graph keeps the value of its
+// capture), and otherwise the synchronous wgmma kernel (attention_wgmma.cuh),
+// which gathers its rows one by one; an opt-in until measured against it
+// (docs/PERFORMANCE.md, "Groups that are not powers of two").
+int prefill_item_group(int group) {
+  if (group > 0 && (group & (group - 1)) == 0 && group <= 128) return group;
+  const char* env = std::getenv("TILEINFER_PREFILL_PER_HEAD");
+  if (env == nullptr || std::strcmp(env, "0") == 0) return 0;
+  TILEINFER_CHECK(std::strcmp(env, "1") == 0, "TILEINFER_PREFILL_PER_HEAD must be 0 or 1, not '", env, "'");
+  return 1;
+}
+bool use_warp_specialized(int group) { return prefill_item_group(group) > 0; }
 
 // The Hopper kernels need bf16 / fp16 queries and a 9.0 device of a build
 // with sm_90a code (setup.py defines TILEINFER_SM90A then; without that code
@@ -206,7 +220,10 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
       std::is_same_v<QT, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   sm90::PrefillParams p{};
   p.a = a;
-  const uint32_t group = a.group_size;
+  const int item_group = prefill_item_group(a.group_size);
+  TILEINFER_CHECK(item_group > 0, op, ": the warp-specialized prefill kernel does not take group ", a.group_size);
+  p.item_group = item_group;
+  p.item_heads = a.num_q_heads / item_group;
   // The copy engine takes strides that step past whole rows: a view whose
   // heads or tokens overlap (or repeat, stride 0) goes through a copy.
   // The maps span the head dim; a tile dim D above it (tile_table.h) reads
@@ -216,7 +233,7 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   const at::Tensor qm = rows_apart ? q : q.contiguous();
   p.q_map = make_tensor_map<3>(qm.data_ptr(), type, {uint64_t(hd), uint64_t(a.num_q_heads), uint64_t(a.num_tokens)},
                                {uint64_t(qm.stride(1)) * 2, uint64_t(qm.stride(0)) * 2},
-                               {64u, group, uint32_t(Cfg::kBlockM) / group});
+                               {64u, uint32_t(item_group), uint32_t(Cfg::kBlockM / item_group)});
   const int page = a.kv.page_size;
   p.box_rows = page < Cfg::kBlockN ? page : Cfg::kBlockN;
   const uint64_t sizes[4] = {uint64_t(hd), uint64_t(page), uint64_t(a.kv.num_kv_heads), uint64_t(a.kv.num_pages)};
@@ -233,7 +250,7 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
     p.k_map = make_tensor_map<4>(a.kv.k_cache, type, sizes, strides, box);
     p.v_map = make_tensor_map<4>(a.kv.v_cache, type, sizes, strides, box);
   }
-  p.num_row_tiles = static_cast<int>(ceil_div<int64_t>(int64_t(a.group_size) * a.max_q_len, Cfg::kBlockM));
+  p.num_row_tiles = static_cast<int>(ceil_div<int64_t>(int64_t(item_group) * a.max_q_len, Cfg::kBlockM));
   // The scheduler's order and tail (sm90/prefill_order.h). A batch whose
   // keys and values (estimated from max_q_len: a prompt's; a chunk after a
   // cached prefix holds more) fit in half the L2 is all tail, heaviest first:
@@ -244,7 +261,7 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   const int64_t kv_bytes =
       int64_t(2) * a.kv.num_seqs * a.kv.num_kv_heads * a.max_q_len * a.kv.head_dim * (Cfg::kQuant ? 1 : 2);
   const bool fits_l2 = kv_bytes <= cached_device_attribute<cudaDevAttrL2CacheSize>(device) / 2;
-  const sm90::PrefillPlan plan = sm90::plan_prefill_order(a.kv.num_seqs, a.kv.num_kv_heads, p.num_row_tiles,
+  const sm90::PrefillPlan plan = sm90::plan_prefill_order(a.kv.num_seqs, p.item_heads, p.num_row_tiles,
                                                           a.mixed_queries > 0, fits_l2, sms);
   p.order = plan.order;
   p.tail_pairs = plan.tail_pairs;

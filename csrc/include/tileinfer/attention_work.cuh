@@ -30,7 +30,7 @@ struct WorkItem {
   int q_count;    // this step's query count (query t sits at seq_len - q_count + t)
   int row_base;   // first row of this block in the sequence's row space
   int head0;      // row rr belongs to query rr / group, query head head0 + rr % group
-  int group;
+  int group;      // query heads of the item: the KV head's group (GQA packing), or fewer (make_at)
   int key_begin;  // key positions walked: [key_begin, key_end), key_begin page-aligned (window_key_begin)
   int key_end;
   int split;      // which partial this block writes (decode), 0 for prefill
@@ -186,9 +186,10 @@ __device__ __forceinline__ float* output_lse(const AttentionParams& p, int token
 __device__ __forceinline__ bool decode_takes(const AttentionParams& p, int q_count) {
   return p.mixed_queries == 0 || q_count <= p.mixed_queries;
 }
-// Does prefill compute rows [row_base, ...) of a sequence of q_count queries?
-__device__ __forceinline__ bool prefill_takes(const AttentionParams& p, int q_count, int row_base) {
-  return row_base < q_count * p.group_size && !(p.mixed_queries > 0 && decode_takes(p, q_count));
+// Does prefill compute rows [row_base, ...) of a sequence of q_count queries,
+// `heads` rows a query (the query heads of one work item)?
+__device__ __forceinline__ bool prefill_takes(const AttentionParams& p, int q_count, int row_base, int heads) {
+  return row_base < q_count * heads && !(p.mixed_queries > 0 && decode_takes(p, q_count));
 }
 __host__ __device__ __forceinline__ int partial_rows(const AttentionParams& p) {
   return p.mixed_queries == 0 ? p.num_tokens : p.kv.num_seqs * p.mixed_queries;
@@ -229,25 +230,27 @@ struct PrefillWork {
   }
   template <int kBlockM>
   __device__ static WorkItem make(const AttentionParams& p, const StepMeta& m) {
-    return make_at<kBlockM>(p, m, block_seq(), blockIdx.x, (gridDim.z - 1 - blockIdx.z) * kBlockM);
+    return make_at<kBlockM>(p, m, block_seq(), blockIdx.x, (gridDim.z - 1 - blockIdx.z) * kBlockM, p.group_size);
   }
-  // The item of rows [row_base, row_base + kBlockM) of sequence `seq`'s KV head
-  // `kv_head` (the persistent Hopper kernel's scheduler names them itself).
+  // The item of rows [row_base, row_base + kBlockM) of sequence `seq` over
+  // query heads [item_head * heads, + heads): a KV head's whole group
+  // (heads = group_size, item_head = the KV head), or fewer of its heads
+  // (the persistent Hopper kernel's scheduler names them itself).
   template <int kBlockM>
-  __device__ static WorkItem make_at(const AttentionParams& p, const StepMeta& m, int seq, int kv_head,
-                                     int row_base) {
+  __device__ static WorkItem make_at(const AttentionParams& p, const StepMeta& m, int seq, int item_head,
+                                     int row_base, int heads) {
     WorkItem w;
     w.seq = seq;
-    w.kv_head = kv_head;
-    w.group = p.group_size;
-    w.head0 = w.kv_head * p.group_size;
+    w.group = heads;
+    w.head0 = item_head * heads;
+    w.kv_head = w.head0 / p.group_size;
     w.split = 0;
     w.seq_len = clamp_seq_len(p.kv, m.seq_len);
     const QueryRange qr = clamp_query_range(m.q_begin, m.q_end, p.num_tokens);
     w.q_begin = qr.begin;
     w.q_count = qr.count;
     w.row_base = row_base;
-    w.active = prefill_takes(p, w.q_count, row_base);
+    w.active = prefill_takes(p, w.q_count, row_base, heads);
     w.key_end = w.seq_len;
     if (p.causal) {
       const int last_t = min((w.row_base + kBlockM - 1) / w.group, w.q_count - 1);

@@ -30,10 +30,10 @@ struct PrefillPlan {
 
 // About three rounds of single items end a prompt batch; one whose keys and
 // values fit in half the L2 (`fits_l2`, the caller's estimate) is all tail.
-inline PrefillPlan plan_prefill_order(int64_t num_seqs, int64_t num_kv_heads, int64_t num_row_tiles, bool mixed,
+inline PrefillPlan plan_prefill_order(int64_t num_seqs, int64_t heads, int64_t num_row_tiles, bool mixed,
                                       bool fits_l2, int64_t sms) {
   constexpr int64_t kTailRounds = 3;
-  const int64_t pairs = num_seqs * num_kv_heads;
+  const int64_t pairs = num_seqs * heads;
   PrefillPlan plan{PrefillOrder::kSequences, 0, pairs * num_row_tiles, 0};
   if (!mixed) {
     int64_t tail = fits_l2 ? pairs : (kTailRounds * sms + num_row_tiles - 1) / num_row_tiles;
@@ -50,12 +50,12 @@ inline PrefillPlan plan_prefill_order(int64_t num_seqs, int64_t num_kv_heads, in
 struct PrefillWalk {
   struct Slot {
     int row_tile;  // -1 for a double's: double_row_tile, from the sequence's queries
-    int seq, kv_head;
+    int seq, head;  // the item's heads: a KV head's group, or one query head (PrefillParams::item_group)
   };
 
   PrefillOrder order;
   int heads, num_row_tiles, tail_pairs, grid, block;
-  int pairs;         // (sequence, KV head) pairs
+  int pairs;         // (sequence, head) pairs
   int doubles;       // units per pair before the tail, ceil(num_row_tiles / 2)
   int double_units;  // (pairs - tail_pairs) * doubles
   int num_units;

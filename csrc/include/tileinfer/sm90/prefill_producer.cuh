@@ -59,7 +59,7 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
   uint32_t raws = 0;   // quantized: raw tiles so far (K and V), the raw ring position
   for (WorkItem w = next(); w.active; w = next()) {
 
-    // The query tile: rows (query, head) of the KV head's group, token-major,
+    // The query tile: rows (query, head) of the item's heads, token-major,
     // exactly the box {64, group, BM / group} of q at (head0, first token),
     // into the next query buffer once the consumers are done with it (with
     // two buffers, the item before the last).

@@ -1,9 +1,10 @@
 // Persistent tile scheduler of the Hopper prefill kernel: a grid of at most
-// one block per SM walks the work items (row tile, sequence, KV head). The
-// order is a function of shapes only (positions are read on the device); this
-// file says why it is what it is, prefill_order.h holds it as arithmetic
-// (shared with the host's plan and a CPU test), and next_item below takes a
-// block's items with rows to compute.
+// one block per SM walks the work items (row tile, sequence, head; a head is
+// a KV head's group of query heads, or one query head: PrefillParams::
+// item_group). The order is a function of shapes only (positions are read
+// on the device); this file says why it is what it is, prefill_order.h holds
+// it as arithmetic (shared with the host's plan and a CPU test), and
+// next_item below takes a block's items with rows to compute.
 //
 // Units and rounds. The items are grouped into units of one or two items,
 // numbered in the order below; block b takes unit b of round 0, unit
@@ -13,7 +14,7 @@
 // tiles.
 //
 // The order of a prompt batch (PrefillOrder::kPairs):
-//   - first, pair by pair ((sequence, KV head)), doubles: the unit j of a
+//   - first, pair by pair ((sequence, head)), doubles: the unit j of a
 //     pair is its row tiles R - 1 - j and j (R: the sequence's row tiles),
 //     whose key tiles add up to about the same for every j under causal
 //     masking. A round touches the pages of a few pairs, and the second item
@@ -39,7 +40,7 @@
 // attention op) takes single items sequence by sequence (each sequence's row
 // tiles heaviest first, its heads next to each other). Its active items are a
 // few prompt chunks among many decode sequences; in row-tile order a chunk's
-// items recur once per row tile, every num_seqs * num_kv_heads items, and
+// items recur once per row tile, every num_seqs * item_heads items, and
 // with a stride that shares factors with the grid they land on a subset of
 // the blocks (9 sequences x 8 KV heads = 72 on 132 blocks: 88 blocks took all
 // of a 1k chunk's items, three rounds where two would do). Sequence by
@@ -86,7 +87,7 @@ struct PrefillScheduler {
   PrefillWalk walk;  // the order, as arithmetic (prefill_order.h)
 
   __device__ explicit PrefillScheduler(const PrefillParams& p)
-      : walk(p.order, p.a.kv.num_seqs, p.a.kv.num_kv_heads, p.num_row_tiles, p.tail_pairs,
+      : walk(p.order, p.a.kv.num_seqs, p.item_heads, p.num_row_tiles, p.tail_pairs,
              static_cast<int>(gridDim.x), static_cast<int>(blockIdx.x)) {}
 
   // This block's first item from its `i`-th on that has rows to compute, with
@@ -113,18 +114,18 @@ struct PrefillScheduler {
         m = read_seq_meta<false>(p.a.kv, pos.seq);
         const QueryRange qr = clamp_query_range(m.q_begin, m.q_end, p.a.num_tokens);
         if (walk.is_double(item))
-          pos.row_tile = walk.double_row_tile(ceil_div(qr.count * p.a.group_size, kBlockM), item);
-        take = pos.row_tile >= 0 && prefill_takes(p.a, qr.count, pos.row_tile * kBlockM);
+          pos.row_tile = walk.double_row_tile(ceil_div(qr.count * p.item_group, kBlockM), item);
+        take = pos.row_tile >= 0 && prefill_takes(p.a, qr.count, pos.row_tile * kBlockM, p.item_group);
       }
       const unsigned hit = __ballot_sync(0xffffffffu, take);
       if (hit != 0) {
         const int src = __ffs(hit) - 1;
         i += src;
         pos = {__shfl_sync(0xffffffffu, pos.row_tile, src), __shfl_sync(0xffffffffu, pos.seq, src),
-               __shfl_sync(0xffffffffu, pos.kv_head, src)};
+               __shfl_sync(0xffffffffu, pos.head, src)};
         m = {__shfl_sync(0xffffffffu, m.seq_len, src), __shfl_sync(0xffffffffu, m.q_begin, src),
              __shfl_sync(0xffffffffu, m.q_end, src), 0};
-        return PrefillWork::make_at<kBlockM>(p.a, m, pos.seq, pos.kv_head, pos.row_tile * kBlockM);
+        return PrefillWork::make_at<kBlockM>(p.a, m, pos.seq, pos.head, pos.row_tile * kBlockM, p.item_group);
       }
       if (__ballot_sync(0xffffffffu, in_range) == 0) return WorkItem{};  // past the end: inactive
     }
@@ -135,7 +136,7 @@ struct PrefillScheduler {
   template <int kBlockM>
   __device__ WorkItem take_item(const PrefillParams& p, HandOutCursor& c) const {
     const int lane = threadIdx.x & 31;
-    const int heads = p.a.kv.num_kv_heads;
+    const int heads = p.item_heads;
     int n = 0;
     if (lane == 0) n = atomicAdd(p.item_counter, 1);
     n = __shfl_sync(0xffffffffu, n, 0);
@@ -144,8 +145,9 @@ struct PrefillScheduler {
     // max_q_len), which keeps the numbers within the host's int32 check.
     auto row_tiles = [&](const StepMeta& m) {
       const QueryRange qr = clamp_query_range(m.q_begin, m.q_end, p.a.num_tokens);
-      return prefill_takes(p.a, qr.count, 0) ? min(ceil_div(qr.count * p.a.group_size, kBlockM), p.num_row_tiles)
-                                             : 0;
+      return prefill_takes(p.a, qr.count, 0, p.item_group)
+                 ? min(ceil_div(qr.count * p.item_group, kBlockM), p.num_row_tiles)
+                 : 0;
     };
     int seq0 = c.seq0, before = c.before, upto = c.upto[lane];
     for (;;) {
@@ -175,7 +177,8 @@ struct PrefillScheduler {
     const int k = r - (src > 0 ? below : 0);  // the item within its sequence
     const int seq = seq0 + src;
     const StepMeta m = read_seq_meta<false>(p.a.kv, seq);
-    return PrefillWork::make_at<kBlockM>(p.a, m, seq, k % heads, (row_tiles(m) - 1 - k / heads) * kBlockM);
+    return PrefillWork::make_at<kBlockM>(p.a, m, seq, k % heads, (row_tiles(m) - 1 - k / heads) * kBlockM,
+                                         p.item_group);
   }
 };
 

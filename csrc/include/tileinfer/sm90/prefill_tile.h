@@ -20,10 +20,18 @@ namespace sm90 {
 // (none depends on a sequence length, so a captured graph stays valid).
 struct PrefillParams {
   AttentionParams a;
-  CUtensorMap q_map;  // q as [num_tokens][num_q_heads][head_dim], box {64, group, kBlockM / group}
+  CUtensorMap q_map;  // q as [num_tokens][num_q_heads][head_dim], box {64, item_group, kBlockM / item_group}
   CUtensorMap k_map;  // a pool as [num_pages][num_kv_heads][page_size][head_dim], box {64, rows, 1, 1}
   CUtensorMap v_map;  //   (quantized: bytes, box {D, rows, 1, 1}, no swizzle)
-  int num_row_tiles;  // ceil(group * max_q_len / kBlockM)
+  // The query heads of a work item (item_group) and the items' heads per
+  // sequence (item_heads = num_q_heads / item_group): a group that is a
+  // power of two packs all of a KV head's query heads into an item, whose
+  // key and value tiles are then copied once for them all; another group
+  // (prefill.cu, prefill_item_group) takes an item per query head, each
+  // copying its KV head's tiles, as a kernel without GQA packing does.
+  int item_group;
+  int item_heads;
+  int num_row_tiles;  // ceil(item_group * max_q_len / kBlockM)
   int box_rows;       // keys per box: min(page_size, kBlockN)
   PrefillOrder order;  // prefill_order.h
   int tail_pairs;      // kPairs: the last pairs, taken item by item
