@@ -130,6 +130,18 @@ def ours_prefill(p: Problem, causal: bool = True):
     return fn, (out, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
 
 
+def ours_prefill_per_head(p: Problem, causal: bool = True):
+    """ours_prefill with TILEINFER_PREFILL_PER_HEAD=1 around every call (a
+    graph's capture included): a group that is not a power of two on the
+    warp-specialized kernel, an item per query head."""
+    fn, args = ours_prefill(p, causal)
+
+    def run(*xs):
+        with common.environment_variable("TILEINFER_PREFILL_PER_HEAD", "1"):
+            return fn(*xs)
+    return run, args
+
+
 def ours_attention(p: Problem, causal: bool = True, batch_invariant: bool = False, table_positions: int = 0):
     """The dispatcher: decode + combine for <= 16 queries per sequence, prefill
     for longer ones. table_positions: a block table widened to that many

@@ -5,9 +5,10 @@ Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, bf16,
 page 64) at prompt lengths 512 / 2k / 8k / 16k (and 32k) for one sequence,
 batches of 4 x 2k, 8 x 512 and 16 x 1k, a mixed batch of 1 x 8k + 31 x 256
 (no SDPA peer: it needs equal lengths), and head dims 64, 80, 96 and 256
-(64 and 256 also at 512 / 2k / 16k); non-causal prompts ("full") at 2k, 8k
-and 16 x 1k. --quick leaves out 32k, the other d 64 / 256 lengths and the
-non-causal cases. Mixed steps: prompt
+(64 and 256 also at 512 / 2k / 16k); groups that are not powers of two
+(28 / 4, 40 / 8 heads); non-causal prompts ("full") at 2k, 8k and 16 x 1k.
+--quick leaves out 32k, the other d 64 / 256 lengths, 28 / 4 heads over 16 x
+1k and the non-causal cases. Mixed steps: prompt
 chunks beside single-query decodes through the attention op, against the
 same chunks and decodes run alone and the prefill op over the whole step. Per-item
 cost: uniform batches of 1-64 prompts, each launch's time (ours and cuDNN's)
@@ -55,6 +56,12 @@ CASES = [
     ("1x8k d80", [8192], dict(hq=32, hkv=8, d=80)),
     ("1x8k d96", [8192], dict(hq=32, hkv=8, d=96)),
     ("1x2k d96", [2048], dict(hq=32, hkv=8, d=96)),
+    # Groups that are not powers of two (Qwen2.5-7B 28/4, Qwen2.5-14B 40/8):
+    # the synchronous wgmma kernel, and (a "dev" row) the warp-specialized
+    # kernel with an item per query head (TILEINFER_PREFILL_PER_HEAD=1).
+    ("28/4 1x8k", [8192], dict(hq=28, hkv=4, d=128)),
+    ("40/8 1x8k", [8192], dict(hq=40, hkv=8, d=128)),
+    ("28/4 16x1k", [1024] * 16, dict(hq=28, hkv=4, d=128)),
     # The full grid only: 32k, the other lengths at d 64 and 256, and
     # non-causal prompts ("full": every query sees every key, 2x the FLOPs).
     ("1x32k", [32768], QWEN3),
@@ -65,7 +72,7 @@ CASES = [
     ("16x1k full", [1024] * 16, dict(QWEN3, causal=False)),
 ]
 QUICK = {"1x512", "1x2k", "1x8k", "1x16k", "4x2k", "16x1k", "1x8k+31x256", "1x8k d64", "1x8k d256", "1x8k d80",
-         "1x8k d96", "1x2k d96"}
+         "1x8k d96", "1x2k d96", "28/4 1x8k", "40/8 1x8k"}
 EAGER_MAX_TOKENS = 2048
 OURS = "tileinfer prefill"
 # Our kernels timed in every case: (name, make, role). The op as shipped is
@@ -73,6 +80,7 @@ OURS = "tileinfer prefill"
 # "dev" (its rows stay in the JSON and the printed table, out of README's plot
 # and tables).
 OUR_KERNELS = [(OURS, ap.ours_prefill, "ours")]
+PER_HEAD = "tileinfer prefill, an item per query head"  # groups that are not powers of two (dev)
 # Outputs are compared with the first of these that ran (a sanity check).
 BASE = ["sdpa flash (contiguous)", "sdpa cudnn (contiguous)", "eager reference"]
 
@@ -96,6 +104,9 @@ def run_case(label, lens, cfg, args, ceil, errors, status):
     # Ours last: a kernel that breaks the CUDA context then costs no peer of this case.
     if status["prefill"][0]:
         impls += [(name, lambda p, make=make: make(p, causal), True, role) for name, make, role in OUR_KERNELS]
+        group = cfg["hq"] // cfg["hkv"]
+        if group & (group - 1):
+            impls.append((PER_HEAD, lambda p: ap.ours_prefill_per_head(p, causal), True, "dev"))
 
     def metrics(t):
         tflops = flops / t.seconds / 1e12
