@@ -112,18 +112,20 @@ def test_prefill_without_lse(dtype, seed):
     check_out(out, exact_attention(p, True)[0], dtype, "prefill without lse")
 
 
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_prefix_suffix_merged_by_combine(dtype, page, seed):
+def test_prefix_suffix_merged_by_combine(dtype, page, head_dim, seed):
     """Shared-prefix (cascade) use: the first P pages non-causal, the rest causal,
     both prefill with lse, merged by combine, equal one causal pass over all
-    pages. The halves are rounded to the element type before the merge, so
-    bf16/fp16 get one more ulp than a single pass."""
+    pages, at every head dim (each prefill kernel's lse). The halves are
+    rounded to the element type before the merge, so bf16/fp16 get one more
+    ulp than a single pass."""
     need("prefill", "combine")
     P = 3
     lens = [5 * page + 37, 4 * page + 1]
     # every query after the prefix (n <= length - P * page), so the prefix is fully visible to all
-    p = make_problem(lens, [40, page + 1], 8, 2, 128, page, dtype=dtype, device=DEV, seed=seed)
+    p = make_problem(lens, [40, page + 1], 8, 2, head_dim, page, dtype=dtype, device=DEV, seed=seed)
     halves = []
     for tables, seq_lens, causal in (
         (p.block_tables[:, :P], [P * page] * 2, False),
