@@ -97,15 +97,24 @@ def test_mixed_step_beside_decodes_same_bits(decode_sms, seed, monkeypatch):
 def test_mixed_step_per_head_items(decode_sms, seed, monkeypatch):
     """Qwen2.5-7B's heads (28 / 4: group 7) with an item per query head on the
     warp-specialized kernel (TILEINFER_PREFILL_PER_HEAD=1): a mixed step whose
-    chunks run after the decodes or beside them, against float64."""
+    chunks run after the decodes or beside them, against float64. On Hopper
+    the profiler shows the kernel's launches: one after the decodes, two
+    beside them (where the grid, every SM here, is at least twice D)."""
     need_path("attention")
     monkeypatch.setenv("TILEINFER_PREFILL_PER_HEAD", "1")
     monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", decode_sms)
     q_lens = [1] * 20 + [700] + [16] * 3 + [250]
     lens = [200 + 31 * i for i in range(20)] + [1500, 300, 40, 900, 250]
     p = make_problem(lens, q_lens, 28, 4, 128, 64, device=DEV, seed=seed)
-    out = run_attention(p, True)
-    check_out(out, exact_attention(p, True)[0], torch.bfloat16, f"per-head items, {decode_sms} SMs for the decodes")
+    exact = exact_attention(p, True)[0]
+    run_attention(p, True)  # warm-up outside the profile
+    names, out = kernels_run(lambda: run_attention(p, True))
+    check_out(out, exact, torch.bfloat16, f"per-head items, {decode_sms} SMs for the decodes")
+    if hopper():
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        beside = int(decode_sms) > 0 and sms >= 2 * int(decode_sms)
+        launches = sum(PREFILL_KERNEL in n for n in names)
+        assert launches == (2 if beside else 1), f"{launches} launches of the warp-specialized kernel"
 
 
 @pytest.mark.parametrize("value", ["-1", "x", "100000"])

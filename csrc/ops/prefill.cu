@@ -1,9 +1,11 @@
 // CUDA implementation of `prefill`. Which kernel runs, from shapes and the
 // device only:
 //   Hopper, bf16 / fp16 cache   the warp-specialized kernel (sm90/prefill_kernel.cuh),
-//                               or the synchronous wgmma kernel for groups it
-//                               cannot copy as one box (attention_wgmma.cuh)
-//   Hopper, int8 / fp8 cache, d <= 128, groups that are powers of two: the
+//                               or the synchronous wgmma kernel for groups that
+//                               are not powers of two (attention_wgmma.cuh) unless
+//                               TILEINFER_PREFILL_PER_HEAD=1 (prefill_item_group)
+//   Hopper, int8 / fp8 cache, d <= 128, groups that are powers of two (any with
+//                               TILEINFER_PREFILL_PER_HEAD=1): the
 //                               warp-specialized kernel with its converter warps
 //   other quantized cases, other GPUs  the mma.sync tile kernel (attention_kernel.cuh)
 //   fp32                        the CUDA-core kernel (attention_fp32.cuh)
@@ -108,12 +110,13 @@ bool use_hopper_prefill(const PagedShape& s, int group, at::ScalarType dtype, in
                         const AttentionParams& p) {
 #ifdef TILEINFER_SM90A
   if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
+  if (!is_hopper(device)) return false;
   if (s.quantized) {
     if (tile_head_dim(s.head_dim) > 128 || !use_warp_specialized(group)) return false;
     const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
     if (!s.scale_per_tensor && !(aligned(p.kv.k_scale) && aligned(p.kv.v_scale))) return false;
   }
-  return is_hopper(device);
+  return true;
 #else
   return false;
 #endif
@@ -269,7 +272,7 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   // to 63 rounds of 2 * G item numbers past the last unit
   // (sm90/prefill_scheduler.cuh), all in int32.
   TILEINFER_CHECK(2 * plan.units + 128 * int64_t(sms) < (int64_t(1) << 31), op,
-                  ": too many work items (row tiles x sequences x KV heads)");
+                  ": too many work items (row tiles x sequences x heads)");
   const dim3 grid(static_cast<unsigned>(plan.grid));
 
   p.a.programmatic = programmatic_launch(c10::cuda::current_device());

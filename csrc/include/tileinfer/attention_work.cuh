@@ -6,7 +6,9 @@
 // [key_begin, key_end) of one sequence and one KV head. Row rr of a sequence's
 // row space is query rr / group of the step, for query head head0 + rr % group,
 // group = query heads per KV head (GQA packing): rows are (query, head) pairs of
-// the whole group, so each key page is read once per group. Prefill and decode
+// the whole group, so each key page is read once per group. (The Hopper
+// warp-specialized prefill can also take an item per query head: WorkItem::group
+// is then 1; PrefillWork::make_at.) Prefill and decode
 // differ in how they cut the keys (decode: splits, written as partials) and
 // the rows (prefill: many row tiles, heaviest first).
 // Everything positional (sequence length, query offsets, page ids) is read on
@@ -64,7 +66,7 @@ __device__ __forceinline__ bool operator!=(const StepMeta& a, const StepMeta& b)
          a.padding_begin != b.padding_begin;
 }
 
-// Row r of a block: a (query, query head) pair of its KV head's group. The
+// Row r of a block: a (query, query head) pair of its item's heads. The
 // token (-1: no query), the query head, and the query's position (INT_MAX for
 // no query: never masked).
 struct RowQuery {
@@ -243,7 +245,7 @@ struct PrefillWork {
     w.seq = seq;
     w.group = heads;
     w.head0 = item_head * heads;
-    w.kv_head = w.head0 / p.group_size;
+    w.kv_head = heads == p.group_size ? item_head : w.head0 / p.group_size;  // (no division for a whole group)
     w.split = 0;
     w.seq_len = clamp_seq_len(p.kv, m.seq_len);
     const QueryRange qr = clamp_query_range(m.q_begin, m.q_end, p.num_tokens);
