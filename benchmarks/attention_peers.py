@@ -132,8 +132,8 @@ def ours_prefill(p: Problem, causal: bool = True):
 
 def ours_prefill_per_head(p: Problem, causal: bool = True):
     """ours_prefill with TILEINFER_PREFILL_PER_HEAD=1 around every call (a
-    graph's capture included): a group that is not a power of two on the
-    warp-specialized kernel, an item per query head."""
+    graph's capture included): the warp-specialized kernel with an item per
+    query head, whatever the group."""
     fn, args = ours_prefill(p, causal)
 
     def run(*xs):

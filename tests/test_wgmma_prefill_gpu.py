@@ -3,9 +3,9 @@ fp16 queries, head dim 64, 128 or 256, a cache of q's dtype, on a
 compute-capability 9.0 device: the warp-specialized kernel
 (csrc/include/tileinfer/sm90/) for groups that are powers of two, the
 synchronous wgmma kernel (attention_wgmma.cuh) for the other groups, or with
-TILEINFER_PREFILL_PER_HEAD=1 the warp-specialized kernel for them too, an
+TILEINFER_PREFILL_PER_HEAD=1 the warp-specialized kernel for every group, an
 item per query head. The group sizes below (1, 3, 4, 8, and 32 / 128 for the
-largest query boxes; 3, 5, 7 per head) cover all three.
+largest query boxes; 3, 4, 5, 7 per head) cover all three.
 
 Same oracle and bounds as tests/test_attention_gpu.py (op_helpers): float64
 attention on the same inputs, within 4 ulps of each row's magnitude, lse
@@ -32,7 +32,7 @@ WARP_SPECIALIZED = "sm90::prefill_kernel"
 WGMMA = "attention_wgmma_kernel"
 TILE = "attention_tile_kernel"
 HOPPER_KERNELS = (WARP_SPECIALIZED, WGMMA)
-PER_HEAD = "TILEINFER_PREFILL_PER_HEAD"  # groups that are not powers of two on the warp-specialized kernel
+PER_HEAD = "TILEINFER_PREFILL_PER_HEAD"  # "1": the warp-specialized kernel, an item per query head
 
 
 @pytest.fixture(params=[128, 64, 256], ids=["d128", "d64", "d256"])
@@ -90,15 +90,16 @@ def test_quantized_cache_kernel(D, kind, seed):
     check_out(out, exact, torch.bfloat16, f"{kind} prefill", ulps=6.0)
 
 
-@pytest.mark.parametrize("group", [3, 5, 7])
+@pytest.mark.parametrize("group", [3, 4, 5, 7])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_per_head_items(D, dtype, page, causal, group, seed, monkeypatch):
-    """TILEINFER_PREFILL_PER_HEAD=1: a group that is not a power of two runs
-    the warp-specialized kernel with an item per query head (a query tile of
-    128 tokens of one head, each item copying its KV head's pages) instead of
-    the synchronous wgmma kernel; the sweep of test_wgmma_prefill."""
+    """TILEINFER_PREFILL_PER_HEAD=1: the warp-specialized kernel with an item
+    per query head (a query tile of 128 tokens of one head, each item copying
+    its KV head's pages), instead of the synchronous wgmma kernel (groups
+    that are not powers of two) or of packing a group (4); the sweep of
+    test_wgmma_prefill."""
     monkeypatch.setenv(PER_HEAD, "1")
     seq_lens = [1, page - 1, page, page + 1, 3 * page + 7, 517]
     q_lens = [1, page - 1, page // 2, 1, 2 * page + 3, 517]
@@ -159,18 +160,20 @@ def test_misaligned_vector_scales_take_the_tile_kernel(kind, seed):
     check_out(out, exact, torch.bfloat16, f"{kind} prefill, misaligned scales", ulps=6.0)
 
 
-@pytest.mark.parametrize("group", [4, 7], ids=["group4", "group7-per-head"])
+@pytest.mark.parametrize("group, per_head", [(4, False), (4, True), (7, True)],
+                         ids=["group4", "group4-per-head", "group7-per-head"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 128])
-def test_persistent_scheduler_covers_every_row(D, page, causal, group, seed, monkeypatch):
+def test_persistent_scheduler_covers_every_row(D, page, causal, group, per_head, seed, monkeypatch):
     """The warp-specialized kernel's persistent grid (at most one block per SM)
     walks every (row tile, sequence, KV head) item once: a random varlen batch
     of many sequences (empty ones, single positions, chunks, prompts past a
     few tiles) has more items than blocks, and more (sequence, KV head) pairs
     than the scheduler's tail, so most pairs go by doubles of row tiles R - 1 -
-    j and j of their own R; every row right, padding untouched. Group 7
-    takes an item per query head (TILEINFER_PREFILL_PER_HEAD=1)."""
-    monkeypatch.setenv(PER_HEAD, "1")
+    j and j of their own R; every row right, padding untouched. Also with an
+    item per query head (TILEINFER_PREFILL_PER_HEAD=1), whose pairs are
+    (sequence, query head)."""
+    monkeypatch.setenv(PER_HEAD, "1" if per_head else "0")
     g = torch.Generator().manual_seed(seed)
     seq_lens = torch.randint(0, 700, (61,), generator=g).tolist() + [0, 1, 2000]
     q_lens = [int(torch.randint(0, L + 1, (1,), generator=g)) if i % 3 else L for i, L in enumerate(seq_lens)]

@@ -83,19 +83,20 @@ bool is_hopper(int device) {
 // The query heads of a work item of the warp-specialized kernel
 // (sm90/prefill_tile.h, PrefillParams::item_group), 0 where that kernel does
 // not run. It copies an item's query tile as one box of {heads x kBlockM /
-// heads tokens}: a group that is a power of two up to kBlockM packs a KV
-// head's whole group into an item. Other groups take an item per query head
-// with TILEINFER_PREFILL_PER_HEAD=1 (read at each call, as the mixed steps'
-// TILEINFER_MIXED_DECODE_SMS: a captured graph keeps the value of its
-// capture), and otherwise the synchronous wgmma kernel (attention_wgmma.cuh),
-// which gathers its rows one by one; an opt-in until measured against it
-// (docs/PERFORMANCE.md, "Groups that are not powers of two").
+// heads tokens}: by default a group that is a power of two up to kBlockM
+// packs a KV head's whole group into an item, and other groups take the
+// synchronous wgmma kernel (attention_wgmma.cuh), which gathers its rows one
+// by one. With TILEINFER_PREFILL_PER_HEAD=1 (read at each call, as the mixed
+// steps' TILEINFER_MIXED_DECODE_SMS: a captured graph keeps the value of its
+// capture) every group takes an item per query head; an opt-in until
+// measured (docs/PERFORMANCE.md, "Groups that are not powers of two").
 int prefill_item_group(int group) {
-  if (group > 0 && (group & (group - 1)) == 0 && group <= 128) return group;
-  const char* env = std::getenv("TILEINFER_PREFILL_PER_HEAD");
-  if (env == nullptr || std::strcmp(env, "0") == 0) return 0;
-  TILEINFER_CHECK(std::strcmp(env, "1") == 0, "TILEINFER_PREFILL_PER_HEAD must be 0 or 1, not '", env, "'");
-  return 1;
+  if (const char* env = std::getenv("TILEINFER_PREFILL_PER_HEAD")) {
+    TILEINFER_CHECK(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
+                    "TILEINFER_PREFILL_PER_HEAD must be 0 or 1, not '", env, "'");
+    if (env[0] == '1') return 1;
+  }
+  return group > 0 && (group & (group - 1)) == 0 && group <= 128 ? group : 0;
 }
 bool use_warp_specialized(int group) { return prefill_item_group(group) > 0; }
 
