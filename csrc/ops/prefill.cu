@@ -89,7 +89,7 @@ bool is_hopper(int device) {
 // by one. With TILEINFER_PREFILL_PER_HEAD=1 (read at each call, as the mixed
 // steps' TILEINFER_MIXED_DECODE_SMS: a captured graph keeps the value of its
 // capture) every group takes an item per query head; an opt-in until
-// measured (docs/PERFORMANCE.md, "Groups that are not powers of two").
+// measured (docs/PERFORMANCE.md, "Prefill").
 int prefill_item_group(int group) {
   if (const char* env = std::getenv("TILEINFER_PREFILL_PER_HEAD")) {
     TILEINFER_CHECK(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
