@@ -101,7 +101,7 @@ def render_prefill(data: dict) -> list:
     out = (["Causal prefill over the paged cache (bf16, page 64); TFLOP/s of causal FLOPs "
             "(2 * 2 * L * L / 2 * d * Hq per prompt)"
             + ("; cases marked `full` are non-causal (2 * 2 * L * L * d * Hq)." if full else "."), ""]
-           + _vs_peers(data.get("rows") or [], "tflops", "TFLOP/s", "pct_gemm", "% of GEMM"))
+           + _vs_peers(rows, "tflops", "TFLOP/s", "pct_gemm", "% of GEMM"))
     mixed = data.get("mixed") or []
     if mixed:
         out += ["", "Mixed steps (prompt chunks and single-query decodes in one step, Qwen3-4B heads) through "

@@ -24,6 +24,19 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 PREFILL_KERNEL = "sm90::prefill_kernel"  # the warp-specialized Hopper prefill, in a kernel's profiler name
 
 
+def check_prefill_launches(names, decode_sms):
+    """On Hopper: the warp-specialized prefill ran once after the decodes, or
+    twice beside them (TILEINFER_MIXED_DECODE_SMS = D > 0), which the op does
+    where the prefill grid is at least 2 D blocks: the steps here fill every
+    SM, so where the GPU has 2 D SMs. `names`: kernels_run's."""
+    if not hopper():
+        return
+    d = int(decode_sms)
+    beside = d > 0 and torch.cuda.get_device_properties(0).multi_processor_count >= 2 * d
+    launches = sum(PREFILL_KERNEL in n for n in names)
+    assert launches == (2 if beside else 1), f"{launches} prefill launches with {decode_sms} SMs for the decodes"
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("group", [1, 4, 7])
@@ -84,22 +97,16 @@ def test_mixed_step_beside_decodes_same_bits(decode_sms, seed, monkeypatch):
     run_attention(p, True)  # warm-up outside the profile
     beside_names, beside = kernels_run(lambda: run_attention(p, True))
     assert torch.equal(beside, default), f"{decode_sms} SMs for the decodes"
-    if hopper():
-        # The path falls back to the parts in turn when the prefill grid
-        # (every SM here: 700 queries x 8 KV heads fill them) is under twice D.
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        launches = [sum(PREFILL_KERNEL in n for n in x) for x in (names, beside_names)]
-        assert launches == [1, 2 if sms >= 2 * int(decode_sms) else 1], (
-            f"prefill kernel launches in turn / beside {decode_sms} decode SMs: {launches}")
+    check_prefill_launches(names, "0")
+    check_prefill_launches(beside_names, decode_sms)
 
 
 @pytest.mark.parametrize("decode_sms", ["0", "33"])
 def test_mixed_step_per_head_items(decode_sms, seed, monkeypatch):
     """Qwen2.5-7B's heads (28 / 4: group 7) with an item per query head on the
     warp-specialized kernel (TILEINFER_PREFILL_PER_HEAD=1): a mixed step whose
-    chunks run after the decodes or beside them, against float64. On Hopper
-    the profiler shows the kernel's launches: one after the decodes, two
-    beside them (where the grid, every SM here, is at least twice D)."""
+    chunks run after the decodes or beside them, against float64, and (on
+    Hopper) the kernel's launches."""
     need_path("attention")
     monkeypatch.setenv("TILEINFER_PREFILL_PER_HEAD", "1")
     monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", decode_sms)
@@ -110,11 +117,7 @@ def test_mixed_step_per_head_items(decode_sms, seed, monkeypatch):
     run_attention(p, True)  # warm-up outside the profile
     names, out = kernels_run(lambda: run_attention(p, True))
     check_out(out, exact, torch.bfloat16, f"per-head items, {decode_sms} SMs for the decodes")
-    if hopper():
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        beside = int(decode_sms) > 0 and sms >= 2 * int(decode_sms)
-        launches = sum(PREFILL_KERNEL in n for n in names)
-        assert launches == (2 if beside else 1), f"{launches} launches of the warp-specialized kernel"
+    check_prefill_launches(names, decode_sms)
 
 
 @pytest.mark.parametrize("value", ["-1", "x", "100000"])
