@@ -57,8 +57,7 @@ CASES = [
     ("1x8k d96", [8192], dict(hq=32, hkv=8, d=96)),
     ("1x2k d96", [2048], dict(hq=32, hkv=8, d=96)),
     # Groups that are not powers of two (Qwen2.5-7B 28/4, Qwen2.5-14B 40/8):
-    # the synchronous wgmma kernel, and (PER_HEAD, a "dev" row) the
-    # warp-specialized kernel with an item per query head.
+    # an item per query head.
     ("28/4 1x8k", [8192], dict(hq=28, hkv=4, d=128)),
     ("40/8 1x8k", [8192], dict(hq=40, hkv=8, d=128)),
     ("28/4 16x1k", [1024] * 16, dict(hq=28, hkv=4, d=128)),
@@ -80,10 +79,10 @@ OURS = "tileinfer prefill"
 # "dev" (its rows stay in the JSON and the printed table, out of README's plot
 # and tables).
 OUR_KERNELS = [(OURS, ap.ours_prefill, "ours")]
-# The warp-specialized kernel with an item per query head (TILEINFER_PREFILL_PER_HEAD=1), a dev row
-# where the group is not a power of two (against the wgmma kernel) and on short prompts (against packing).
+# Packing a group that is a power of two into one work item, against an item
+# per query head (TILEINFER_PREFILL_PER_HEAD=1, a dev row) on a few cases.
 PER_HEAD = "tileinfer prefill, an item per query head"
-PER_HEAD_CASES = {"1x512", "8x512", "16x1k"}
+PER_HEAD_CASES = {"1x512", "8x512", "1x8k", "1x16k", "16x1k"}
 # Outputs are compared with the first of these that ran (a sanity check).
 BASE = ["sdpa flash (contiguous)", "sdpa cudnn (contiguous)", "eager reference"]
 
@@ -107,8 +106,7 @@ def run_case(label, lens, cfg, args, ceil, errors, status):
     # Ours last: a kernel that breaks the CUDA context then costs no peer of this case.
     if status["prefill"][0]:
         impls += [(name, lambda p, make=make: make(p, causal), True, role) for name, make, role in OUR_KERNELS]
-        group = cfg["hq"] // cfg["hkv"]
-        if group & (group - 1) or label in PER_HEAD_CASES:
+        if label in PER_HEAD_CASES:
             impls.append((PER_HEAD, lambda p: ap.ours_prefill_per_head(p, causal), True, "dev"))
 
     def metrics(t):

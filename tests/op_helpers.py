@@ -159,13 +159,26 @@ def kernels_run(fn):
 def hopper_quantized_prefill(p):
     """Whether `prefill` runs problem p (a quantized cache) on the Hopper
     warp-specialized kernel: a compute-capability 9.0 device, bf16 / fp16
-    queries, head dims up to 128, groups that are powers of two, per-vector
-    scales starting 16-byte aligned (and a build with sm_90a code, setup.py's
-    default). That kernel rounds int8 problems' queries to fp16, as for fp8."""
-    group = p.q.shape[1] // p.k_cache.shape[1]
+    queries, head dims up to 128, per-vector scales starting 16-byte aligned
+    (and a build with sm_90a code, setup.py's default). That kernel rounds
+    int8 problems' queries to fp16, as for fp8."""
     aligned = p.k_scale.numel() == 1 or (p.k_scale.data_ptr() % 16 == 0 and p.v_scale.data_ptr() % 16 == 0)
-    return (hopper() and p.q.dtype in (torch.bfloat16, torch.float16) and p.q.shape[-1] <= 128
-            and group & (group - 1) == 0 and group <= 128 and aligned)
+    return hopper() and p.q.dtype in (torch.bfloat16, torch.float16) and p.q.shape[-1] <= 128 and aligned
+
+
+def misalign_scales_(p):
+    """Moves p's per-vector scales to views that start 4 bytes past a 16-byte
+    boundary (contiguous views into larger buffers: valid input, which the
+    bulk copies cannot take, so `prefill` runs the mma.sync tile kernel)."""
+    def shifted(t):
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        view = buf[1:].view(t.shape)
+        view.copy_(t)
+        assert view.data_ptr() % 16 != 0 and view.is_contiguous()
+        return view
+
+    p.k_scale, p.v_scale = shifted(p.k_scale), shifted(p.v_scale)
+    return p
 
 
 def kernel_queries(p, prefill=False):

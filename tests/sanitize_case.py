@@ -216,10 +216,10 @@ def main():
         p.seq_lens[3] = p.block_tables.shape[1] * 16 + 1000
         run_attention_ops(p, causal=(True,))
     del os.environ["TILEINFER_MIXED_DECODE_SMS"]
-    # The tile kernel's 128-row prefill tile, which prefill takes from 2048
-    # queries on where the Hopper kernels do not run: an int8 cache with a
-    # group that is not a power of two (a bf16 cache too on a GPU without
-    # wgmma). Prefill only: the decode path is above.
+    # A 2100-query prompt of a group that is not a power of two, bf16 and
+    # int8: on Hopper the warp-specialized kernel with an item per query head
+    # (and its converter warps), elsewhere the tile kernel's 128-row tile.
+    # Prefill only: the decode path is above.
     for int8 in (False, True):
         run_attention_ops(make_problem([2100, 70], [2100, 3], 6, 2, 128, 64, device=DEV, seed=7, int8=int8),
                           causal=(True,))

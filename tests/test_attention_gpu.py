@@ -81,9 +81,9 @@ def test_prefill_group_sizes(group, causal, seed):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_prefill_padded_head_dims(dtype, head_dim, group, seed):
     """Head dims 80 and 96 (run on head dim 128's kernels, zeros past the row)
-    on each prefill kernel: the Hopper warp-specialized one (groups 1, 8), the
-    synchronous wgmma one (group 3), fp32's; a prompt of 2100 queries for the
-    larger tiles."""
+    on each prefill kernel: the Hopper one (groups 1, 8 packed, group 3 an
+    item per query head), fp32's; a prompt of 2100 queries for the larger
+    tiles."""
     need("prefill")
     p = make_problem([2100, 200, 64, 1], [2100, 100, 17, 1], 2 * group, 2, head_dim, 64, dtype=dtype, device=DEV,
                      seed=seed)

@@ -24,9 +24,9 @@ DEV = "cuda"
 
 
 # ---------------------------------------------------------------- prefill sweep
-# The kernel is the one prefill dispatches to for the shapes: the wgmma kernel
-# on a Hopper build for bf16 / fp16 (every head dim), the tile kernel for fp32
-# and elsewhere (64-row tiles below 2048 queries).
+# The kernel is the one prefill dispatches to for the shapes: the
+# warp-specialized kernel on a Hopper build for bf16 / fp16 (every head dim),
+# the tile kernel for fp32 and elsewhere (64-row tiles below 2048 queries).
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 32, 64, 128])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
@@ -48,7 +48,7 @@ def test_prefill_matches_exact(dtype, head_dim, page, causal):
 @pytest.mark.parametrize("prompt", [1500, 2500])
 def test_prefill_long_causal_bf16(prompt):
     """Many key tiles, several query tiles per sequence, the diagonal in the
-    middle of tiles. Where the tile kernel runs (no wgmma), a 1500-query prompt
+    middle of tiles. Where the tile kernel runs (not Hopper), a 1500-query prompt
     takes its 64-row tile and a 2500-query one its 128-row tile."""
     need("prefill")
     prob = testing.make_problem([prompt, 777], [prompt, 300], 8, 2, 128, 64, device=DEV, seed=7)

@@ -103,12 +103,10 @@ def test_mixed_step_beside_decodes_same_bits(decode_sms, seed, monkeypatch):
 
 @pytest.mark.parametrize("decode_sms", ["0", "33"])
 def test_mixed_step_per_head_items(decode_sms, seed, monkeypatch):
-    """Qwen2.5-7B's heads (28 / 4: group 7) with an item per query head on the
-    warp-specialized kernel (TILEINFER_PREFILL_PER_HEAD=1): a mixed step whose
-    chunks run after the decodes or beside them, against float64, and (on
-    Hopper) the kernel's launches."""
+    """Qwen2.5-7B's heads (28 / 4: group 7, an item per query head on the
+    Hopper kernel): a mixed step whose chunks run after the decodes or beside
+    them, against float64, and (on Hopper) the kernel's launches."""
     need_path("attention")
-    monkeypatch.setenv("TILEINFER_PREFILL_PER_HEAD", "1")
     monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", decode_sms)
     q_lens = [1] * 20 + [700] + [16] * 3 + [250]
     lens = [200 + 31 * i for i in range(20)] + [1500, 300, 40, 900, 250]

@@ -4,7 +4,7 @@ itself (compiled with the machine's C++ compiler into
 tests/prefill_order_walk.cpp), over random varlen batches, mixed steps and
 garbage query counts. The items a block takes are those the kernel's
 next_item takes (a row tile with rows of its sequence's queries); the GPU
-tests (test_wgmma_prefill_gpu.py) check the outputs of the same order."""
+tests (test_hopper_prefill_gpu.py) check the outputs of the same order."""
 from __future__ import annotations
 
 import random

@@ -1,8 +1,8 @@
 """GPU tests of the per-layer attention variants (window_left, logits_soft_cap,
-sinks) on every CUDA kernel: the warp-specialized Hopper prefill (power-of-two
-groups; over int8 / fp8 caches too), the synchronous wgmma prefill (other
-groups), the mma.sync tile kernel (quantized caches with other groups; its
-128-row tile from 2048 queries on), the fp32 kernel,
+sinks) on every CUDA kernel: the Hopper prefill (items of a whole group for
+groups that are powers of two, of one query head for others; over int8 / fp8
+caches too), the mma.sync tile kernel (per-vector scales off a 16-byte
+boundary on Hopper; its 128-row tile from 2048 queries on), the fp32 kernel,
 and the decode tiles (small, large, the int8 / fp8 ones, one split writing out
 directly); a decode step captured in a CUDA graph and replayed while the
 sequences grow past the window; bad device metadata with a window (kept last:
@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from op_helpers import (CACHE_KINDS, HEAD_DIMS, QUANT_KINDS, GrowingDecodeBatch, check_lse, check_out, exact_attention,
-                        kernel_queries, need, need_path, poison_unowned_, run_attention, run_combine, run_decode,
-                        run_prefill)
+                        kernel_queries, misalign_scales_, need, need_path, poison_unowned_, run_attention, run_combine,
+                        run_decode, run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_
 
@@ -103,8 +103,8 @@ DECODE_CASES = [("window", 0), ("gpt-oss", 1), ("gemma2", 63), ("window", 64), (
 @pytest.mark.parametrize("group", [1, 3, 8])
 def test_prefill_kernels(group, head_dim, variant, window, causal, seed):
     """bf16 / fp16 prompts of several hundred queries: windows that skip key
-    tiles at both ends of a row tile's walk (and of each warpgroup's), group 3
-    on the synchronous wgmma kernel, 1 and 8 on the warp-specialized one."""
+    tiles at both ends of a row tile's walk (and of each warpgroup's); on
+    Hopper, group 3 takes an item per query head, 1 and 8 an item per group."""
     need("prefill")
     window = max(window, 0)
     lens = [700, 333, 129, 1, 64 + window]
@@ -174,10 +174,14 @@ def test_prefill_soft_cap_range(cap, dtype, head_dim, causal, seed):
 @pytest.mark.parametrize("variant", ["gpt-oss", "gemma2"])
 @pytest.mark.parametrize("cache", list(CACHE_KINDS))
 def test_prefill_large_tile(variant, cache, seed):
-    """2100 queries, group 3: the mma.sync kernel's 128-row tile (quantized
-    caches; a bf16 cache takes it on GPUs other than Hopper), a window of 500."""
+    """2100 queries, group 3, a window of 500: the mma.sync kernel's 128-row
+    tile (on Hopper, per-vector scales that start off a 16-byte boundary;
+    elsewhere every cache), and on Hopper the warp-specialized kernel for a
+    bf16 cache and per-tensor fp8 scales."""
     need("prefill")
     p = scaled(make_problem([2100, 600], [2100, 300], 6, 2, 128, 64, device=DEV, seed=seed, **CACHE_KINDS[cache]))
+    if p.k_scale is not None and p.k_scale.numel() > 1:
+        misalign_scales_(p)
     run_all(p, True, kwargs(variant, 500, 6, seed), torch.bfloat16, f"large tile {variant}", decode=False,
             ulps=6.0 if cache != "bf16" else 4.0)
 
@@ -230,8 +234,8 @@ def test_int8_decode(quant, n, head_dim, variant, seed):
 @pytest.mark.parametrize("n,group", [(1, 4), (4, 8), (2, 3), (1, 16)])
 def test_decode_far_sinks(n, group, cache, seed):
     """Sinks tens above every score of their rows, and far below: each
-    decode tile (small, large, quantized) and every prefill kernel (the
-    synchronous wgmma one for group 3) joins the sink after the keys, so
+    decode tile (small, large, quantized) and every prefill kernel (an
+    item per query head on Hopper for group 3) joins the sink after the keys, so
     that the probabilities rounded to 16 bits stay relative to the keys'
     maximum rather than fall toward fp16's subnormals (a model of rows
     started from their sink puts these fp16 rows ~20 ulps off)."""

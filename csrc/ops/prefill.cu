@@ -1,12 +1,8 @@
 // CUDA implementation of `prefill`. Which kernel runs, from shapes and the
 // device only:
-//   Hopper, bf16 / fp16 cache   the warp-specialized kernel (sm90/prefill_kernel.cuh),
-//                               or the synchronous wgmma kernel for groups that
-//                               are not powers of two (attention_wgmma.cuh) unless
-//                               TILEINFER_PREFILL_PER_HEAD=1 (prefill_item_group)
-//   Hopper, int8 / fp8 cache, d <= 128, groups that are powers of two (any with
-//                               TILEINFER_PREFILL_PER_HEAD=1): the
-//                               warp-specialized kernel with its converter warps
+//   Hopper, bf16 / fp16 cache   the warp-specialized kernel (sm90/prefill_kernel.cuh)
+//   Hopper, int8 / fp8 cache, d <= 128: the warp-specialized kernel with its
+//                               converter warps
 //   other quantized cases, other GPUs  the mma.sync tile kernel (attention_kernel.cuh)
 //   fp32                        the CUDA-core kernel (attention_fp32.cuh)
 #include <cstdlib>
@@ -25,7 +21,6 @@
 #include "device_attribute.h"
 #include "ops.h"
 #include "tensor_map.h"
-#include "tileinfer/attention_wgmma.cuh"
 #include "tileinfer/sm90/prefill_kernel.cuh"
 #include "tileinfer/dispatch.h"
 
@@ -33,8 +28,8 @@ namespace tileinfer::cuda {
 namespace {
 
 // The mma.sync tile kernel (fp32 excepted: attention_fp32.cuh) serves
-// prefill where the Hopper kernels do not: other GPUs, quantized caches at d
-// 256 or with groups that are not powers of two. Two tile
+// prefill where the Hopper kernel does not: other GPUs, quantized caches at d
+// 256. Two tile
 // shapes, 4 warps each:
 // - 64-row tiles: 16 rows per warp, Q fragments in registers, keys 64 at a time,
 //   two stages (the other resident block's math hides each block's copies).
@@ -81,39 +76,35 @@ bool is_hopper(int device) {
 }
 
 // The query heads of a work item of the warp-specialized kernel
-// (sm90/prefill_tile.h, PrefillParams::item_group), 0 where that kernel does
-// not run. It copies an item's query tile as one box of {heads x kBlockM /
-// heads tokens}: by default a group that is a power of two up to kBlockM
-// packs a KV head's whole group into an item, and other groups take the
-// synchronous wgmma kernel (attention_wgmma.cuh), which gathers its rows one
-// by one. With TILEINFER_PREFILL_PER_HEAD=1 (read at each call, as the mixed
-// steps' TILEINFER_MIXED_DECODE_SMS: a captured graph keeps the value of its
-// capture) every group takes an item per query head; an opt-in until
-// measured (docs/PERFORMANCE.md, "Prefill").
+// (sm90/prefill_tile.h, PrefillParams::item_group). It copies an item's query
+// tile as one box of {heads x kBlockM / heads tokens}, so the heads must
+// divide kBlockM: a group that is a power of two up to kBlockM packs a KV
+// head's whole group into an item (its queries share every key tile); other
+// groups (28/4 = 7, 40/8 = 5) take an item per query head, each item copying
+// its KV head's pages. TILEINFER_PREFILL_PER_HEAD=1 gives every group an
+// item per query head, to measure packing against it (docs/PERFORMANCE.md,
+// "Prefill"); read at each call, as the mixed steps'
+// TILEINFER_MIXED_DECODE_SMS, so a captured graph keeps its capture's value.
 int prefill_item_group(int group) {
   if (const char* env = std::getenv("TILEINFER_PREFILL_PER_HEAD")) {
     TILEINFER_CHECK(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
                     "TILEINFER_PREFILL_PER_HEAD must be 0 or 1, not '", env, "'");
     if (env[0] == '1') return 1;
   }
-  return group > 0 && (group & (group - 1)) == 0 && group <= 128 ? group : 0;
+  return group > 0 && (group & (group - 1)) == 0 && group <= 128 ? group : 1;
 }
-bool use_warp_specialized(int group) { return prefill_item_group(group) > 0; }
 
-// The Hopper kernels need bf16 / fp16 queries and a 9.0 device of a build
+// The Hopper kernel needs bf16 / fp16 queries and a 9.0 device of a build
 // with sm_90a code (setup.py defines TILEINFER_SM90A then; without that code
-// the kernels would trap). Over a cache of the queries' type, both; over a
-// quantized cache (int8, fp8), only the warp-specialized kernel with its
-// converters, at tile dims up to 128, with per-vector scales whose tensors
-// start 16-byte aligned (the bulk copies' unit; an offset view takes the
-// tile kernel).
-bool use_hopper_prefill(const PagedShape& s, int group, at::ScalarType dtype, int device,
-                        const AttentionParams& p) {
+// the kernel would trap). Over a quantized cache (int8, fp8), its converters
+// take tile dims up to 128, and per-vector scales whose tensors start 16-byte
+// aligned (the bulk copies' unit; an offset view takes the tile kernel).
+bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, const AttentionParams& p) {
 #ifdef TILEINFER_SM90A
   if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
   if (!is_hopper(device)) return false;
   if (s.quantized) {
-    if (tile_head_dim(s.head_dim) > 128 || !use_warp_specialized(group)) return false;
+    if (tile_head_dim(s.head_dim) > 128) return false;
     const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
     if (!s.scale_per_tensor && !(aligned(p.kv.k_scale) && aligned(p.kv.v_scale))) return false;
   }
@@ -121,13 +112,6 @@ bool use_hopper_prefill(const PagedShape& s, int group, at::ScalarType dtype, in
 #else
   return false;
 #endif
-}
-
-template <typename T, int D>
-using WgmmaPrefill = WgmmaPrefillConfig<T, D, 2, (D == 256 ? 64 : 128), 2>;
-template <class Cfg>
-void launch_wgmma(const char* op, const AttentionParams& p, cudaStream_t stream) {
-  launch_attention<attention_wgmma_kernel<Cfg, PrefillWork>, Cfg, PrefillWork>(op, p, stream);
 }
 
 // Mixed steps beside their decodes. A mixed step's two parts need different
@@ -225,7 +209,6 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   sm90::PrefillParams p{};
   p.a = a;
   const int item_group = prefill_item_group(a.group_size);
-  TILEINFER_CHECK(item_group > 0, op, ": the warp-specialized prefill kernel does not take group ", a.group_size);
   p.item_group = item_group;
   p.item_heads = a.num_q_heads / item_group;
   // The copy engine takes strides that step past whole rows: a view whose
@@ -334,10 +317,9 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   // A mixed step's decodes (they write out's other rows): beside the
   // warp-specialized kernel over a cache of the queries' type, when out is
   // written in place; otherwise before the prefill.
-  const bool hopper = use_hopper_prefill(s, p.group_size, q.scalar_type(), q.get_device(), p);
-  const bool beside = decodes != nullptr && hopper && !s.quantized && use_warp_specialized(p.group_size) &&
-                      rows_aligned16(out) && rows_aligned16(q) && q.size(0) > 0 && q.size(1) > 0 &&
-                      s.num_seqs > 0 && max_q_len > 0;
+  const bool hopper = use_hopper_prefill(s, q.scalar_type(), q.get_device(), p);
+  const bool beside = decodes != nullptr && hopper && !s.quantized && rows_aligned16(out) && rows_aligned16(q) &&
+                      q.size(0) > 0 && q.size(1) > 0 && s.num_seqs > 0 && max_q_len > 0;
   if (decodes != nullptr && !beside) (*decodes)();
   if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0 || max_q_len == 0) return;
   p.mixed_queries = static_cast<int>(mixed_queries);
@@ -360,8 +342,8 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   // On max_q_len, not on the packed rows (group x max_q_len): the crossover
   // below was measured in blocks, and packing keeps the block count. The two
   // tiles give a row different bits, and max_q_len is the batch's: a
-  // batch-invariant step keeps the small tile. (The Hopper kernels have one
-  // tile each, and every work item holds all of its rows' keys.)
+  // batch-invariant step keeps the small tile. (The Hopper kernel has one
+  // tile, and every work item holds all of its rows' keys.)
   const bool large = !batch_invariant && use_large_prefill_tile(max_q_len, s.head_dim);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (hopper) {
@@ -370,11 +352,9 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
         if (s.quantized) {
           if constexpr (TILE_DIM <= 128)  // (use_hopper_prefill)
             launch_hopper_quant<scalar_t, TILE_DIM>(op, p, s, q_c, stream);
-        } else if (use_warp_specialized(p.group_size)) {
+        } else {
           launch_warp_specialized<sm90::PrefillTile<scalar_t, TILE_DIM>>(op, p, q_c, stream,
                                                                          beside ? decodes : nullptr);
-        } else {
-          launch_wgmma<WgmmaPrefill<scalar_t, TILE_DIM>>(op, p, stream);
         }
       });
     });

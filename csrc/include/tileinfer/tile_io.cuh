@@ -1,8 +1,7 @@
-// The shared-memory traffic that the tensor-core attention kernels
-// (attention_tile_kernel, attention_wgmma_kernel) share around their math: the
-// walk over a block's keys kBlockN at a time with the K / V tile copies
-// (KeyTiles), the block's query rows in (copy_query_rows), its output rows and
-// lse out (store_output_rows).
+// The shared-memory traffic of the mma.sync tile kernel (attention_tile_kernel)
+// around its math: the walk over a block's keys kBlockN at a time with the
+// K / V tile copies (KeyTiles), the block's query rows in (copy_query_rows),
+// its output rows and lse out (store_output_rows).
 //
 // Key walk: thread k < kBlockN looks up key k of a tile, and the copies of the
 // tile then read the looked-up pool rows from shared memory. Shared memory

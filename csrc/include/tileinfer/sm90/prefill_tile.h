@@ -26,10 +26,9 @@ struct PrefillParams {
   // The query heads of a work item (item_group) and the items' heads per
   // sequence (item_heads = num_q_heads / item_group): a group that is a
   // power of two packs all of a KV head's query heads into an item, whose
-  // key and value tiles are then copied once for them all; other groups (any
-  // with TILEINFER_PREFILL_PER_HEAD=1: prefill.cu, prefill_item_group) take
-  // an item per query head, each copying its KV head's tiles, as a kernel
-  // without GQA packing does.
+  // key and value tiles are then copied once for them all; other groups
+  // (prefill.cu, prefill_item_group) take an item per query head, each
+  // copying its KV head's tiles, as a kernel without GQA packing does.
   int item_group;
   int item_heads;
   int num_row_tiles;  // ceil(item_group * max_q_len / kBlockM)

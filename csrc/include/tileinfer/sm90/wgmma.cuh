@@ -1,7 +1,6 @@
 // Warpgroup MMA (wgmma, sm_90a): shared-memory descriptors, the fences and
 // waits around asynchronous products, and m64nNk16 with fp32 accumulators for
-// bf16 / fp16. Used by both Hopper prefill kernels (attention_wgmma.cuh,
-// sm90/prefill_kernel.cuh).
+// bf16 / fp16, for the Hopper prefill kernel (sm90/prefill_kernel.cuh).
 //
 // Shared-memory layout of every operand tile: the 128-byte-swizzle layout. A
 // tile of R rows x D elements is D / 64 blocks, one per 64 columns; a block is

@@ -1,11 +1,10 @@
-"""GPU tests of the Hopper prefill kernels, which `prefill` picks for bf16 /
-fp16 queries, head dim 64, 128 or 256, a cache of q's dtype, on a
-compute-capability 9.0 device: the warp-specialized kernel
-(csrc/include/tileinfer/sm90/) for groups that are powers of two, the
-synchronous wgmma kernel (attention_wgmma.cuh) for the other groups, or with
-TILEINFER_PREFILL_PER_HEAD=1 the warp-specialized kernel for every group, an
-item per query head. The group sizes below (1, 3, 4, 8, and 32 / 128 for the
-largest query boxes; 3, 4, 5, 7 per head) cover all three.
+"""GPU tests of the Hopper prefill kernel (csrc/include/tileinfer/sm90/), which
+`prefill` picks for bf16 / fp16 queries, head dim 64, 128 or 256, a cache of
+q's dtype (or an int8 / fp8 one at d <= 128), on a compute-capability 9.0
+device. Its work items pack a KV head's whole group of query heads where the
+group is a power of two, and take one query head each for other groups: the
+group sizes below (1, 4, 8, and 32 / 128 for the largest query boxes; 3, 5, 7
+an item per head) cover both.
 
 Same oracle and bounds as tests/test_attention_gpu.py (op_helpers): float64
 attention on the same inputs, within 4 ulps of each row's magnitude, lse
@@ -21,7 +20,7 @@ import pytest
 import torch
 
 from op_helpers import (QUANT_KINDS, check_lse, check_out, exact_attention, has_cuda_kernel, hopper, kernels_run,
-                        ops, poison_, poison_unowned_, run_prefill)
+                        misalign_scales_, ops, poison_, poison_unowned_, run_prefill)
 from tileinfer_attn.testing import make_problem
 
 pytestmark = pytest.mark.gpu
@@ -29,19 +28,17 @@ pytestmark = pytest.mark.gpu
 DEV = "cuda"
 DTYPES = [torch.bfloat16, torch.float16]
 WARP_SPECIALIZED = "sm90::prefill_kernel"
-WGMMA = "attention_wgmma_kernel"
 TILE = "attention_tile_kernel"
-HOPPER_KERNELS = (WARP_SPECIALIZED, WGMMA)
-PER_HEAD = "TILEINFER_PREFILL_PER_HEAD"  # "1": the warp-specialized kernel, an item per query head
+PER_HEAD = "TILEINFER_PREFILL_PER_HEAD"  # "1": an item per query head for every group
 
 
 @pytest.fixture(params=[128, 64, 256], ids=["d128", "d64", "d256"])
 def D(request):
-    """The head dim; skips where the wgmma kernel cannot run."""
+    """The head dim; skips where the Hopper kernel cannot run."""
     if not has_cuda_kernel("prefill"):
         pytest.skip("this build has no CUDA kernel for tileinfer_attn::prefill")
     if not hopper():
-        pytest.skip("the wgmma prefill kernel needs a compute-capability 9.0 (Hopper) device")
+        pytest.skip("the Hopper prefill kernel needs a compute-capability 9.0 (Hopper) device")
     return request.param
 
 
@@ -58,17 +55,17 @@ def check_all(p, causal, dtype, what, with_lse=True):
     return out, lse
 
 
-@pytest.mark.parametrize("group, kernel", [(4, WARP_SPECIALIZED), (3, WGMMA)], ids=["group4", "group3"])
-def test_wgmma_kernel_is_used(D, group, kernel, seed):
+@pytest.mark.parametrize("group", [4, 3])
+def test_hopper_kernel_is_used(D, group, seed):
     """prefill of a bf16 prompt and a second sequence runs the Hopper kernel
-    for its group (a power of two: warp-specialized; else the synchronous
-    wgmma kernel), and its result is within the bounds."""
+    (items of a whole group for group 4, of one query head for group 3), and
+    its result is within the bounds."""
     p = make_problem([300, 41], [300, 41], 2 * group, 2, D, 64, device=DEV, seed=seed)
     run_prefill(p, True)  # warm-up (and the shared-memory opt-in) outside the profile
     torch.cuda.synchronize()
     names, _ = kernels_run(lambda: check_all(p, True, torch.bfloat16, "Hopper prefill"))
-    assert any(kernel in n for n in names), (
-        f"{kernel} did not run (a build without sm_90a code? setup.py's default "
+    assert any(WARP_SPECIALIZED in n for n in names), (
+        f"{WARP_SPECIALIZED} did not run (a build without sm_90a code? setup.py's default "
         f"TORCH_CUDA_ARCH_LIST is 9.0a); kernels seen: {sorted(set(names))}")
 
 
@@ -90,45 +87,25 @@ def test_quantized_cache_kernel(D, kind, seed):
     check_out(out, exact, torch.bfloat16, f"{kind} prefill", ulps=6.0)
 
 
-@pytest.mark.parametrize("group", [3, 4, 5, 7])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("page", [16, 64])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_per_head_items(D, dtype, page, causal, group, seed, monkeypatch):
-    """TILEINFER_PREFILL_PER_HEAD=1: the warp-specialized kernel with an item
-    per query head (a query tile of 128 tokens of one head, each item copying
-    its KV head's pages), instead of the synchronous wgmma kernel (groups
-    that are not powers of two) or of packing a group (4); the sweep of
-    test_wgmma_prefill."""
-    monkeypatch.setenv(PER_HEAD, "1")
-    seq_lens = [1, page - 1, page, page + 1, 3 * page + 7, 517]
-    q_lens = [1, page - 1, page // 2, 1, 2 * page + 3, 517]
-    p = make_problem(seq_lens, q_lens, 2 * group, 2, D, page, dtype=dtype, device=DEV, seed=seed)
-    run_prefill(p, causal)  # warm-up (and the shared-memory opt-in) outside the profile
-    torch.cuda.synchronize()
-    names, _ = kernels_run(lambda: check_all(p, causal, dtype, f"per-head items page {page} group {group}"))
-    assert any(WARP_SPECIALIZED in n for n in names), f"kernels seen: {sorted(set(names))}"
-
-
 @pytest.mark.parametrize("kind", ["fp8-tensor", "fp8-vector", "int8"])
-def test_per_head_items_quantized(D, kind, seed, monkeypatch):
-    """The same over quantized caches (group 3, d 64 and 128: the converter
-    warps' kernel), within the quantized caches' 6 ulps."""
+def test_quantized_cache_item_per_head(D, kind, seed):
+    """A quantized cache with a group that is not a power of two (3): the
+    converter warps' kernel with an item per query head, at d 64 and 128;
+    within the quantized caches' 6 ulps."""
     if D > 128:
         pytest.skip("a quantized cache at d 256 takes the mma.sync tile kernel")
-    monkeypatch.setenv(PER_HEAD, "1")
     p = make_problem([300, 41, 700], [300, 41, 129], 6, 2, D, 64, device=DEV, seed=seed, **QUANT_KINDS[kind])
     exact, _ = exact_attention(p, True)
     poison_unowned_(p)
     names, (out, _) = kernels_run(lambda: run_prefill(p, True))
     assert any(WARP_SPECIALIZED in n for n in names), f"kernels seen: {sorted(set(names))}"
-    check_out(out, exact, torch.bfloat16, f"{kind} prefill, per-head items", ulps=6.0)
+    check_out(out, exact, torch.bfloat16, f"{kind} prefill, an item per query head", ulps=6.0)
 
 
 @pytest.mark.parametrize("value", ["2", "yes"])
-def test_per_head_items_bad_value(D, value, monkeypatch):
+def test_per_head_bad_value(D, value, monkeypatch):
     monkeypatch.setenv(PER_HEAD, value)
-    p = make_problem([100], [100], 6, 2, D, 64, device=DEV, seed=0)
+    p = make_problem([100], [100], 8, 2, D, 64, device=DEV, seed=0)
     with pytest.raises(RuntimeError, match="TILEINFER_PREFILL_PER_HEAD must be 0 or 1"):
         run_prefill(p, True)
 
@@ -142,16 +119,8 @@ def test_misaligned_vector_scales_take_the_tile_kernel(kind, seed):
         pytest.skip("this build has no CUDA kernel for tileinfer_attn::prefill")
     if not hopper():
         pytest.skip("the kernel choice tested here is Hopper's")
-    p = make_problem([300, 41], [300, 41], 8, 2, 128, 64, device=DEV, seed=seed, **QUANT_KINDS[kind])
-
-    def shifted(t):
-        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-        view = buf[1:].view(t.shape)
-        view.copy_(t)
-        assert view.data_ptr() % 16 != 0 and view.is_contiguous()
-        return view
-
-    p.k_scale, p.v_scale = shifted(p.k_scale), shifted(p.v_scale)
+    p = misalign_scales_(make_problem([300, 41], [300, 41], 8, 2, 128, 64, device=DEV, seed=seed,
+                                      **QUANT_KINDS[kind]))
     run_prefill(p, True)  # warm-up outside the profile
     torch.cuda.synchronize()
     names, (out, _) = kernels_run(lambda: run_prefill(p, True))
@@ -160,8 +129,8 @@ def test_misaligned_vector_scales_take_the_tile_kernel(kind, seed):
     check_out(out, exact, torch.bfloat16, f"{kind} prefill, misaligned scales", ulps=6.0)
 
 
-@pytest.mark.parametrize("group, per_head", [(4, False), (4, True), (7, True)],
-                         ids=["group4", "group4-per-head", "group7-per-head"])
+@pytest.mark.parametrize("group, per_head", [(4, "0"), (4, "1"), (7, "0")],
+                         ids=["group4", "group4-per-head", "group7"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 128])
 def test_persistent_scheduler_covers_every_row(D, page, causal, group, per_head, seed, monkeypatch):
@@ -170,10 +139,10 @@ def test_persistent_scheduler_covers_every_row(D, page, causal, group, per_head,
     of many sequences (empty ones, single positions, chunks, prompts past a
     few tiles) has more items than blocks, and more (sequence, KV head) pairs
     than the scheduler's tail, so most pairs go by doubles of row tiles R - 1 -
-    j and j of their own R; every row right, padding untouched. Also with an
-    item per query head (TILEINFER_PREFILL_PER_HEAD=1), whose pairs are
-    (sequence, query head)."""
-    monkeypatch.setenv(PER_HEAD, "1" if per_head else "0")
+    j and j of their own R; every row right, padding untouched. Group 7
+    (and group 4 with TILEINFER_PREFILL_PER_HEAD=1) takes an item per query
+    head: its pairs are (sequence, query head)."""
+    monkeypatch.setenv(PER_HEAD, per_head)
     g = torch.Generator().manual_seed(seed)
     seq_lens = torch.randint(0, 700, (61,), generator=g).tolist() + [0, 1, 2000]
     q_lens = [int(torch.randint(0, L + 1, (1,), generator=g)) if i % 3 else L for i, L in enumerate(seq_lens)]
@@ -190,17 +159,17 @@ def test_persistent_scheduler_covers_every_row(D, page, causal, group, per_head,
     assert torch.isnan(out[n:]).all() and torch.isnan(lse[n:]).all(), "rows of no sequence were written"
 
 
-@pytest.mark.parametrize("group", [1, 3, 4, 8])
+@pytest.mark.parametrize("group", [1, 3, 4, 5, 7, 8])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 64, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_wgmma_prefill(D, dtype, page, causal, group, seed):
+def test_hopper_prefill(D, dtype, page, causal, group, seed):
     """Lengths 1, page-1, page, page+1, several pages and a few hundred; full
     prompts and chunked prefill (fewer queries than positions); 2 KV heads."""
     seq_lens = [1, page - 1, page, page + 1, 3 * page + 7, 517]
     q_lens = [1, page - 1, page // 2, 1, 2 * page + 3, 517]
     p = make_problem(seq_lens, q_lens, 2 * group, 2, D, page, dtype=dtype, device=DEV, seed=seed)
-    check_all(p, causal, dtype, f"wgmma prefill page {page} group {group} causal={causal}")
+    check_all(p, causal, dtype, f"Hopper prefill page {page} group {group} causal={causal}")
 
 
 @pytest.mark.parametrize("group", [32, 128])
@@ -219,33 +188,33 @@ def test_warp_specialized_large_groups(D, page, causal, group, seed):
 @pytest.mark.parametrize("group", [3, 4])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_wgmma_prefill_long(D, dtype, causal, group, seed):
+def test_hopper_prefill_long(D, dtype, causal, group, seed):
     """A few thousand positions: a 3000-query prompt, a chunk of 333 queries at
     the end of 4000 positions, and a short one in the same launch."""
     p = make_problem([3000, 4000, 70], [3000, 333, 70], 2 * group, 2, D, 64, dtype=dtype, device=DEV, seed=seed)
-    check_all(p, causal, dtype, f"wgmma prefill long group {group} causal={causal}")
+    check_all(p, causal, dtype, f"Hopper prefill long group {group} causal={causal}")
 
 
 @pytest.mark.parametrize("page", [16, 128])
-def test_wgmma_prefill_long_pages(D, page, seed):
+def test_hopper_prefill_long_pages(D, page, seed):
     p = make_problem([2500, 129], [2500, 129], 8, 2, D, page, device=DEV, seed=seed)
-    check_all(p, True, torch.bfloat16, f"wgmma prefill long page {page}")
+    check_all(p, True, torch.bfloat16, f"Hopper prefill long page {page}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_wgmma_prefill_without_lse(D, dtype, seed):
+def test_hopper_prefill_without_lse(D, dtype, seed):
     p = make_problem([300, 45], [120, 45], 8, 2, D, 32, dtype=dtype, device=DEV, seed=seed)
-    check_all(p, True, dtype, "wgmma prefill without lse", with_lse=False)
+    check_all(p, True, dtype, "Hopper prefill without lse", with_lse=False)
 
 
-def test_wgmma_prefill_negative_scale(D, seed):
+def test_hopper_prefill_negative_scale(D, seed):
     """scale <= 0: the scores are scaled before the softmax instead of in exp2."""
     p = make_problem([200, 64], [200, 10], 8, 2, D, 64, device=DEV, seed=seed)
     p.scale = -0.05
-    check_all(p, True, torch.bfloat16, "wgmma prefill negative scale")
+    check_all(p, True, torch.bfloat16, "Hopper prefill negative scale")
 
 
-def test_wgmma_prefill_strided_q(D, seed):
+def test_hopper_prefill_strided_q(D, seed):
     """q as the head slice of a fused qkv tensor (token stride != heads * d)."""
     p = make_problem([300, 77], [300, 5], 8, 2, D, 64, device=DEV, seed=seed)
     t, h, d = p.q.shape
@@ -253,11 +222,11 @@ def test_wgmma_prefill_strided_q(D, seed):
     qkv[:, :h] = p.q
     p.q = qkv[:, :h]
     assert not p.q.is_contiguous()
-    check_all(p, True, torch.bfloat16, "wgmma prefill strided q")
+    check_all(p, True, torch.bfloat16, "Hopper prefill strided q")
 
 
 @pytest.mark.parametrize("group", [4, 128])
-def test_wgmma_prefill_strided_out(D, group, seed):
+def test_hopper_prefill_strided_out(D, group, seed):
     """out as a view of some heads and columns of a larger buffer (token and
     head strides past the rows, columns past the head dim): rows right, and
     every element outside the view still the poison. Group 128 packs 128
@@ -269,14 +238,14 @@ def test_wgmma_prefill_strided_out(D, group, seed):
     out = buf[:, 1:h + 1, :d]
     ops.prefill(out, None, *p.args(), p.scale, True)
     exact, _ = exact_attention(p, True)
-    check_out(out, exact, torch.bfloat16, "wgmma prefill strided out")
+    check_out(out, exact, torch.bfloat16, "Hopper prefill strided out")
     rest = buf.clone()
     rest[:, 1:h + 1, :d] = 0
     assert torch.isnan(rest[:, 0]).all() and torch.isnan(rest[:, h + 1:]).all(), "write outside the out view's heads"
     assert torch.isnan(rest[:, :, d:]).all(), "write past the out view's head dim"
 
 
-def test_wgmma_prefill_padding_untouched(D, seed):
+def test_hopper_prefill_padding_untouched(D, seed):
     """Padded batch slots (seq_lens 0, no queries), padding tokens past
     cu_seqlens_q[-1], and guard rows around out / lse: real rows right and
     finite, every other element still the poison."""
@@ -287,27 +256,27 @@ def test_wgmma_prefill_padding_untouched(D, seed):
     out, lse, big, big_lse = run_prefill(p, True, guard=guard)
     n = int(p.cu_seqlens_q[-1])
     exact, exact_lse = exact_attention(p, True)
-    check_out(out[:n], exact[:n], torch.bfloat16, "wgmma prefill padded")
-    check_lse(lse[:n], exact_lse[:n], torch.bfloat16, "wgmma prefill padded lse")
+    check_out(out[:n], exact[:n], torch.bfloat16, "Hopper prefill padded")
+    check_lse(lse[:n], exact_lse[:n], torch.bfloat16, "Hopper prefill padded lse")
     assert torch.isnan(out[n:]).all() and torch.isnan(lse[n:]).all(), "rows of no sequence were written"
     assert torch.isnan(big[:guard]).all() and torch.isnan(big[-guard:]).all(), "write outside out"
     assert torch.isnan(big_lse[:guard]).all() and torch.isnan(big_lse[-guard:]).all(), "write outside lse"
 
 
-def test_wgmma_prefill_rows_that_see_nothing(D, seed):
+def test_hopper_prefill_rows_that_see_nothing(D, seed):
     """A sequence whose every page id is bad: out 0, lse -inf, no NaN."""
     p = make_problem([100, 90], [100, 30], 8, 2, D, 16, device=DEV, seed=seed)
     p.block_tables[1] = -1
     out, lse = run_prefill(p, True)
     exact, exact_lse = exact_attention(p, True)
-    check_out(out, exact, torch.bfloat16, "wgmma prefill all pages bad")
-    check_lse(lse, exact_lse, torch.bfloat16, "wgmma prefill all pages bad lse")
+    check_out(out, exact, torch.bfloat16, "Hopper prefill all pages bad")
+    check_lse(lse, exact_lse, torch.bfloat16, "Hopper prefill all pages bad lse")
     assert torch.all(out[100:] == 0) and torch.all(lse[100:] == float("-inf"))
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 64])
-def test_wgmma_prefill_bad_pages(D, page, causal, seed):
+def test_hopper_prefill_bad_pages(D, page, causal, seed):
     """Out-of-range and negative page ids among used pages, a seq_len beyond
     what the table holds, a negative seq_len: no fault, finite rows, the
     reference's reading (bad pages skipped, lengths clamped), nothing written
@@ -325,8 +294,8 @@ def test_wgmma_prefill_bad_pages(D, page, causal, seed):
     out, lse, big, big_lse = run_prefill(p, causal, guard=guard)
     torch.cuda.synchronize()  # a fault would raise here
     exact, exact_lse = exact_attention(p, causal)
-    check_out(out, exact, torch.bfloat16, "wgmma prefill with bad metadata")
-    check_lse(lse, exact_lse, torch.bfloat16, "wgmma prefill with bad metadata lse")
+    check_out(out, exact, torch.bfloat16, "Hopper prefill with bad metadata")
+    check_lse(lse, exact_lse, torch.bfloat16, "Hopper prefill with bad metadata lse")
     assert torch.isnan(big[:guard]).all() and torch.isnan(big[-guard:]).all(), "write outside out"
     assert torch.isnan(big_lse[:guard]).all() and torch.isnan(big_lse[-guard:]).all(), "write outside lse"
     # The context survives: a normal case is still right.
@@ -335,7 +304,7 @@ def test_wgmma_prefill_bad_pages(D, page, causal, seed):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_wgmma_prefill_deterministic(D, dtype, seed):
+def test_hopper_prefill_deterministic(D, dtype, seed):
     """Same inputs, same bits, run to run."""
     p = make_problem([2000, 3000, 77, 1000], [600, 1, 77, 1000], 16, 4, D, 64, dtype=dtype, device=DEV, seed=seed)
     a, a_lse = run_prefill(p, True)
@@ -344,18 +313,18 @@ def test_wgmma_prefill_deterministic(D, dtype, seed):
     assert torch.equal(a, b) and torch.equal(a_lse, b_lse), "two runs gave different bits"
 
 
-def test_wgmma_prefill_other_shapes_unchanged(D, seed):
-    """The kernel prefill picks next to the Hopper kernels' shapes, and the
-    results: head dim 256 in fp16 takes a Hopper kernel; fp32 queries and an
+def test_hopper_prefill_other_shapes_unchanged(D, seed):
+    """The kernel prefill picks next to the Hopper kernel's shapes, and the
+    results: head dim 256 in fp16 takes the Hopper kernel; fp32 queries and an
     int8 cache at head dim 256 take the tile kernel. All stay right."""
-    for d, dtype, int8, wgmma in ((256, torch.float16, False, True), (D, torch.float32, False, False),
+    for d, dtype, int8, hopper_kernel in ((256, torch.float16, False, True), (D, torch.float32, False, False),
                                   (256, torch.bfloat16, True, False)):
         p = make_problem([130, 40], [130, 40], 8, 2, d, 64, dtype=dtype, device=DEV, seed=seed, int8=int8)
         run_prefill(p, True)  # warm-up outside the profile
         names, (out, _) = kernels_run(lambda: run_prefill(p, True))
         what = f"d {d} {dtype} (int8 cache: {int8})"
-        hopper_ran = any(k in n for n in names for k in HOPPER_KERNELS)
-        assert hopper_ran == wgmma, f"{what}: a Hopper kernel ran: {hopper_ran}"
+        hopper_ran = any(WARP_SPECIALIZED in n for n in names)
+        assert hopper_ran == hopper_kernel, f"{what}: the Hopper kernel ran: {hopper_ran}"
         exact, _ = exact_attention(p, True)
         # int8: 6 ulps, the bound of tests/test_int8_gpu.py (which says why)
         check_out(out, exact, dtype, what, ulps=6.0 if int8 else 4.0)
