@@ -243,7 +243,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
         Scales vs;
         load_scales(vs, slot + Cfg::kScaleFloats);
         scale_columns(s, vs);
-        release(&sm.scale_empty[scale_index(i)]);
+        mbar_arrive(&sm.scale_empty[scale_index(i)]);  // every thread, after its reads (prefill_smem.cuh)
       }
     };
     auto pack_p = [&]() { wgmma::rows_to_a<T, BN>(s, a); };
@@ -276,7 +276,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       named_sync(kTurnBarrier + wg, 256);
       named_arrive(kTurnBarrier + (wg ^ 1), 256);
       release(&sm.empty_k[slot.stage]);
-      if constexpr (Cfg::kVectorScales) release(&sm.scale_empty[scale_index(i)]);
+      if constexpr (Cfg::kVectorScales) mbar_arrive(&sm.scale_empty[scale_index(i)]);
       release(&sm.empty_v[slot.stage]);
     };
 

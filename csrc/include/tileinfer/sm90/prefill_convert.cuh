@@ -193,11 +193,10 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
     convert_tile<Cfg>(sm.raw_tile(raw.stage), values ? sm.v(slot.stage) : sm.k(slot.stage), ctid, valid, outside,
                       box_shift);
     wgmma::fence_proxy_async_smem();  // the tile, visible to the tensor cores
-    __syncwarp();
-    if (lane == 0) {
-      mbar_arrive(&sm.raw_empty[raw.stage]);
-      mbar_arrive(&(values ? sm.full_v : sm.full_k)[slot.stage]);
-    }
+    // Every thread, after its own reads of the raw slot and writes of the
+    // stage and the scales (prefill_smem.cuh).
+    mbar_arrive(&sm.raw_empty[raw.stage]);
+    mbar_arrive(&(values ? sm.full_v : sm.full_k)[slot.stage]);
   };
   int round = 0;
   for (WorkItem w = sched.template next_item<BM>(p, round); w.active;

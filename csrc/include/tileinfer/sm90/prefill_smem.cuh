@@ -9,7 +9,7 @@
 //   scales  [kScaleSlots]: [2][kBlockN] fp32 k and v scales of a tile, then
 //           its running max of |v_scale| (per-vector scales only)
 //   full_k[s]  the stage's key tile landed (1 arrival: the producer's, + bytes;
-//              quantized: one arrival per converter warp)
+//              quantized: one arrival per converter thread)
 //   empty_k[s] the consumers are done with it (one arrival per consumer warp)
 //   full_v[s], empty_v[s]  the same for the value tile
 //   q_full[b] / q_empty[b]   the same for query tile b, once per item (kStagedStore:
@@ -19,11 +19,17 @@
 //   tail       copies of a stage that the producer finishes itself (below)
 //   stage_mask[s]  bit b: box b of the stage is on a page outside the pool
 //   raw_full[r] / raw_empty[r]  a raw slot landed (1 arrival + bytes) / the
-//              converters are done with it (one arrival per converter warp)
+//              converters are done with it (one arrival per converter thread)
 //   raw_mask[r]    stage_mask of a raw slot, handed on by the converters
 //   scale_empty[c]  the consumers are done with scale slot c (one arrival per
-//              consumer warp); the converters fill it before their arrival on
+//              consumer thread); the converters fill it before their arrival on
 //              the tile's full_k
+// Where every lane of a warp reads or writes the data that a barrier hands
+// over (the scales, the raw slots), every thread arrives, after its own
+// accesses; elsewhere lane 0 arrives for its warp after a __syncwarp. Both
+// order the accesses, but compute-sanitizer's racecheck credits an arrival
+// only with its own thread's accesses: with lane 0 alone it reported every
+// other lane's accesses of the scales and raw slots as hazards.
 //
 // Operand tiles are in the 128-byte-swizzle layout of wgmma.cuh, each 1024-byte
 // aligned.
@@ -96,7 +102,7 @@ struct PrefillSmem {
 
   // One thread, before the block barrier that precedes every other use.
   __device__ void init() const {
-    constexpr int kFillers = Cfg::kQuant ? Cfg::kConverterWarps : 1;
+    constexpr int kFillers = Cfg::kQuant ? 32 * Cfg::kConverterWarps : 1;
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(&full_k[s], kFillers);
       mbar_init(&empty_k[s], kConsumerWarps);
@@ -105,9 +111,9 @@ struct PrefillSmem {
     }
     for (int r = 0; r < Cfg::kRawSlots; ++r) {
       mbar_init(&raw_full[r], 1);
-      mbar_init(&raw_empty[r], Cfg::kConverterWarps);
+      mbar_init(&raw_empty[r], 32 * Cfg::kConverterWarps);
     }
-    for (int c = 0; c < Cfg::kScaleSlots; ++c) mbar_init(&scale_empty[c], kConsumerWarps);
+    for (int c = 0; c < Cfg::kScaleSlots; ++c) mbar_init(&scale_empty[c], 32 * kConsumerWarps);
     for (int b = 0; b < Cfg::kQBuffers; ++b) {
       mbar_init(&q_full[b], 1);
       mbar_init(&q_empty[b], kConsumerWarps);
