@@ -16,7 +16,7 @@
 #   GIT_COMMIT=<sha> GIT_DIRTY=0|1   the commit the result files record, where the
 #                    tree here is a copy without .git (with .git, git says it)
 #   TEST_TIMEOUT / SANITIZE_TIMEOUT / BENCH_TIMEOUT / FI_TIMEOUT   seconds per step
-#                    (480 / 150 / 210 / 330: FlashInfer's background JIT, from the start)
+#                    (480 / 180 / 210 / 330: FlashInfer's background JIT, from the start)
 #
 # FlashInfer as a peer: its wheels travel in .whl/ (git-ignored), fetched once in
 # the checkout with
@@ -128,8 +128,8 @@ fi
 
 # --- sanitizer --------------------------------------------------------------------
 if [ -z "${SKIP_SANITIZE:-}" ] && [ -f scripts/sanitize.sh ]; then
-  step "scripts/sanitize.sh (timeout ${SANITIZE_TIMEOUT:-150}s)"
-  timeout "${SANITIZE_TIMEOUT:-150}" bash scripts/sanitize.sh >"$WORK/sanitize.log" 2>&1
+  step "scripts/sanitize.sh (timeout ${SANITIZE_TIMEOUT:-180}s)"
+  timeout "${SANITIZE_TIMEOUT:-180}" bash scripts/sanitize.sh >"$WORK/sanitize.log" 2>&1
   rc=$?
   tail -5 "$WORK/sanitize.log"
   [ $rc -ne 0 ] && fail "sanitize(exit $rc)"

@@ -7,9 +7,10 @@
 # Logs: $SANITIZE_LOGDIR/<tool>.log (default /tmp/sanitize); a failing tool's
 # first reports are also printed. Other environment: COMPUTE_SANITIZER (path of
 # the tool), SANITIZE_ARGS (extra arguments for every tool, e.g. a kernel-name
-# filter), SANITIZE_TOOL_TIMEOUT (seconds per tool, default 90; memcheck and initcheck
-# take ~10 s, racecheck ~55 since the quantized caches run the warp-specialized
-# prefill: all three fit in the 150 s that scripts/gpu_check.sh gives this script).
+# filter), SANITIZE_TOOL_TIMEOUT (seconds per tool, default 120; memcheck and
+# initcheck take ~10 s, racecheck ~70 with a 2100-query prompt over an int8 cache
+# on the warp-specialized prefill: all three fit in the 180 s that
+# scripts/gpu_check.sh gives this script).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 san=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
@@ -42,7 +43,7 @@ for tool in $tools; do
   log=$logdir/$tool.log
   start=$(date +%s)
   # shellcheck disable=SC2086
-  timeout "${SANITIZE_TOOL_TIMEOUT:-90}" \
+  timeout "${SANITIZE_TOOL_TIMEOUT:-120}" \
     "$san" --tool "$tool" --error-exitcode 97 --print-limit 20 ${SANITIZE_ARGS:-} \
     python3 tests/sanitize_case.py "${case_args[@]}" >"$log" 2>&1
   rc=$?
