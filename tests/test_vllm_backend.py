@@ -16,6 +16,7 @@ results are compared with
 (b) our float64 reference (tileinfer_attn.reference.paged_attention,
     exact=True) over the pools our backend sees.
 """
+import dataclasses
 import importlib.metadata
 import math
 import os
@@ -111,13 +112,13 @@ class Batch:
     CommonAttentionMetadata (pad: padding tokens past the last request, slot -1)."""
 
     def __init__(self, reqs, kv_cache, num_heads, num_kv_heads, head_size, block_size, dtype, device, gen,
-                 pad=0):
+                 pad=0, width=0):
         self.reqs = reqs
         num_blocks = kv_cache.shape[0]
         q_lens = [q for _, q in reqs]
         seq_lens = [c + q for c, q in reqs]
         blocks_per = [math.ceil(s / block_size) for s in seq_lens]
-        width = max(blocks_per) + 1  # a spare column, as vLLM's tables are wider than needed
+        width = max(max(blocks_per) + 1, width)  # a spare column, as vLLM's tables are wider than needed
         perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
         assert sum(blocks_per) <= len(perm), "pool too small for the batch"
         table = torch.zeros(len(reqs), width, dtype=torch.int32)
@@ -445,8 +446,8 @@ def test_other_layouts_are_refused_by_name():
 
 def test_builder_page_table_is_persistent(seed):
     """The doubled block table is written in place into one buffer (a captured
-    CUDA graph reads the current step's); the support level is UNIFORM_BATCH."""
-    assert Builder.get_cudagraph_support(None, None) == AttentionCGSupport.UNIFORM_BATCH
+    CUDA graph reads the current step's); the support level is ALWAYS."""
+    assert Builder.get_cudagraph_support(None, None) == AttentionCGSupport.ALWAYS
     assert Builder.reorder_batch_threshold is None and Builder.requires_block_table_width
     gen = torch.Generator().manual_seed(seed)
     attn_spec, _, (kv_cache,) = layer_caches(64, 2, 16, 64, torch.bfloat16, "cpu")
@@ -460,6 +461,65 @@ def test_builder_page_table_is_persistent(seed):
         assert md.query_start_loc is batch.cm.query_start_loc and md.seq_lens is batch.cm.seq_lens
         ptrs.add(md.page_table.data_ptr())
     assert len(ptrs) == 1
+
+
+# Steps replayed through one full CUDA graph of 48 tokens and 6 requests
+# (cudagraph_mode=FULL): (context_len, query_len) per request, padded with
+# requests of no query and no position.
+GRAPH_TOKENS, GRAPH_REQS, GRAPH_WIDTH = 48, 6, 12
+GRAPH_STEPS = {
+    "decodes": [(37, 1), (0, 1), (130, 1), (64, 1), (5, 1), (9, 1)],
+    "a chunk and decodes": [(50, 1), (64, 30), (19, 1), (0, 0), (0, 0), (0, 0)],
+    "one prompt of the graph's size": [(0, 48), (0, 0), (0, 0), (0, 0), (0, 0), (0, 0)],
+    "verify steps and a prompt": [(29, 4), (64, 4), (0, 20), (3, 4), (0, 0), (0, 0)],
+    "two decodes": [(12, 1), (100, 1), (0, 0), (0, 0), (0, 0), (0, 0)],
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_full_cudagraph_replays_every_mix(device, seed):
+    """ALWAYS: with cudagraph_mode=FULL vLLM captures a mixed batch's graph for
+    N padded tokens and a fixed number of requests with max_query_len = N
+    (its dummy batch: N tokens spread over the requests, zeroed block
+    tables), and replays it for every step padded to them after building the
+    step's metadata in place. The graph's attention launch keeps the host
+    values of its capture, so each step here runs the impl with the step's
+    metadata and max_query_len = N: outputs against the paged-attention
+    formula, the cache write against vLLM's slot_mapping, and the doubled
+    block table in the buffer the capture read. (The captured replay itself,
+    on the GPU: tests/test_model.py, PagedRunner.capture.)"""
+    shape = (8, 2, 64, 16)
+    num_heads, num_kv_heads, head_size, block_size = shape
+    gen = torch.Generator().manual_seed(seed)
+    attn_spec, _, (kv_cache,) = layer_caches(64, num_kv_heads, block_size, head_size, torch.bfloat16, device)
+    builder = Builder(attn_spec, ["layer.0"], vllm_config(), torch.device(device), block_table_width=GRAPH_WIDTH)
+    impl = Impl(num_heads, head_size, head_size ** -0.5, num_kv_heads, None, None, "auto", None,
+                AttentionType.DECODER, None, None)
+    n = GRAPH_TOKENS // GRAPH_REQS
+    dummy = Batch([(0, n)] * GRAPH_REQS, kv_cache, *shape[:3], block_size, torch.bfloat16, device, gen,
+                  width=GRAPH_WIDTH)
+    cm = dataclasses.replace(dummy.cm, max_query_len=GRAPH_TOKENS,
+                             block_table_tensor=torch.zeros_like(dummy.cm.block_table_tensor))
+    captured = builder.build_for_cudagraph_capture(cm)
+    assert captured.max_query_len == GRAPH_TOKENS
+    out = torch.full((GRAPH_TOKENS, num_heads, head_size), float("nan"), dtype=torch.bfloat16, device=device)
+    impl.forward(None, dummy.q, dummy.k, dummy.v, kv_cache, captured, output=out)
+    assert torch.isfinite(out).all(), "the capture's dummy step"
+    for name, reqs in GRAPH_STEPS.items():
+        pad = GRAPH_TOKENS - sum(q for _, q in reqs)
+        b = Batch(reqs, kv_cache, *shape[:3], block_size, torch.bfloat16, device, gen, pad=pad, width=GRAPH_WIDTH)
+        assert b.num_tokens == GRAPH_TOKENS and b.cm.block_table_tensor.shape == (GRAPH_REQS, GRAPH_WIDTH)
+        before = kv_cache.clone()
+        md = dataclasses.replace(builder.build(0, b.cm), max_query_len=GRAPH_TOKENS)
+        assert md.page_table.data_ptr() == captured.page_table.data_ptr(), f"{name}: the page table moved"
+        out = torch.full((GRAPH_TOKENS, num_heads, head_size), float("nan"), dtype=torch.bfloat16, device=device)
+        impl.forward(None, b.q, b.k, b.v, kv_cache, md, output=out)
+        expected_cache = before
+        write_through_slot_mapping(expected_cache, b.k, b.v, b.cm.slot_mapping, num_kv_heads)
+        assert torch.equal(kv_cache, expected_cache), f"{name}: the cache write differs from slot_mapping's"
+        rows = slice(0, b.num_real)
+        exact = paged_attention_formula(b.q, expected_cache, b.cm, num_kv_heads, head_size ** -0.5)
+        check_out(out[rows].cpu(), exact[rows], torch.bfloat16, f"{name} through the graph's launch")
 
 
 # ------------------------------------------------------------------ capabilities and refusals

@@ -306,15 +306,18 @@ class TileinferAttentionMetadataBuilder(AttentionMetadataBuilder[TileinferAttent
     """Builds :class:`TileinferAttentionMetadata` from vLLM's
     ``CommonAttentionMetadata``.
 
-    CUDA graphs: ``UNIFORM_BATCH``. The ops read positions, lengths and page ids
-    on the device and size their grids from shapes and ``max_q_len`` only, so a
-    graph captured for a batch of ``n`` requests with the same query length
-    (decodes, or speculative-decoding verify steps of ``1 + k`` tokens) replays for any
-    lengths. The doubled block table lives in a buffer allocated once (the
-    same storage every step), so a captured graph reads the current step's.
-    Not ``ALWAYS``: ``attention`` runs a mixed step in one graph only when
-    captured with ``max_q_len`` at the graph's token budget, and this builder
-    passes each step's own ``max_query_len`` (docs/VLLM.md).
+    CUDA graphs: ``ALWAYS``. The ops read positions, lengths and page ids on
+    the device and size their grids from shapes and ``max_q_len`` only, so a
+    graph captured for ``n`` requests with the same query length (decodes, or
+    speculative-decoding verify steps of ``1 + k`` tokens) replays for any
+    lengths. For a mixed batch (``cudagraph_mode=FULL``) vLLM captures a graph
+    of ``N`` padded tokens with a fixed number of requests and ``max_query_len
+    = N``; ``attention`` launched with ``max_q_len = N`` runs any mix of at
+    most ``N`` tokens (docs/CONTRACT.md, mixed steps), so the graph replays
+    every step padded to it: requests past the real ones have no query and no
+    position, tokens past ``query_start_loc[-1]`` belong to no request. The
+    doubled block table lives in a buffer allocated once (the same storage
+    every step), so a captured graph reads the current step's.
 
     ``reorder_batch_threshold`` is None: one ``attention`` call handles any
     mix of decodes, verify steps and prompt chunks in any order, so the batch
@@ -323,7 +326,7 @@ class TileinferAttentionMetadataBuilder(AttentionMetadataBuilder[TileinferAttent
     prefill path (docs/CONTRACT.md, mixed steps).
     """
 
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
     reorder_batch_threshold: Optional[int] = None
     requires_block_table_width: ClassVar[bool] = True
 
