@@ -29,7 +29,7 @@ namespace {
 
 // The mma.sync tile kernel (fp32 excepted: attention_fp32.cuh) serves
 // prefill where the Hopper kernel does not: other GPUs, quantized caches at d
-// 256. Two tile
+// 256 or with per-vector scale tensors off a 16-byte boundary. Two tile
 // shapes, 4 warps each:
 // - 64-row tiles: 16 rows per warp, Q fragments in registers, keys 64 at a time,
 //   two stages (the other resident block's math hides each block's copies).
