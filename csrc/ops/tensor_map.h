@@ -1,5 +1,5 @@
 // Host side of the bulk tensor copies: tensor maps (CUtensorMap) for the
-// Hopper kernels, encoded through the driver entry point that the runtime
+// Hopper prefill kernel, encoded through the driver entry point that the runtime
 // hands out (no link against libcuda).
 #pragma once
 

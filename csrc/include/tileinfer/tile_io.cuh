@@ -49,7 +49,7 @@ struct KeyTiles {
   // steps, so that a thread's loads for all of them are in flight at once
   // (one round trip instead of one per tile): first_entries reads the
   // block-table entries of this thread's keys (0 for none; kL2: from L2, as
-  // load_meta), lookup_entries takes them. lookup_first does both.
+  // load_meta), lookup_entries takes them.
   template <bool kL2 = false>
   __device__ __forceinline__ void first_entries(int (&e)[kStages], int num_tiles) const {
 #pragma unroll
@@ -59,11 +59,6 @@ struct KeyTiles {
 #pragma unroll
     for (int j = 0; j < kStages; ++j)
       if (j < num_tiles) lookup_with(j, [&] { return e[j]; });
-  }
-  __device__ __forceinline__ void lookup_first(int num_tiles) const {
-    int e[kStages];
-    first_entries(e, num_tiles);
-    lookup_entries(e, num_tiles);
   }
 
   // Block-table entries of the keys of tile `tile`, copied asynchronously by

@@ -24,12 +24,12 @@
 //   scale_empty[c]  the consumers are done with scale slot c (one arrival per
 //              consumer thread); the converters fill it before their arrival on
 //              the tile's full_k
-// Where every lane of a warp reads or writes the data that a barrier hands
-// over (the scales, the raw slots), every thread arrives, after its own
-// accesses; elsewhere lane 0 arrives for its warp after a __syncwarp. Both
-// order the accesses, but compute-sanitizer's racecheck credits an arrival
-// only with its own thread's accesses: with lane 0 alone it reported every
-// other lane's accesses of the scales and raw slots as hazards.
+// Every thread that reads or writes the raw slots or the scale slots arrives
+// on their barriers itself, after its own accesses; the other hand-offs have
+// lane 0 arrive for its warp after a warp or named barrier. Both order the
+// accesses, but compute-sanitizer's racecheck credits an arrival only with
+// its own thread's accesses: with lane 0 alone it counts the other lanes'
+// accesses of the slots as hazards.
 //
 // Operand tiles are in the 128-byte-swizzle layout of wgmma.cuh, each 1024-byte
 // aligned.
