@@ -172,13 +172,14 @@ def test_hopper_prefill(D, dtype, page, causal, group, seed):
     check_all(p, causal, dtype, f"Hopper prefill page {page} group {group} causal={causal}")
 
 
-@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("group", [32, 128, 256])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 128])
 def test_warp_specialized_large_groups(D, page, causal, group, seed):
     """Groups up to the 128-row query tile: the query box then holds 128 / group
     tokens (4 and 1), so a tile's rows span a few queries, each consumer
-    warpgroup's rows one query or part of one; one KV head."""
+    warpgroup's rows one query or part of one; one KV head. A group past the
+    tile (256) takes an item per query head."""
     seq_lens = [1, page + 1, 3 * page + 7, 300]
     q_lens = [1, page + 1, 5, 300]
     p = make_problem(seq_lens, q_lens, group, 1, D, page, device=DEV, seed=seed)

@@ -125,10 +125,11 @@ def test_prefill_quantized(quant, head_dim, variant, window, causal, seed):
     """An int8 or fp8 cache: on Hopper the warp-specialized kernel with its
     converter warps (per-tensor scales on the scores and the output,
     per-vector ones on each score and probability column; the queries
-    rounded to fp16 per row), groups 1 and 8."""
+    rounded to fp16 per row), groups 1 and 8 (an item per group) and 3 (an
+    item per query head)."""
     need("prefill")
     window = max(window, 0)
-    group = (1, 8)[(window + head_dim // 32) % 2]
+    group = (1, 3, 8)[(window + head_dim // 32 + len(variant)) % 3]  # (page: without len(variant))
     lens = [700, 333, 129, 1, 64 + window]
     q_lens = [700, 200, 1, 1, 64 + window]
     page = [16, 64, 128][(window + head_dim // 32) % 3]
