@@ -32,8 +32,6 @@
 // complete the stages' full barriers; this warp finishes no tail itself.
 #pragma once
 
-#include <climits>
-
 #include "../attention_work.cuh"
 #include "prefill_scheduler.cuh"
 #include "prefill_smem.cuh"
@@ -56,48 +54,26 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
   const uint32_t box_bytes = rows * 128;
 
   uint32_t tiles = 0;  // tiles produced so far: the ring position
-  uint32_t items = 0;  // items handed over so far (the last inactive): the query ring position
+  uint32_t items = 0;  // active items so far: the query ring position
   uint32_t tails = 0;  // tail tiles so far: the tail barrier's phase
   uint32_t raws = 0;   // quantized: raw tiles so far (K and V), the raw ring position
-  // Hands item v to the consumers with its query tile: rows (query, head) of
-  // the item's heads, token-major, exactly the box {64, group, BM / group}
-  // of q at (head0, first token), into the next query buffer once the
-  // consumers are done with it; an inactive v (no item left) alone.
-  auto hand_over = [&](const WorkItem& v) {
+  for (WorkItem w = next(); w.active; w = next()) {
+
+    // The query tile: rows (query, head) of the item's heads, token-major,
+    // exactly the box {64, group, BM / group} of q at (head0, first token),
+    // into the next query buffer once the consumers are done with it (with
+    // two buffers, the item before the last).
     const RingSlot<Cfg::kQBuffers> qs(items++);
     mbar_wait(&sm.q_empty[qs.stage], qs.parity ^ 1);
     if (lane == 0) {
-      sm.item[qs.stage] = v;  // released to the consumers by the arrival below
+      sm.item[qs.stage] = w;  // released to the consumers by the arrival below
       uint64_t* bar = &sm.q_full[qs.stage];
-      if (v.active) {
-        mbar_arrive_expect_tx(bar, Cfg::kQBytes);
-        const int token0 = v.q_begin + v.row_base / v.group;
+      mbar_arrive_expect_tx(bar, Cfg::kQBytes);
+      const int token0 = w.q_begin + w.row_base / w.group;
 #pragma unroll
-        for (int c = 0; c < kBlocks; ++c)
-          tma_load_3d(sm.q(qs.stage) + c * BM * 128, &p.q_map, bar, 64 * c, v.head0, token0);
-      } else {
-        mbar_arrive(bar);
-      }
+      for (int c = 0; c < kBlocks; ++c)
+        tma_load_3d(sm.q(qs.stage) + c * BM * 128, &p.q_map, bar, 64 * c, w.head0, token0);
     }
-  };
-  // The next item is handed over while this one's tiles are copied: with
-  // two query buffers, once this item's first two key tiles are out (its
-  // buffer is then the item before's, whose epilogue is done by the time
-  // the ring lets the producer that far; earlier, the wait for it would
-  // hold back this item's first tiles). Handed over only after the item's
-  // last tile, as with one buffer (which this item's own last S product
-  // frees), the next query tile landed after the consumers were already
-  // waiting for it: ~9% of the consumers' time at 1 x 2k (bf16, Nsight
-  // Compute's stall samples), where an item has 1-16 key tiles.
-  constexpr int kHandOverAt = Cfg::kQBuffers > 1 ? 1 : INT_MAX;
-  WorkItem w = next();
-  hand_over(w);
-  while (w.active) {
-    bool handed = false;
-    auto hand_over_next = [&]() {
-      handed = true;
-      hand_over(next());
-    };
 
     const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
     // Box `lane`'s page in tile i, -1 for no box. Looked up one tile ahead,
@@ -193,16 +169,18 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
       const int next_page = lookup(i + 1);
       load(false, i, tiles + i, page);
       if (i > 0) load(true, i - 1, tiles + i - 1, prev_page);
-      if (i == kHandOverAt) hand_over_next();
       prev_page = page;
       page = next_page;
     }
     if (num_tiles > 0) load(true, num_tiles - 1, tiles + num_tiles - 1, prev_page);
-    if (!handed) hand_over_next();
     tiles += num_tiles;
-    // The item just handed over, as the consumers will read it.
-    __syncwarp();
-    w = sm.item[(items - 1) % Cfg::kQBuffers];
+  }
+  // No item left: an inactive item, once the consumers are done with the last query tile.
+  const RingSlot<Cfg::kQBuffers> qs(items);
+  mbar_wait(&sm.q_empty[qs.stage], qs.parity ^ 1);
+  if (lane == 0) {
+    sm.item[qs.stage].active = false;
+    mbar_arrive(&sm.q_full[qs.stage]);
   }
 }
 
