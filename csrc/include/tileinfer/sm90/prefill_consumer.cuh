@@ -9,7 +9,7 @@
 // completed (the producer's next keys can land while P V still reads the
 // values) and on empty_v after P V.
 //
-// Two overlaps keep the tensor cores busy:
+// Overlaps that keep the tensor cores busy:
 //   - ping-pong: warpgroup w issues the S of each tile (together with the
 //     P V of the tile before) only in its turn (named barrier
 //     kTurnBarrier + w) and hands the turn over right after, so the tensor
@@ -18,11 +18,16 @@
 //     Both warpgroups walk every tile of every item (one whose rows
 //     see none of a tile skips the math, not the turn): turns and ring stay
 //     in step.
-//   - intra-warpgroup: S of tile i is issued together with
-//     P V of tile i - 1, and the softmax of tile i runs while that P V does.
-//     ptxas keeps the order only if the steady-state loop has no branch on
-//     which products are in flight, so the first tile, the steady state and
-//     the last P V are separate pieces of code.
+//   - intra-warpgroup: S of tile i is issued together with P V of tile
+//     i - 1, and the mask of tile i runs while that P V does. So does its
+//     softmax over per-vector scales, where the release of the tile's scale
+//     slot (a memory operation after the softmax) stands before the wait
+//     for the P V; otherwise ptxas moves that wait, which shares no
+//     register with the softmax, above it (the SASS of the bf16 and
+//     per-tensor kernels). ptxas keeps the products' order only if the
+//     steady-state loop has no branch on which products are in flight, so
+//     the first tile, the steady state and the last P V are separate
+//     pieces of code.
 //
 // A quantized cache (Cfg::kQuant): the operands are fp16 (prefill_convert.cuh);
 // each warpgroup first converts its query rows, in place. A row's factor
@@ -313,7 +318,8 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       wgmma::wait<1>();  // S of tile i
       release_k(slot.stage);
       softmax(i, outside, ks);
-      // Pinned before the wait, so that the softmax stays ahead of it.
+      // Ahead of the wait in the PTX (ptxas may still move the wait up:
+      // the top of this file).
 #pragma unroll
       for (int R = 0; R < 2; ++R) wgmma::fence_regs(s[R]);
       if constexpr (!kFixedOffset) wgmma::fence_regs(factor);
