@@ -3,13 +3,20 @@
 # setup.py, into a scratch folder: a quick check on a machine without a GPU
 # that the code compiles, plus the register / spill report of every kernel.
 #   scripts/compile_check.sh csrc/ops/prefill.cu [more files...]
+#   scripts/compile_check.sh --cubin out.cubin csrc/ops/prefill.cu   # one .cu to a cubin (scripts/sass_check.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+cubin=""
+if [ "${1:-}" = "--cubin" ]; then cubin=$2; shift 2; fi
 out=$(mktemp -d)
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 inc=$(python3 -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I'+p for p in include_paths()))" 2>/dev/null)
 pyinc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 common="-I$CUDA_HOME/include -Icsrc -Icsrc/include $inc -I$pyinc -DTILEINFER_WITH_CUDA -DTILEINFER_SM90A -DTORCH_EXTENSION_NAME=_C -D_GLIBCXX_USE_CXX11_ABI=1 -std=c++20 -O3"
+if [ -n "$cubin" ]; then
+  rm -rf "$out"
+  exec nvcc $common -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -cubin "$1" -o "$cubin"
+fi
 for f in "$@"; do
   case "$f" in
     *.cu) nvcc $common -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo \
