@@ -98,6 +98,20 @@ def key_loop(ins, labels):
     return best
 
 
+def loop_report(ins, labels):
+    """(loop length, spill sources in it, exp2s after its last wait<0> or None), or None without a key loop."""
+    span = key_loop(ins, labels)
+    if span is None:
+        return None
+    body = ins[span[0]:span[1] + 1]
+    spills = [loc for t, loc in body if re.match(r"(@!?P\d+\s+)?(LDL|STL)\b", t)]
+    waits = [k for k, (t, _) in enumerate(body) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t]
+    ex2 = [k for k, (t, _) in enumerate(body) if "MUFU.EX2" in t]
+    # The steady state's wait for the P V (the first tile's comes before the loop).
+    after = sum(k > waits[-1] for k in ex2) if waits else None
+    return len(body), spills, after
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cubin", help="a cubin of csrc/ops/prefill.cu (default: compile it)")
@@ -118,17 +132,13 @@ def main():
         name = short_name(names[f])
         if args.filter not in name:
             continue
-        span = key_loop(funcs[f], labels[f])
-        if span is None:
+        report = loop_report(funcs[f], labels[f])
+        if report is None:
             print(f"{name:36} no key loop found")
             continue
-        body = funcs[f][span[0]:span[1] + 1]
-        spills = [loc for t, loc in body if re.match(r"(@!?P\d+\s+)?(LDL|STL)\b", t)]
-        waits = [k for k, (t, _) in enumerate(body) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t]
-        ex2 = [k for k, (t, _) in enumerate(body) if "MUFU.EX2" in t]
-        after = str(sum(k > waits[-1] for k in ex2)) if waits else "-"
-        where = ", ".join(sorted(set(spills)))
-        print(f"{name:36} {len(body):5} {len(spills):6} {after:>19}  {where}")
+        length, spills, after = report
+        after = "-" if after is None else str(after)
+        print(f"{name:36} {length:5} {len(spills):6} {after:>19}  {', '.join(sorted(set(spills)))}")
 
 
 if __name__ == "__main__":
