@@ -7,13 +7,14 @@ shared memory, P V with P from registers), its length in instructions, the
 spill loads and stores inside it (with their source lines), and how many of
 its exp2s come after the wait for every product in flight
 (`WARPGROUP.DEPBAR.LE gsb0, 0x0`, the wait for the P V of the tile before):
-0 means the softmax runs under the warpgroup's own P V, 64 (a 128-key
-tile's two rows of 32 columns a thread, plus the rows' factors) that it
-waits for it (prefill_consumer.cuh, "intra-warpgroup"). Counts are static:
-the loop's branches (masked tiles, soft-caps) hold instructions of their own.
+0 means the softmax runs under the warpgroup's own P V; as many as a
+thread's scores of a tile (64 at d 128, plus its rows' factors) mean that
+it waits for it first (prefill_consumer.cuh, "intra-warpgroup"). Counts
+are static: the loop's branches (masked tiles, soft-caps) hold
+instructions of their own.
 
     python3 scripts/sass_check.py                     # compiles csrc/ops/prefill.cu (scripts/compile_check.sh --cubin)
-    python3 scripts/sass_check.py --cubin prefill.cubin [--filter bfloat16]
+    python3 scripts/sass_check.py --cubin prefill.cubin [--filter "bf16 d128"]
 
 Needs nvdisasm: on PATH, in $CUDA_HOME/bin, named by $NVDISASM, or from the
 nvidia-cuda-nvdisasm wheel (pip install nvidia-cuda-nvdisasm).
