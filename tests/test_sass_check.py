@@ -7,9 +7,9 @@ import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("sass_check", ROOT / "scripts" / "sass_check.py")
-sass_check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sass_check)
+module_spec = importlib.util.spec_from_file_location("sass_check", ROOT / "scripts" / "sass_check.py")
+sass_check = importlib.util.module_from_spec(module_spec)
+module_spec.loader.exec_module(sass_check)
 
 # A function with an outer loop (items) around an inner loop (tiles) that
 # issues both products; the inner loop holds one spill, one exp2 before the
