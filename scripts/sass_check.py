@@ -48,7 +48,7 @@ def demangle(names):
 
 
 def short_name(full):
-    """'PrefillTile<bf16, 128, fp8, per-vector> hand-out fixed-offset' from the demangled signature."""
+    """'bf16 d128 fp8 vec hand-out fixed-offset' from the demangled signature."""
     m = re.search(r"PrefillTile<([^>]*)>\s*,\s*(true|false)\s*,\s*(true|false)", full)
     if not m:
         return full[:100]
