@@ -38,8 +38,13 @@ def parse(text):
 
 
 def short(name):
-    name = re.sub(r"\(tileinfer::AttentionParams\)$", "", name)
+    """The name without `void`, the namespace and the parameter list."""
+    name = re.sub(r"\([^()]*\)$", "", name)
     return re.sub(r"^void ", "", name).replace("tileinfer::", "")
+
+
+def cell(v, i):
+    return "-" if v is None else str(v[i])
 
 
 def rows(base, cand, show_all=False, pattern=None):
@@ -52,7 +57,6 @@ def rows(base, cand, show_all=False, pattern=None):
         a, b = base.get(name), cand.get(name)
         if a == b and not show_all:
             continue
-        cell = lambda v, i: "-" if v is None else str(v[i])
         cols = [f"{cell(a, i)} -> {cell(b, i)}" for i in range(4)]
         out.append(f"regs {cols[0]:>11}  spill st {cols[1]:>11}  ld {cols[2]:>11}  stack {cols[3]:>11}  {short(name)}")
     return out

@@ -41,6 +41,11 @@ def test_parse_reads_every_kernel():
     }
 
 
+def test_short_drops_the_namespace_and_parameters():
+    assert ptxas_diff.short("void tileinfer::rows_kernel<__half, 128>(tileinfer::InputsParams)") == \
+        "rows_kernel<__half, 128>"
+
+
 def test_rows_lists_what_differs():
     lines = ptxas_diff.rows(ptxas_diff.parse(BASE), ptxas_diff.parse(CAND))
     assert len(lines) == 2
