@@ -215,10 +215,27 @@ __device__ __forceinline__ void copy_query_rows(const AttentionParams& p, const 
   }
 }
 
-// The block's normalized fp32 output rows, staged in shared memory (o_s: kParts
-// slices of [kRows][kOStride], summed in slice order: the tile kernel's key-slice
-// warps), as 16-byte stores of elements O at row_ptr(token, head); rows of no
-// query are skipped, and so are the columns past the head dim d (<= kD).
+// Columns col..col + 3 of row `row` of the block's staged fp32 output (o_s:
+// kParts slices of [kRows][kOStride], summed in slice order: the tile
+// kernel's key-slice warps).
+template <int kRows, int kParts, int kOStride>
+__device__ __forceinline__ float4 staged_row_sum(const float* o_s, int row, int col) {
+  float4 acc = *reinterpret_cast<const float4*>(o_s + row * kOStride + col);
+#pragma unroll
+  for (int part = 1; part < kParts; ++part) {
+    const float4 more = *reinterpret_cast<const float4*>(o_s + (part * kRows + row) * kOStride + col);
+    acc.x += more.x;
+    acc.y += more.y;
+    acc.z += more.z;
+    acc.w += more.w;
+  }
+  return acc;
+}
+
+// The block's normalized fp32 output rows, staged in shared memory (o_s, as
+// staged_row_sum reads it), as 16-byte stores of elements O at
+// row_ptr(token, head); rows of no query are skipped, and so are the columns
+// past the head dim d (<= kD).
 template <int kRows, int kD, int kThreads, int kParts, int kOStride, class RowPtr>
 __device__ __forceinline__ void store_output_rows(const float* o_s, const int* row_token, const int* row_head, int tid,
                                                   int d, RowPtr row_ptr) {
@@ -232,15 +249,7 @@ __device__ __forceinline__ void store_output_rows(const float* o_s, const int* r
     float v[kVec];
 #pragma unroll
     for (int x = 0; x < kVec; x += 4) {
-      float4 acc = *reinterpret_cast<const float4*>(o_s + row * kOStride + col + x);
-#pragma unroll
-      for (int part = 1; part < kParts; ++part) {
-        const float4 more = *reinterpret_cast<const float4*>(o_s + (part * kRows + row) * kOStride + col + x);
-        acc.x += more.x;
-        acc.y += more.y;
-        acc.z += more.z;
-        acc.w += more.w;
-      }
+      const float4 acc = staged_row_sum<kRows, kParts, kOStride>(o_s, row, col + x);
       v[x] = acc.x;
       v[x + 1] = acc.y;
       v[x + 2] = acc.z;
