@@ -142,10 +142,12 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   const DecodePlan plan = attention_decode_plan(q.device(), s, batch_invariant);
   if (use_decode_path(max_q_len)) {
 #ifdef TILEINFER_WITH_CUDA
-    if (plan.num_splits == 1 && on_cuda) {  // nothing to merge: no partials, no combine launch
-      cuda::decode_single_split(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len, scale,
-                                causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks, tree_mask,
-                                plan);
+    // Nothing to merge, or the blocks of a cluster merge their splits: no
+    // partials, no combine launch.
+    if (on_cuda && (plan.num_splits == 1 || cuda::decode_merges_in_clusters(plan, s, q))) {
+      cuda::decode_without_partials(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
+                                    scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks,
+                                    tree_mask, plan);
       return;
     }
 #endif

@@ -90,17 +90,23 @@ TILEINFER_DECLARE_NAMED_OPS
 namespace cuda {
 TILEINFER_DECLARE_OPS
 TILEINFER_DECLARE_NAMED_OPS
-// The attention op's decode step when it has one split: the decode kernel
-// writes `out` itself, the bits that decode + combine would give. The
-// arguments were checked by the caller (attention), which passes their shape.
-void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
-                         const at::Tensor& v_cache, const at::Tensor& block_tables,
-                         const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len,
-                         double scale, bool causal, const std::optional<at::Tensor>& k_scale,
-                         const std::optional<at::Tensor>& v_scale,
-                         const std::optional<at::Tensor>& k_smooth, int64_t window_left,
-                         double logits_soft_cap, const std::optional<at::Tensor>& sinks,
-                         const std::optional<at::Tensor>& tree_mask, const DecodePlan& plan);
+// Whether the attention op's decode step runs its 2 splits (the default
+// rule's count) as clusters of blocks that merge them in shared memory
+// (cluster_merge.cuh), the bits combine would give: for 16-bit queries on
+// compute capability 9.0 with sm_90a code in the build, unless
+// TILEINFER_DECODE_CLUSTER_MERGE=0.
+bool decode_merges_in_clusters(const DecodePlan& plan, const PagedShape& s, const at::Tensor& q);
+// The attention op's decode step when it has one split, or two merged in
+// clusters (decode_merges_in_clusters): the decode kernel writes `out`
+// itself, the bits that decode + combine would give. The arguments were
+// checked by the caller (attention), which passes their shape.
+void decode_without_partials(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
+                             const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
+                             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                             const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+                             const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask,
+                             const DecodePlan& plan);
 // A mixed step (attention_work.cuh, "Mixed steps"; max_q_len > 16): the
 // decode kernel over the sequences of at most kMaxDecodeQueries queries,
 // writing their rows of out itself (splits == 1) or through slot partials

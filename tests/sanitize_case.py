@@ -6,7 +6,7 @@ problems that still reach every code path (several page sizes and head dims,
 causal and not, GQA groups that take the decode and the prefill path, fp32 and
 bf16, int8 and fp8 caches, head dims 80 / 96 on their padded tiles, the
 per-layer variants and a tree mask, empty splits, padded batch slots; attention
-also with batch_invariant), then,
+also with batch_invariant, and with splits merged in clusters), then,
 unless --clean-only, the same ops
 on bad device metadata (page ids outside the pool, lengths beyond the table or
 negative, garbage query offsets), where the kernels must stay inside the
@@ -163,6 +163,20 @@ def main():
     for int8 in (False, True):
         lens = [1 + (7 * i) % 40 for i in range(70)]
         p = make_problem(lens, [1] * 70, 8, 2, 128, 16, device=DEV, seed=11, int8=int8)
+        run_attention_ops(p, causal=(True,), with_prefill=False)
+        if not args.clean_only:
+            p = dataclasses.replace(p, q=torch.cat([p.q, p.q[:3]]))
+            p.block_tables[0, 0] = p.k_cache.shape[0] + 5
+            p.seq_lens[1] = p.block_tables.shape[1] * 16 + 1000
+            p.seq_lens[2] = -7
+            run_attention_ops(p, causal=(True,), with_prefill=False)
+    # 64 sequences x 2 KV heads (128 pairs: 2 splits on 132 SMs), which the
+    # attention op runs as clusters whose blocks merge them through each
+    # other's shared memory (cluster_merge.cuh); then, unless clean only,
+    # padding tokens and bad metadata.
+    for int8 in (False, True):
+        p = make_problem([1 + (13 * i) % 300 for i in range(64)], [1] * 64, 8, 2, 128, 16, device=DEV, seed=23,
+                         int8=int8)
         run_attention_ops(p, causal=(True,), with_prefill=False)
         if not args.clean_only:
             p = dataclasses.replace(p, q=torch.cat([p.q, p.q[:3]]))

@@ -22,8 +22,9 @@ import pytest
 import torch
 
 import tileinfer_attn
-from op_helpers import (HEAD_DIMS, ULPS, GrowingDecodeBatch, check_lse, check_out, exact_attention, has_cuda_kernel, need, need_path,
-                        run_attention, run_combine, run_decode, run_prefill)
+from op_helpers import (HEAD_DIMS, ULPS, GrowingDecodeBatch, bits, check_lse, check_out, exact_attention,
+                        has_cuda_kernel, hopper, kernels_run, need, need_path, run_attention, run_combine, run_decode,
+                        run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_
 
@@ -296,6 +297,82 @@ def test_attention_few_pairs(case, seed):
         check_out(out[:r], exact[:r], dtype, f"attention, few pairs ({case})")
 
 
+def batch_for_splits(kv_heads, splits, at_least=1):
+    """The smallest batch of at least `at_least` sequences to which the
+    attention op's default rule gives `splits` splits on this card (None if
+    none does)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return next((b for b in range(at_least, 4096) if ops.decode_num_splits(sms, b, kv_heads) == splits), None)
+
+
+# (query heads, KV heads, head dim, page, dtype, queries a sequence, extra):
+# batches sized for 2 (or 4) splits a (sequence, KV head), which the attention
+# op runs as clusters of blocks that merge them (cluster_merge.cuh). "quant":
+# make_problem's cache arguments; "bad_row": a query value inf (its row comes
+# out 0, as combine makes of an all-NaN row).
+CLUSTER_CASES = {
+    "28/4": (28, 4, 128, 16, torch.bfloat16, 1, {}),
+    "fp16-d64": (32, 8, 64, 64, torch.float16, 1, {}),
+    "verify-d256": (16, 4, 256, 32, torch.bfloat16, 4, {}),
+    "d96-window-sinks": (16, 2, 96, 16, torch.bfloat16, 1, {"window_left": 300, "sinks": True}),
+    "int8-bad-row": (32, 8, 128, 64, torch.bfloat16, 1, {"quant": {"int8": True}, "bad_row": True}),
+    "fp8-per-tensor": (32, 8, 128, 16, torch.float16, 2,
+                       {"quant": {"cache_dtype": torch.float8_e4m3fn, "scale_kind": "tensor"}}),
+    "mqa-64-row-tile": (32, 1, 128, 16, torch.float16, 1, {}),
+}
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+@pytest.mark.parametrize("case", list(CLUSTER_CASES))
+def test_attention_cluster_merge(case, splits, monkeypatch, seed):
+    """Steps of 89-132 (sequence, KV head) pairs (on 132 SMs), to which the
+    default rule gives 2 splits: on compute capability 9.0 the attention op
+    runs each pair's splits as one cluster whose blocks merge them (no
+    partials, no combine launch); 4 splits (53-66 pairs) keep combine. The result must be the bits of
+    decode + combine with that split count (the sign of a zero included), and
+    of the op with TILEINFER_DECODE_CLUSTER_MERGE=0 (which launches combine);
+    0 on padding tokens; float64's within tolerance. Lengths around page
+    boundaries and shorter than the splits leave some splits without a key."""
+    need_path("attention")
+    hq, hkv, d, page, dtype, n, extra = CLUSTER_CASES[case]
+    seqs = batch_for_splits(hkv, splits, at_least=8)
+    if seqs is None:
+        pytest.skip(f"no batch gets {splits} splits on this card")
+    g = torch.Generator().manual_seed(seed)
+    lens = [0, 1, n, page - 1, page, page + 1, 3 * page + 1, 2500]
+    lens += torch.randint(n, 1200, (seqs - len(lens),), generator=g).tolist()
+    q_lens = [min(n, L) for L in lens]
+    quant = extra.get("quant", {})
+    p = make_problem(lens, q_lens, hq, hkv, d, page, dtype=dtype, device=DEV, seed=seed, **quant)
+    p = dataclasses.replace(with_padding_tokens(p, 3), max_q_len=n)
+    if extra.get("bad_row"):
+        p.q[int(p.cu_seqlens_q[1]), 3, 7] = float("inf")
+    variants = {}
+    if "window_left" in extra:
+        variants["window_left"] = extra["window_left"]
+    if extra.get("sinks"):
+        variants["sinks"] = torch.randn(hq, device=DEV)
+    names, out = kernels_run(lambda: run_attention(p, True, **variants))
+    if hopper():
+        combined = any("combine" in name for name in names)
+        assert combined == (splits != 2), f"combine {'ran' if combined else 'did not run'}: {names}"
+
+    expected, _ = run_combine(*run_decode(p, True, splits, **variants), dtype)
+    assert torch.equal(bits(out), bits(expected)), "attention (splits merged in clusters) differs from decode + combine"
+    monkeypatch.setenv("TILEINFER_DECODE_CLUSTER_MERGE", "0")
+    names_off, off = kernels_run(lambda: run_attention(p, True, **variants))
+    assert any("combine" in name for name in names_off), f"combine did not run: {names_off}"
+    assert torch.equal(bits(off), bits(out)), "the cluster merge's bits differ from partials + combine's"
+    r = real_rows(p)
+    assert torch.all(out[r:] == 0), "padding tokens must get 0"
+    if extra.get("bad_row"):
+        bad = int(p.cu_seqlens_q[1])
+        assert torch.all(out[bad, 3] == 0) and torch.isfinite(out).all(), "a non-finite query row comes out 0"
+    if not quant:
+        exact, _ = exact_attention(p, True, **variants)
+        check_out(out[:r], exact[:r], dtype, f"attention, splits merged in clusters ({case})")
+
+
 # ------------------------------------------------------------------ combine alone
 def random_partials(splits, tokens, heads, head_dim, g):
     """Partials with a spread of lse values (weights from ~1 down to underflow),
@@ -473,8 +550,8 @@ def test_deterministic(path, seed):
 
 
 # ------------------------------------------------------------------ CUDA graphs
-@pytest.mark.parametrize("group,kv_heads,num_seqs", [(4, 2, 3), (3, 2, 3), (4, 8, 40)],
-                         ids=["decode_path", "prefill_path", "decode_path_single_split"])
+@pytest.mark.parametrize("group,kv_heads,num_seqs", [(4, 2, 3), (3, 2, 3), (4, 8, 40), (4, 8, 16)],
+                         ids=["decode_path", "prefill_path", "decode_path_single_split", "decode_path_cluster_merge"])
 def test_cuda_graph_decode_steps(group, kv_heads, num_seqs, seed):
     """One decode step (cache_write + attention, or attention alone when this
     build has no CUDA cache_write) captured once with static block_tables /
@@ -483,14 +560,19 @@ def test_cuda_graph_decode_steps(group, kv_heads, num_seqs, seed):
     buffers (new page ids, lengths, this step's q / k / v). Every replay must
     equal an eager step bit for bit, and float64 attention every few steps.
     40 sequences x 8 KV heads: one split per (sequence, head), where the decode
-    kernel writes `out` itself."""
+    kernel writes `out` itself; 16 x 8: two splits (on 132 SMs), merged in
+    clusters."""
     need_path("attention")
     use_cache_write = has_cuda_kernel("cache_write")
     g = torch.Generator().manual_seed(seed)
     dtype, page, d, steps = torch.bfloat16, 16, 128, 70
     if num_seqs > 3:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        assert ops.decode_num_splits(sms, num_seqs, kv_heads) == 1
+        splits = ops.decode_num_splits(sms, num_seqs, kv_heads)
+        if num_seqs == 40:
+            assert splits == 1
+        elif splits != 2:
+            pytest.skip(f"{num_seqs} x {kv_heads} pairs get {splits} splits on this card, not 2")
     start = [page - 3, 2 * page - 1, 5] + [1 + (7 * i) % 50 for i in range(num_seqs - 3)]
     b = GrowingDecodeBatch(g, num_seqs, kv_heads, group, start, steps, page, d, dtype, DEV)
 
@@ -549,7 +631,7 @@ def check_context_alive(seed):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("path", ["prefill", "decode", "attention"])
+@pytest.mark.parametrize("path", ["prefill", "decode", "attention", "attention-clusters"])
 def test_adversarial_metadata(path, dtype, seed):
     """Bad device metadata: out-of-range and negative page ids among used
     pages, seq_lens beyond what the table holds (by a little and by far) and
@@ -557,11 +639,19 @@ def test_adversarial_metadata(path, dtype, seed):
     row as the reference reads the metadata (bad pages skipped, lengths
     clamped; rows that see nothing: 0, lse -inf), decode's partials right
     before combine too, the context survives, and validate_metadata names
-    every bad entry."""
-    need_path(path)
+    every bad entry. attention-clusters: more sequences after those, for 2
+    splits merged in clusters."""
+    need_path("attention" if path.startswith("attention") else path)
     need("decode", "combine")  # check_context_alive
     q_lens = [5, 3, 20, 1, 4, 6] if path == "prefill" else [1, 2, 1, 1, 3, 1]
-    p = make_problem([70, 40, 33, 20, 50, 45], q_lens, 8, 2, 64, 16, dtype=dtype, device=DEV, seed=seed)
+    lens = [70, 40, 33, 20, 50, 45]
+    if path == "attention-clusters":
+        seqs = batch_for_splits(2, 2, at_least=len(lens))
+        if seqs is None:
+            pytest.skip("no batch gets 2 splits on this card")
+        lens += [30] * (seqs - len(lens))
+        q_lens += [1] * (seqs - len(q_lens))
+    p = make_problem(lens, q_lens, 8, 2, 64, 16, dtype=dtype, device=DEV, seed=seed)
     bad = corrupt(p)  # sequences 0-3
     p.block_tables[4, :] = -1  # every page bad: its rows see nothing
     p.seq_lens[5] = 10**6  # far beyond what the table holds: clamped

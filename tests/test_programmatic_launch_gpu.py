@@ -55,21 +55,27 @@ def late_copy(tmp_path_factory):
 
 
 # (path, int8, q_lens, long): decode + combine for 1 and 4 queries per
-# sequence; prefill (an int8 cache takes the tensor-core kernel on every GPU).
+# sequence; 64 sequences (128 (sequence, KV head) pairs: 2 splits on 132 SMs,
+# merged in thread-block clusters on Hopper, whose blocks must all start over
+# together); prefill (an int8 cache takes the tensor-core kernel on every GPU).
 CASES = [("attention", False, [1, 1, 1], False), ("attention", False, [1, 1, 1], True),
          ("attention", False, [4, 4, 4], False), ("attention", True, [1, 1, 1], False),
+         ("attention", False, [1] * 64, False),
          ("prefill", True, [20, 33, 7], False), ("prefill", False, [20, 33, 7], False)]
 
 
-@pytest.mark.parametrize("path,int8,q_lens,long", CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize("path,int8,q_lens,long", CASES,
+                         ids=lambda v: f"{len(v)}x{v[0]}" if isinstance(v, list) and len(v) > 4 else str(v))
 def test_metadata_written_after_the_next_kernel_started(late_copy, path, int8, q_lens, long, seed):
     need(path if path == "prefill" else "decode", "combine")
     # Long: 32 splits of 18 or 14 pages of 16 positions, up to 5 tiles of 64 keys per block.
-    lens = [9000, 7000, 300] if long else [300, 517, 129]
+    more = len(q_lens) - 3  # sequences past the first three: 40 positions, 33 before
+    lens = ([9000, 7000, 300] if long else [300, 517, 129]) + [40] * more
     p = make_problem(lens, q_lens, 8, 2, 128, 16, dtype=torch.bfloat16, device=DEV, seed=seed, int8=int8)
     # Before: other lengths (one of them longer than the new one) and the
     # pages of each row in another order.
-    old_lens = torch.tensor([8800, 7400, 160] if long else [270, 540, 160], dtype=torch.int32, device=DEV)
+    old_lens = torch.tensor(([8800, 7400, 160] if long else [270, 540, 160]) + [33] * more, dtype=torch.int32,
+                            device=DEV)
     old_tables = torch.roll(p.block_tables, 1, dims=1)
     new_meta = torch.cat([p.block_tables.flatten(), p.seq_lens])
     old_meta = torch.cat([old_tables.flatten(), old_lens])

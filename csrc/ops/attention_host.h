@@ -109,7 +109,12 @@ void launch_attention(const char* op, AttentionParams p, cudaStream_t stream) {
   static SmemOptIn opt_in;
   opt_in.ensure(kKernel, Cfg::kSmemBytes);
   p.programmatic = programmatic_launch(c10::cuda::current_device());
-  C10_CUDA_CHECK(launch_kernel(kKernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.programmatic, p));
+  // Decode splits merged in clusters (cluster_merge.cuh): a cluster of the
+  // splits of each (sequence, KV head, row tile).
+  const unsigned cluster = p.cluster_splits > 1 ? static_cast<unsigned>(p.cluster_splits) : 1u;
+  TILEINFER_CHECK(cluster == 1 || grid.x == cluster, op, ": a cluster holds every split of its rows");
+  C10_CUDA_CHECK(
+      launch_kernel_ex(0, cluster, kKernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.programmatic, p));
 }
 
 template <class Cfg, class Work>

@@ -4,8 +4,10 @@
 // int8 / fp8 caches), the
 // CUDA-core kernel (attention_fp32.cuh) for fp32. Each block writes one
 // normalized fp32 partial + lse per row; `combine` merges the splits. With a
-// single split the attention op has the blocks write the output directly
-// (decode_single_split).
+// single split, or two that the decode blocks merge themselves, the attention
+// op has them write the output directly (decode_without_partials).
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -77,6 +79,12 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   const bool walks = plan.batch_invariant && p.partial_out != nullptr && q.scalar_type() != at::kFloat;
   p.num_splits = static_cast<int>(walks ? plan.grid_splits : plan.num_splits);
   p.split_slots = walks ? static_cast<int>(plan.num_splits) : 0;
+  // A block per split and no partials: the splits of each (sequence, KV head,
+  // row tile) are a cluster that merges them (decode_merges_in_clusters).
+  const bool clustered = !walks && p.partial_out == nullptr && plan.num_splits > 1;
+  TILEINFER_CHECK(!clustered || decode_merges_in_clusters(plan, s, q), op,
+                  ": a decode launch without partials merges its splits in one cluster");
+  p.cluster_splits = clustered ? static_cast<int>(plan.num_splits) : 0;
   p.split_divisor = static_cast<int>(plan.divisor);
   p.split_min_pages = static_cast<int>(plan.min_pages);
   // The 16-row tile when a query's heads fit in it: a mixed step's grid is
@@ -120,7 +128,33 @@ void launch_decode_into(at::Tensor& out, AttentionParams& p, const PagedShape& s
   if (!target.is_same(out)) out.copy_(target);
 }
 
+// TILEINFER_DECODE_CLUSTER_MERGE=0 turns the cluster merge off, for a
+// measurement against partials + combine in one build (read at each call: a
+// captured graph keeps the path of its capture).
+bool cluster_merge_enabled() {
+  const char* env = std::getenv("TILEINFER_DECODE_CLUSTER_MERGE");
+  if (env == nullptr) return true;
+  TILEINFER_CHECK(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
+                  "TILEINFER_DECODE_CLUSTER_MERGE must be 0 or 1, not '", env, "'");
+  return env[0] == '1';
+}
+
 }  // namespace
+
+bool decode_merges_in_clusters(const DecodePlan& plan, const PagedShape&, const at::Tensor& q) {
+#ifdef TILEINFER_SM90A
+  // The merge is sm_90 code (cluster_merge.cuh): on compute capability 9.0,
+  // whose kernels this build has as sm_90a code.
+  const int device = q.get_device();
+  return !plan.batch_invariant && plan.num_splits == 2 && q.scalar_type() != at::kFloat && q.is_cuda() &&
+         cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9 &&
+         cached_device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0 && cluster_merge_enabled();
+#else
+  (void)plan;
+  (void)q;
+  return false;
+#endif
+}
 
 void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q,
                const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
@@ -171,13 +205,13 @@ void decode(at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& 
             even_decode_plan(splits));
 }
 
-void decode_single_split(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
-                         const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                         const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
-                         const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                         const std::optional<at::Tensor>& k_smooth, int64_t window_left,
-                         double logits_soft_cap, const std::optional<at::Tensor>& sinks,
-                         const std::optional<at::Tensor>& tree_mask, const DecodePlan& plan) {
+void decode_without_partials(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
+                             const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                             const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,
+                             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                             const std::optional<at::Tensor>& k_smooth, int64_t window_left, double logits_soft_cap,
+                             const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_mask,
+                             const DecodePlan& plan) {
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionParams p = make_attention_params("attention", s, q, k_cache, v_cache, block_tables, seq_lens,
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,

@@ -295,6 +295,9 @@ struct PrefillWork {
 // write the output and its lse themselves, exactly what combine would have
 // made of that one partial (the same fp32 values, rounded once): large batches
 // need no split, and this saves them the combine launch and the partial traffic.
+// With 2 splits and no partials (p.cluster_splits), a (sequence, KV head,
+// row tile)'s split blocks are one cluster, and merge their rows into the
+// output together, as combine would have (cluster_merge.cuh).
 struct DecodeWork {
   static constexpr bool kWalks = false;    // one split a block (DecodeWalkWork below walks several)
   static constexpr bool kPartials = true;  // partials, or `out` when p.partial_out is null
@@ -366,8 +369,9 @@ struct DecodeWork {
   // Tokens past cu_seqlens_q[num_seqs] (the padding of a batch captured larger
   // than it runs) belong to no block. The row-tile-0 blocks of the last sequence
   // give them a neutral lse in their split, so combine writes 0 there instead of
-  // merging stale workspace (which could hold NaN); without partials they write
-  // the 0 rows (OutElem) and -inf lse themselves. Costs nothing without padding.
+  // merging stale workspace (which could hold NaN); without partials the split-0
+  // block writes the 0 rows (OutElem) and -inf lse itself. Costs nothing
+  // without padding.
   // (first: cu_seqlens_q[num_seqs], read with the rest of read_meta.)
   __device__ static bool marks_padding(const AttentionParams& p) {
     const int row_tiles = gridDim.y / p.kv.num_kv_heads;
@@ -394,6 +398,7 @@ struct DecodeWork {
       }
       return;
     }
+    if (blockIdx.x != 0) return;  // (a cluster's other splits: cluster_merge.cuh)
     constexpr int kVec = Vec16<OutElem>::kSize;
     const int chunks = p.kv.head_dim / kVec;
     for (int i = threadIdx.x; i < n * chunks; i += blockDim.x) {

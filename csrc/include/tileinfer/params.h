@@ -64,6 +64,11 @@ struct AttentionParams {
   // (attention_work.cuh, DecodeWork::next), and combine reads an out only
   // where its lse is finite.
   int split_slots = 0;
+  // 0, or decode without partials whose num_splits (2) blocks of a
+  // (sequence, KV head, row tile) form a thread-block cluster and merge
+  // their splits through each other's shared memory (cluster_merge.cuh);
+  // the launch sets the cluster's size.
+  int cluster_splits = 0;
   // 0, or a mixed step's threshold q (attention_work.cuh, "Mixed steps"):
   // decode takes the sequences of at most q queries, prefill the others.
   int mixed_queries;

@@ -2,10 +2,12 @@
 // are done, each row's softmax is finished (the key-slice warps of decode
 // merging their parts of a row first), the accumulators are scaled into
 // shared memory as fp32 rows, and whole rows go out as 16-byte stores: to
-// `out`, or to the split's fp32 partial (decode), with the lse.
+// `out`, or to the split's fp32 partial (decode), with the lse; or the blocks
+// of a cluster merge their splits' rows together (cluster_merge_rows).
 #pragma once
 
 #include "attention_work.cuh"
+#include "cluster_merge.cuh"
 #include "quant.cuh"
 #include "softmax.cuh"
 #include "tile_io.cuh"
@@ -92,6 +94,12 @@ __device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const Wo
   }
   __syncthreads();
   TILEINFER_STAMP(7);  // warps' parts in shared memory
+  if constexpr (Work::kPartials && !Work::kWalks) {
+    if (p.cluster_splits > 1) {  // block-uniform
+      cluster_merge_rows<Cfg>(p, sh, tid);
+      return;
+    }
+  }
 
   // 16-byte stores of whole rows of elements O at row_ptr(token, head); the
   // key-slice warps' parts add up in a fixed order.
