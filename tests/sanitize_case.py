@@ -154,29 +154,18 @@ def main():
             big.block_tables[0, 3] = big.k_cache.shape[0] + 1
             big.block_tables[1, 0] = -2
         run_input_ops(big)
-    # A batch of 70 sequences x 2 KV heads: the attention op's single split
-    # (the decode kernel writes out itself) and, with 4 splits, more blocks than
-    # fit two per SM (the int8 decode's 64-key tile); then, unless clean only,
-    # 3 padding tokens (whose partials combine reads with weight 0, unwritten:
-    # initcheck would report them) and bad metadata. Decode-path ops only:
-    # racecheck is slow on many blocks.
-    for int8 in (False, True):
-        lens = [1 + (7 * i) % 40 for i in range(70)]
-        p = make_problem(lens, [1] * 70, 8, 2, 128, 16, device=DEV, seed=11, int8=int8)
-        run_attention_ops(p, causal=(True,), with_prefill=False)
-        if not args.clean_only:
-            p = dataclasses.replace(p, q=torch.cat([p.q, p.q[:3]]))
-            p.block_tables[0, 0] = p.k_cache.shape[0] + 5
-            p.seq_lens[1] = p.block_tables.shape[1] * 16 + 1000
-            p.seq_lens[2] = -7
-            run_attention_ops(p, causal=(True,), with_prefill=False)
-    # 64 sequences x 2 KV heads (128 pairs: 2 splits on 132 SMs), which the
-    # attention op runs as clusters whose blocks merge them through each
-    # other's shared memory (cluster_merge.cuh); then, unless clean only,
-    # padding tokens and bad metadata.
-    for int8 in (False, True):
-        p = make_problem([1 + (13 * i) % 300 for i in range(64)], [1] * 64, 8, 2, 128, 16, device=DEV, seed=23,
-                         int8=int8)
+    # Batches of 70 and 64 sequences x 2 KV heads: the attention op's single
+    # split (the decode kernel writes out itself) and, with 4 splits, more
+    # blocks than fit two per SM (the int8 decode's 64-key tile); 64 (128
+    # pairs): 2 splits on 132 SMs, which the attention op runs as clusters
+    # whose blocks merge them through each other's shared memory
+    # (cluster_merge.cuh). Then, unless clean only, 3 padding tokens (whose
+    # partials combine reads with weight 0, unwritten: initcheck would report
+    # them) and bad metadata. Decode-path ops only: racecheck is slow on many
+    # blocks.
+    for n, int8 in ((70, False), (70, True), (64, False), (64, True)):
+        lens = [1 + (7 * i) % 40 for i in range(n)]
+        p = make_problem(lens, [1] * n, 8, 2, 128, 16, device=DEV, seed=11, int8=int8)
         run_attention_ops(p, causal=(True,), with_prefill=False)
         if not args.clean_only:
             p = dataclasses.replace(p, q=torch.cat([p.q, p.q[:3]]))
