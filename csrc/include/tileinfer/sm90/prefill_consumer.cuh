@@ -19,27 +19,27 @@
 //     see none of a tile skips the math, not the turn): turns and ring stay
 //     in step.
 //   - intra-warpgroup: S of tile i is issued together with P V of tile
-//     i - 1, and the mask of tile i runs while that P V does. So does its
-//     softmax over per-vector scales, where the release of the tile's scale
-//     slot (a memory operation after the softmax) stands before the wait
-//     for the P V; otherwise ptxas moves that wait, which shares no
-//     register with the softmax, above it (the SASS of the bf16 and
-//     per-tensor kernels). ptxas keeps the products' order only if the
-//     steady-state loop has no branch on which products are in flight, so
-//     the first tile, the steady state and the last P V are separate
-//     pieces of code.
+//     i - 1, and the mask and softmax of tile i run while that P V does.
+//     ptxas moves the wait for that P V, which shares no register with the
+//     softmax, above the softmax unless a memory operation that needs the
+//     softmax stands before the wait: per-vector scales have one (the
+//     release of the tile's scale slot), and every kernel has a store of
+//     the row sums that never runs (`pin`). ptxas keeps the products'
+//     order only if the steady-state loop has no branch on which products
+//     are in flight, so the first tile, the steady state and the last P V
+//     are separate pieces of code.
 //
 // A quantized cache (Cfg::kQuant): the operands are fp16 (prefill_convert.cuh);
 // each warpgroup first converts its query rows, in place. A row's factor
 // (k_scale over the row's power of two) joins the softmax's exp2
-// multiplier, and P comes out of the exp2 already times 2^15 (a bias on its
-// argument; the row sums carry the same factor, and the output takes
-// v_scale). Per-vector scales: the row's
-// factor is its power of two alone, each score column takes its key's
-// scale, each probability column its value's scale times 2^15 over the
-// running vmax, and the output vmax / 2^15; the tile's key scales are
-// loaded from its scale slot while S completes. (With a soft-cap the tanh
-// takes the true product: the scores are multiplied by the row factor first.)
+// multiplier, and P comes out of the exp2 already times the tile table's
+// kHeadroom (a bias on its argument; the row sums carry the same factor,
+// and the output takes v_scale). Per-vector scales: the row's factor is
+// its power of two alone, each score column takes its key's scale, each
+// probability column its value's scale times kHeadroom over the running
+// vmax, and the output vmax / kHeadroom; the tile's key scales are loaded
+// from its scale slot while S completes. (With a soft-cap the tanh takes
+// the true product: the scores are multiplied by the row factor first.)
 //
 // Soft-capped scores over a bf16 cache (kFixedOffset, a kernel of its own:
 // prefill_kernel.cuh) take their exponents against a fixed offset
@@ -85,6 +85,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
   const uint32_t q_base0 = smem_u32(sm.q(0)) + 64 * wg * 128;  // this warpgroup's rows of block 0, buffer 0
 
   if (wg == 1) named_arrive(kTurnBarrier, 256);  // consumer 0 issues first
+  const bool pin = p.item_group < 0;  // false: prefill.cu sets it positive (the key loop's `pin` store)
 
   uint32_t tiles = 0;
   for (uint32_t items = 0;; ++items) {
@@ -227,14 +228,14 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       }
       if constexpr (Cfg::kQuant) {
         const float row_k[2] = {smap.cap ? smap.k : unscale[0], smap.cap ? smap.k : unscale[1]};
-        smx.update(s, row_k, factor, Cfg::kProbBias);  // per tensor: P comes out times kProbHeadroom
+        smx.template update<Cfg::kSoftmaxSlack>(s, row_k, factor, Cfg::kProbBias);  // per tensor: P times kHeadroom
       } else if constexpr (kFixedOffset) {
         smx.update_fixed(s, smap.k);
       } else {
         smx.template update<Cfg::kSoftmaxSlack>(s, smap.k, factor);
       }
       if constexpr (Cfg::kVectorScales) {
-        // Each value's scale on its probabilities, times kProbHeadroom over
+        // Each value's scale on its probabilities, times kHeadroom over
         // the running vmax (hand_on_scales); a larger vmax rescales O as a
         // larger row maximum does. Then the tile's scales are released.
         const float* slot = scale_slot(i);
@@ -318,8 +319,10 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       wgmma::wait<1>();  // S of tile i
       release_k(slot.stage);
       softmax(i, outside, ks);
-      // Ahead of the wait in the PTX (ptxas may still move the wait up:
-      // the top of this file).
+      // Keeps the softmax ahead of the wait for the P V in flight (the top
+      // of this file): a store that needs the row sums, never run (`pin`
+      // is false at run time, which the compiler cannot tell).
+      if (pin) *reinterpret_cast<float2*>(sm.q(0)) = make_float2(smx.row[0].l, smx.row[1].l);
 #pragma unroll
       for (int R = 0; R < 2; ++R) wgmma::fence_regs(s[R]);
       if constexpr (!kFixedOffset) wgmma::fence_regs(factor);
@@ -342,9 +345,9 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 
     float out_factor[2] = {1.f, 1.f};
     if constexpr (Cfg::kQuant) {
-      // O is in units of vmax / kProbHeadroom (per vector) or of v_scale (per
+      // O is in units of vmax / kHeadroom (per vector) or of v_scale (per
       // tensor, whose row sums carry the headroom as P does).
-      const float v_scale = Cfg::kVectorScales ? vmax * (1.f / kProbHeadroom) : __ldg(p.a.kv.v_scale);
+      const float v_scale = Cfg::kVectorScales ? vmax * (1.f / Cfg::kHeadroom) : __ldg(p.a.kv.v_scale);
 #pragma unroll
       for (int R = 0; R < 2; ++R) out_factor[R] = bad[R] ? __int_as_float(0x7fc00000) : v_scale;
     }

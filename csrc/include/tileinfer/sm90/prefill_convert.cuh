@@ -118,7 +118,7 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, 
 // Rows from `valid` on and rows of boxes outside the pool get zeros (their
 // scales were not copied, or hold anything). Every converter warp computes
 // the tile's largest |v_scale| and the item's running maximum `vmax` (the
-// same value in each), and stores the v scales times kProbHeadroom / vmax:
+// same value in each), and stores the v scales times Cfg::kHeadroom / vmax:
 // the factor that the consumers' probabilities take before they are rounded
 // to fp16 (attention_kernel.cuh has the same numerics: a key with a huge
 // value scale does not push the others into fp16's subnormals). Warp `cw`
@@ -139,8 +139,8 @@ __device__ __forceinline__ void hand_on_scales(const float* raw, float* slot, in
     tile_vmax = fmaxf(tile_vmax, fabsf(vs[k]));
   }
   vmax = fmaxf(vmax, warp_max<32>(tile_vmax));
-  const float top = fmaxf(vmax, 0x1p-100f);  // keeps kProbHeadroom / top finite for subnormal scales
-  const float factor = kProbHeadroom * (1.f / top);
+  const float top = fmaxf(vmax, 0x1p-100f);  // keeps kHeadroom / top finite for subnormal scales
+  const float factor = Cfg::kHeadroom * (1.f / top);
   const int at0 = Cfg::scale_at(lane);
 #pragma unroll
   for (int k = 0; k < kRows; ++k)

@@ -83,17 +83,26 @@ struct PrefillTile {
   // so a split beyond that total never starts (it hangs, it does not fail).
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kConverterWarps = kQuant ? 3 : 0;  // warps 1-3 of the producer warpgroup
-  // log2 of what the probabilities come out of the softmax multiplied by
-  // (OnlineSoftmax::update's bias): a quantized cache's fp16 headroom, but
-  // with per-vector scales it rides on the value scales instead.
-  static constexpr float kProbBias = kQuant && !kVectorScales ? static_cast<float>(kLog2ProbHeadroom) : 0.f;
   // How far (log2) a row's scores may rise above its running maximum before
   // it moves (SoftmaxRow::enter_tile): O is rescaled only on the tiles where
   // it does, which gained 1-3% at d 128 and 256 (O of 64 and 128 registers a
-  // thread) and cost 1% at d 64. P reaches 2^8, which bf16 and fp16 hold; a
-  // quantized cache's P already carries fp16's headroom (kProbBias) and
-  // keeps the exact maximum.
-  static constexpr int kSoftmaxSlack = kQuant || D == 64 ? 0 : 8;
+  // thread) and cost 1% at d 64. P then reaches 2^kSoftmaxSlack, which bf16
+  // and fp16 hold. A quantized cache's P also carries its headroom (below):
+  // per-tensor scales take a slack of 4 (fp8 1 x 2k-8k 2-5% faster);
+  // per-vector ones keep the exact maximum (with the slack, and their value
+  // scales loaded earlier, they ran 1-2% slower).
+  static constexpr int kSoftmaxSlack = D == 64 || kVectorScales ? 0 : kQuant ? 4 : 8;
+  // A quantized cache: log2 of what the probabilities are multiplied by
+  // before they are rounded to fp16 for the P V product (the output factor
+  // takes it back), so that the small ones stay out of fp16's subnormals:
+  // with 2^(15 - slack), those down to 2^-(29 - slack) of the row's
+  // running maximum stay fp16 normals, and the largest, 2^15, in range.
+  static constexpr int kLog2Headroom = kQuant ? 15 - kSoftmaxSlack : 0;
+  static constexpr float kHeadroom = static_cast<float>(1 << kLog2Headroom);
+  // The headroom as OnlineSoftmax::update's bias (log2 of what P comes out of
+  // the exp2 multiplied by), one scale per tensor; per-vector scales carry
+  // it on the value scales instead (hand_on_scales).
+  static constexpr float kProbBias = kQuant && !kVectorScales ? static_cast<float>(kLog2Headroom) : 0.f;
   // Whether P (of type T) has fp32's exponent range, which soft-capped
   // scores against a fixed offset need (softmax.cuh, fixed_offset): bf16
   // products; fp16's range is too narrow for caps past about 10.
