@@ -144,7 +144,7 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
 #ifdef TILEINFER_WITH_CUDA
     // Nothing to merge, or the blocks of a cluster merge their splits: no
     // partials, no combine launch.
-    if (on_cuda && (plan.num_splits == 1 || cuda::decode_merges_in_clusters(plan, s, q))) {
+    if (on_cuda && (plan.num_splits == 1 || cuda::decode_merges_in_clusters(plan, q))) {
       cuda::decode_without_partials(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
                                     scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks,
                                     tree_mask, plan);

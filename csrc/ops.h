@@ -95,7 +95,7 @@ TILEINFER_DECLARE_NAMED_OPS
 // (cluster_merge.cuh), the bits combine would give: for 16-bit queries on
 // compute capability 9.0 with sm_90a code in the build, unless
 // TILEINFER_DECODE_CLUSTER_MERGE=0.
-bool decode_merges_in_clusters(const DecodePlan& plan, const PagedShape& s, const at::Tensor& q);
+bool decode_merges_in_clusters(const DecodePlan& plan, const at::Tensor& q);
 // The attention op's decode step when it has one split, or two merged in
 // clusters (decode_merges_in_clusters): the decode kernel writes `out`
 // itself, the bits that decode + combine would give. The arguments were

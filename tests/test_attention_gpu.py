@@ -206,6 +206,14 @@ def test_decode_split_counts(dtype, splits, seed):
     check_lse(lse, exact_lse, dtype, f"decode {splits} splits lse")
 
 
+def batch_for_splits(kv_heads, splits, at_least=1):
+    """The smallest batch of at least `at_least` sequences to which the
+    attention op's default rule gives `splits` splits on this card (None if
+    none does)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return next((b for b in range(at_least, 4096) if ops.decode_num_splits(sms, b, kv_heads) == splits), None)
+
+
 @pytest.mark.parametrize("misaligned_out", [False, True], ids=["out", "misaligned-out"])
 @pytest.mark.parametrize("n", [1, 4])
 @pytest.mark.parametrize("int8", [False, True], ids=["cache", "int8-cache"])
@@ -220,9 +228,7 @@ def test_attention_single_split_writes_out(dtype, head_dim, int8, n, misaligned_
     if int8 and dtype == torch.float32:
         pytest.skip("the int8 cache takes bf16 / fp16 queries")
     kv_heads, group = 4, 4
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    seqs = next(b for b in range(1, 4096)
-                if ops.decode_num_splits(sms, b, kv_heads) == 1)
+    seqs = batch_for_splits(kv_heads, 1)
     g = torch.Generator().manual_seed(seed)
     lens = [0, 1, 15, 16, 17, 63, 64, 65, n] + torch.randint(n, 700, (seqs - 9,), generator=g).tolist()
     q_lens = [min(n, L) for L in lens]
@@ -295,14 +301,6 @@ def test_attention_few_pairs(case, seed):
     if not extra.get("int8"):
         exact, _ = exact_attention(p, True, **variants)
         check_out(out[:r], exact[:r], dtype, f"attention, few pairs ({case})")
-
-
-def batch_for_splits(kv_heads, splits, at_least=1):
-    """The smallest batch of at least `at_least` sequences to which the
-    attention op's default rule gives `splits` splits on this card (None if
-    none does)."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return next((b for b in range(at_least, 4096) if ops.decode_num_splits(sms, b, kv_heads) == splits), None)
 
 
 # (query heads, KV heads, head dim, page, dtype, queries a sequence, extra):

@@ -82,7 +82,7 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   // A block per split and no partials: the splits of each (sequence, KV head,
   // row tile) are a cluster that merges them (decode_merges_in_clusters).
   const bool clustered = !walks && p.partial_out == nullptr && plan.num_splits > 1;
-  TILEINFER_CHECK(!clustered || decode_merges_in_clusters(plan, s, q), op,
+  TILEINFER_CHECK(!clustered || decode_merges_in_clusters(plan, q), op,
                   ": a decode launch without partials merges its splits in one cluster");
   p.cluster_splits = clustered ? static_cast<int>(plan.num_splits) : 0;
   p.split_divisor = static_cast<int>(plan.divisor);
@@ -141,7 +141,7 @@ bool cluster_merge_enabled() {
 
 }  // namespace
 
-bool decode_merges_in_clusters(const DecodePlan& plan, const PagedShape&, const at::Tensor& q) {
+bool decode_merges_in_clusters(const DecodePlan& plan, const at::Tensor& q) {
 #ifdef TILEINFER_SM90A
   // The merge is sm_90 code (cluster_merge.cuh): on compute capability 9.0,
   // whose kernels this build has as sm_90a code.
