@@ -5,6 +5,7 @@
 // and CUDA. Also the ops that answer questions about the build: the split rule
 // (decode_num_splits) and the support table (supported, supported_dtypes).
 #include <algorithm>
+#include <cstdlib>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -41,9 +42,27 @@ int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t nu
   return decode_num_splits_for(sm_count(device), num_seqs, num_kv_heads);
 }
 
+namespace {
+
+// The batch-invariant plan's shortest split, in positions: 512, or for a
+// measurement TILEINFER_INVARIANT_SPLIT_POSITIONS (64 to 4096; read at each
+// call, so a captured graph keeps the value of its capture).
+int64_t invariant_split_positions() {
+  const char* env = std::getenv("TILEINFER_INVARIANT_SPLIT_POSITIONS");
+  if (env == nullptr) return kInvariantSplitPositions;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  TILEINFER_CHECK(end != env && *end == '\0' && v >= 64 && v <= 4096,
+                  "TILEINFER_INVARIANT_SPLIT_POSITIONS must be 64 to 4096, not '", env, "'");
+  return v;
+}
+
+}  // namespace
+
 DecodePlan attention_decode_plan(const at::Device& device, const PagedShape& s, bool batch_invariant) {
   const DecodePlan plan = decode_plan_for(sm_count(device), s.num_seqs, s.num_kv_heads);
-  return batch_invariant ? invariant_decode_plan(s.max_pages, s.page_size, plan.num_splits) : plan;
+  if (!batch_invariant) return plan;
+  return invariant_decode_plan(s.max_pages, s.page_size, plan.num_splits, invariant_split_positions());
 }
 
 int64_t decode_num_splits_op(int64_t num_sms, int64_t num_seqs, int64_t num_kv_heads) {
@@ -142,9 +161,11 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   const DecodePlan plan = attention_decode_plan(q.device(), s, batch_invariant);
   if (use_decode_path(max_q_len)) {
 #ifdef TILEINFER_WITH_CUDA
-    // Nothing to merge, or the blocks of a cluster merge their splits: no
-    // partials, no combine launch.
-    if (on_cuda && (plan.num_splits == 1 || cuda::decode_merges_in_clusters(plan, q))) {
+    // Nothing to merge, or the blocks of a cluster merge their splits, or
+    // one block walks and merges all of a sequence's splits: no partials, no
+    // combine launch.
+    if (on_cuda && (plan.num_splits == 1 || cuda::decode_merges_in_clusters(plan, q) ||
+                    cuda::decode_merges_splits(plan, s, q))) {
       cuda::decode_without_partials(out, s, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q_len,
                                     scale, causal, k_scale, v_scale, k_smooth, window_left, logits_soft_cap, sinks,
                                     tree_mask, plan);

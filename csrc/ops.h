@@ -96,10 +96,18 @@ TILEINFER_DECLARE_NAMED_OPS
 // compute capability 9.0 with sm_90a code in the build, unless
 // TILEINFER_DECODE_CLUSTER_MERGE=0.
 bool decode_merges_in_clusters(const DecodePlan& plan, const at::Tensor& q);
+// Whether the attention op's decode step under a batch-invariant plan runs
+// without partials: one block per (sequence, KV head) walks all of its
+// splits and merges them itself (attention_kernel.cuh), the bits combine
+// would give (split_merge.cuh). For 16-bit queries whose group fits the
+// 16-row tile at head dims up to 128, when the default rule gives the step
+// one split.
+bool decode_merges_splits(const DecodePlan& plan, const PagedShape& s, const at::Tensor& q);
 // The attention op's decode step when it has one split, or two merged in
-// clusters (decode_merges_in_clusters): the decode kernel writes `out`
-// itself, the bits that decode + combine would give. The arguments were
-// checked by the caller (attention), which passes their shape.
+// clusters (decode_merges_in_clusters), or all merged by the block that
+// walks them (decode_merges_splits): the decode kernel writes `out` itself,
+// the bits that decode + combine would give. The arguments were checked by
+// the caller (attention), which passes their shape.
 void decode_without_partials(at::Tensor& out, const PagedShape& s, const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                              const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale, bool causal,

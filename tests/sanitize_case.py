@@ -175,9 +175,11 @@ def main():
             run_attention_ops(p, causal=(True,), with_prefill=False)
     # A batch-invariant plan whose blocks walk its splits: 41 sequences x 2 KV
     # heads give 3 blocks a pair for 6 partials (pages of 16, a table of 189
-    # pages), the short sequences' later splits lse only; then bad metadata.
-    for int8 in (False, True):
-        p = make_problem([3000] + [1 + 9 * i for i in range(40)], [1] * 41, 8, 2, 128, 16, device=DEV, seed=17,
+    # pages), the short sequences' later splits lse only; 70 give a block a
+    # pair, which merges its splits itself (no partials, no combine); then
+    # bad metadata.
+    for n, int8 in ((41, False), (41, True), (70, False), (70, True)):
+        p = make_problem([3000] + [1 + 9 * i for i in range(n - 1)], [1] * n, 8, 2, 128, 16, device=DEV, seed=17,
                          int8=int8)
         run_attention_ops(p, causal=(True,), with_prefill=False)
         if not args.clean_only:

@@ -13,7 +13,7 @@ different split count shows in the bits), so the comparison can fail.
 import pytest
 import torch
 
-from op_helpers import DEVICES, bits, check_out, exact_attention, need_path
+from op_helpers import DEVICES, bits, check_out, exact_attention, kernels_run, need_path
 from tileinfer_attn.testing import PagedProblem, make_problem, poison_
 
 ops = torch.ops.tileinfer_attn
@@ -119,6 +119,25 @@ def test_control_without_the_flag_bits_follow_the_batch(device, seed):
                        bits(target_rows(p, q_lens, plan["200 at slot 117"][0], True)))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_split_positions_for_a_measurement(device, seed, monkeypatch):
+    """TILEINFER_INVARIANT_SPLIT_POSITIONS sets the plan's shortest split (to
+    measure it): other splits give other bits (fp32 shows them), invariant
+    again; values out of range are an error."""
+    if device == "cuda":
+        need_path("attention")
+    p, q_lens = universe(3001, 1, torch.float32, device, seed)
+    plan = steps(seed)
+    at_default = target_rows(p, q_lens, plan["alone"][0], True)
+    monkeypatch.setenv("TILEINFER_INVARIANT_SPLIT_POSITIONS", "128")
+    alone = target_rows(p, q_lens, plan["alone"][0], True)
+    assert torch.equal(bits(alone), bits(target_rows(p, q_lens, plan["200 at slot 117"][0], True)))
+    assert not torch.equal(bits(alone), bits(at_default)), "24 splits were expected to give other bits than 6 (the 512-position floor)"
+    monkeypatch.setenv("TILEINFER_INVARIANT_SPLIT_POSITIONS", "32")
+    with pytest.raises(RuntimeError, match="TILEINFER_INVARIANT_SPLIT_POSITIONS must be 64 to 4096"):
+        target_rows(p, q_lens, plan["alone"][0], True)
+
+
 def gpu(test):
     return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test))
 
@@ -136,6 +155,31 @@ def test_batch_invariant_gpu(target_q, target_len, dtype, group, page, seed):
     p, q_lens = universe(max(target_len, target_q), target_q, dtype, "cuda", seed, group=group, kv_heads=2,
                          head_dim=128, page=page)
     check_invariant(p, q_lens, seed, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+def test_many_sequences_merge_their_splits_in_the_decode_kernel(head_dim, seed):
+    """Where the default rule gives each (sequence, KV head) one block (200
+    sequences of 2 KV heads), that block merges the sequence's splits itself:
+    no combine launch, and the bits of a step whose partials go through
+    combine (the target alone: several blocks a sequence). 9000 positions in
+    pages of 16: 18 splits, more than a combine chunk of 16 at d <= 128. Head
+    dim 256 keeps the partials and combine. The bits are checked over more
+    cases above."""
+    need_path("attention")
+    p, q_lens = universe(9000, 1, torch.bfloat16, "cuda", seed, head_dim=head_dim)
+    plan = steps(seed)
+
+    def run(name):
+        return kernels_run(lambda: target_rows(p, q_lens, plan[name][0], True))
+
+    alone_kernels, alone = run("alone")
+    among_kernels, among = run("200 at slot 117")
+    combines = [sum("combine_kernel" in k for k in ks) for ks in (alone_kernels, among_kernels)]
+    assert combines[0] == 1, f"the target alone: {alone_kernels}"
+    assert combines[1] == (1 if head_dim == 256 else 0), f"200 sequences: {among_kernels}"
+    assert torch.equal(bits(alone), bits(among)), "the target's bits differ between the two merges"
 
 
 @gpu

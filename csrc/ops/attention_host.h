@@ -106,15 +106,25 @@ template <auto kKernel, class Cfg, class Work>
 void launch_attention(const char* op, AttentionParams p, cudaStream_t stream) {
   const dim3 grid = Work::template grid<Cfg::kBlockM>(p);
   check_grid(op, grid);
+  // A walking decode launch without partials: the running merge of a block's
+  // splits too (tile_config.cuh). Only there: the bytes would cost the
+  // partials' launches of the int8 tile their third block per SM.
+  constexpr int kMergeBytes = [] {
+    if constexpr (Work::kWalks) {
+      return Cfg::kSplitMergeBytes;
+    } else {
+      return 0;
+    }
+  }();
   static SmemOptIn opt_in;
-  opt_in.ensure(kKernel, Cfg::kSmemBytes);
+  opt_in.ensure(kKernel, Cfg::kSmemBytes + kMergeBytes);
+  const int smem = Cfg::kSmemBytes + (p.partial_out == nullptr ? kMergeBytes : 0);
   p.programmatic = programmatic_launch(c10::cuda::current_device());
   // Decode splits merged in clusters (cluster_merge.cuh): a cluster of the
   // splits of each (sequence, KV head, row tile).
   const unsigned cluster = p.cluster_splits > 1 ? static_cast<unsigned>(p.cluster_splits) : 1u;
   TILEINFER_CHECK(cluster == 1 || grid.x == cluster, op, ": a cluster holds every split of its rows");
-  C10_CUDA_CHECK(
-      launch_kernel_ex(0, cluster, kKernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.programmatic, p));
+  C10_CUDA_CHECK(launch_kernel_ex(0, cluster, kKernel, grid, dim3(Cfg::kThreads), smem, stream, p.programmatic, p));
 }
 
 template <class Cfg, class Work>

@@ -74,9 +74,14 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   p.q_stride_token = q_c.stride(0);
   p.q_stride_head = q_c.stride(1);
   TILEINFER_CHECK(p.group_size * max_q_len < (int64_t(1) << 31), op, ": group size * max_q_len must fit in int32");
-  // The tile kernel's blocks walk a batch-invariant plan's splits (grid_splits
-  // blocks for num_splits partials); the fp32 kernel takes a block per split.
-  const bool walks = plan.batch_invariant && p.partial_out != nullptr && q.scalar_type() != at::kFloat;
+  // The tile kernel's blocks walk a batch-invariant plan's splits: grid_splits
+  // blocks for num_splits partials, or without partials one block per
+  // (sequence, KV head) that merges them (decode_merges_splits); the fp32
+  // kernel takes a block per split.
+  const bool walks = plan.batch_invariant && q.scalar_type() != at::kFloat &&
+                     (p.partial_out != nullptr || plan.num_splits > 1);
+  TILEINFER_CHECK(!walks || p.partial_out != nullptr || decode_merges_splits(plan, s, q), op,
+                  ": a decode launch without partials merges its splits in one block of the 16-row tile");
   p.num_splits = static_cast<int>(walks ? plan.grid_splits : plan.num_splits);
   p.split_slots = walks ? static_cast<int>(plan.num_splits) : 0;
   // A block per split and no partials: the splits of each (sequence, KV head,
@@ -154,6 +159,11 @@ bool decode_merges_in_clusters(const DecodePlan& plan, const at::Tensor& q) {
   (void)q;
   return false;
 #endif
+}
+
+bool decode_merges_splits(const DecodePlan& plan, const PagedShape& s, const at::Tensor& q) {
+  return plan.batch_invariant && plan.num_splits > 1 && plan.grid_splits == 1 && q.scalar_type() != at::kFloat &&
+         q.size(1) / s.num_kv_heads <= 16 && tile_head_dim(s.head_dim) <= 128;
 }
 
 void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q,

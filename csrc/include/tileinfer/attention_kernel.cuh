@@ -239,14 +239,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // load of its own would have waited for the copies, or delayed them).
   Work::template mark_padding_rows<QT>(p, meta.padding_begin);
   if (!w.active) return;  // block-uniform
+  // A walking block given no partials (one block per (sequence, KV head):
+  // decode.cu) merges its splits itself, in split order, as combine would
+  // have merged their partials (split_merge.cuh). (Read from the parameters
+  // where it is used, rather than held in a register through the loop.)
+  constexpr bool kCanMerge = Work::kWalks && Cfg::kMergesSplits;
+  const auto merges = [&] {
+    if constexpr (kCanMerge) {
+      return !Work::writes_partials(p);
+    } else {
+      return false;
+    }
+  };
+  if (merges()) split_merge_start<Cfg>(sh, tid);
   // A block's work items: one, or (DecodeWalkWork) the splits it walks in
   // turn, each with its own prologue, key loop and epilogue; the rows stay
   // the same.
   for (;;) {
     if (Work::lse_only(p, w, num_tiles)) {
       // Splits past a sequence's keys are its last ones: this block's later
-      // splits hold no key either, and get their lses here, all at once.
+      // splits hold no key either, and get their lses here, all at once
+      // (a merging block skips them, as combine skips a partial of lse -inf).
       cp_async_wait<0>();  // (the first item's query copy)
+      if constexpr (kCanMerge) {
+        if (merges()) {
+          split_merge_finish<Cfg>(p, sh, tid);
+          return;
+        }
+      }
       do {
         tile_neutral_lse<Cfg, Work>(p, w, sh, tid);
       } while (Work::template next<BM>(p, meta, w));
@@ -486,9 +506,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     // grid, took SM slots unevenly (H200: d 64, 32 x 4k, 64.8 -> 72.0 us).
     TILEINFER_STAMP(4);  // key loop done
     allow_dependent_launch();
-    tile_epilogue<Cfg, Work>(p, w, sh, sm, o, vmax, row_bad, tid, warp_n, quad, row_of);
+    tile_epilogue<Cfg, Work>(p, w, sh, sm, o, vmax, row_bad, tid, warp_n, quad, row_of, merges());
     if constexpr (!Work::kWalks) return;  // (no loop: the one-split kernels keep their registers)
-    if (!Work::template next<BM>(p, meta, w)) return;
+    if (!Work::template next<BM>(p, meta, w)) {
+      if constexpr (kCanMerge) {
+        if (merges()) split_merge_finish<Cfg>(p, sh, tid);
+      }
+      return;
+    }
     __syncthreads();  // the item's shared memory (rows, stages, epilogue rows) is free
     prepare();
     finish_lookups();

@@ -6,7 +6,9 @@
 // neutral partial is out_i = 0, lse_i = -inf. The merge is
 //   M = max_i lse_i,  w_i = exp(lse_i - M),  out = sum_i w_i out_i / sum_i w_i,
 //   lse = M + log(sum_i w_i),
-// and a row whose partials are all neutral gives out = 0, lse = -inf.
+// and a row whose partials are all neutral gives out = 0, lse = -inf. (A
+// batch-invariant plan's partials take the same merge as a running one, split
+// by split: kLseGated below.)
 //
 // Memory-bound: a row reads num_splits * head_dim fp32 values and writes
 // head_dim. A group of lanes owns one (token, head) row; each lane owns a few
@@ -16,6 +18,7 @@
 // weight to the whole group with a shuffle. Neutral splits are read like the
 // others (a branch per split would serialize the loads); their out = 0 adds
 // nothing, and a NaN there would propagate, as in reference.merge_partials.
+// (The gated kernel neither reads nor merges them.)
 // More splits than a row's lanes are shared by several warps (kWideWarps),
 // whose merges meet in shared memory.
 //
@@ -32,6 +35,7 @@
 #include "attention_work.cuh"
 #include "common.cuh"
 #include "params.h"
+#include "split_merge.cuh"
 
 namespace tileinfer {
 
@@ -114,8 +118,12 @@ __device__ __forceinline__ void store_channels(scalar_t* dst, const float (&x)[C
 // kLseGated (a batch-invariant decode plan, p.split_slots > 0): a partial
 // whose lse is -inf may have left its out unwritten (attention_work.cuh,
 // DecodeWork::lse_only), so each out is loaded only once its lse is known
-// finite: a round trip more, and no read of the splits a short sequence
-// leaves empty. Weights and sums are those of the ungated kernel.
+// not to be -inf: a round trip more, and no read of the splits a short
+// sequence leaves empty. The merge is split_merge.cuh's, split by split, which
+// a decode block that walks all of its rows' splits repeats without partials
+// (tile_epilogue.cuh): the bits do not depend on which of the two ran. The
+// lanes find their splits' factors together (a prefix maximum over the
+// chunk), and the accumulator takes them in split order.
 //
 // W (kWideWarps, for more splits than a row's lanes; never gated): the
 // block's W warps share its rows (kWarpRows), warp w taking chunks w, w + W,
@@ -208,7 +216,7 @@ __global__ void __launch_bounds__(CombineShape<HEAD_DIM, W>::kThreads, CombineSh
     const float l = (active && s_mine < S) ? lse_in[static_cast<int64_t>(s_mine) * num_rows] : -INFINITY;
     if constexpr (kLseGated) {
       // This row's lanes' bits, and the last live split of any row of the warp.
-      const uint32_t ballot = __ballot_sync(0xffffffffu, l > -INFINITY);
+      const uint32_t ballot = __ballot_sync(0xffffffffu, merges_split(l));
       const int shift = R == 32 ? 0 : static_cast<int>(threadIdx.x % 32) / R * R;
       const uint32_t mask = R == 32 ? ~0u : (1u << (R % 32)) - 1u;
       live = (ballot >> shift) & mask;
@@ -217,15 +225,31 @@ __global__ void __launch_bounds__(CombineShape<HEAD_DIM, W>::kThreads, CombineSh
       last = 31 - __clz(any & mask);  // -1 when no split is live
     }
     load_batch(c0);
-    const float new_max = fmaxf(run_max, warp_max<R>(l));
-    // Subtract a finite base so that all-neutral chunks give weights 0, not NaN (-inf - -inf).
-    const float base = new_max == -INFINITY ? 0.f : new_max;
-    const float rescale = exp2f((run_max - base) * kLog2e);  // 1 if the max did not move; 0 at the start
-    const float w = exp2f((l - base) * kLog2e);               // 0 for neutral splits and s >= S
-    den = den * rescale + warp_sum<R>(w);
-    run_max = new_max;
+    float w = 0.f;     // split s_mine's weight (ungated)
+    MergeStep step{};  // kLseGated: split s_mine's step, from the running maximum before it
+    if constexpr (kLseGated) {
+      float upto = l;  // the chunk's maximum up to split s_mine
 #pragma unroll
-    for (int i = 0; i < C; ++i) acc[i] *= rescale;
+      for (int o = 1; o < R; o <<= 1) {
+        const float x = __shfl_up_sync(0xffffffffu, upto, o, R);
+        if (lane >= o) upto = fmaxf(upto, x);
+      }
+      upto = merged_max(run_max, upto);
+      float before = __shfl_up_sync(0xffffffffu, upto, 1, R);
+      if (lane == 0) before = run_max;
+      step = merge_step(before, l);
+      run_max = __shfl_sync(0xffffffffu, upto, R - 1, R);
+    } else {
+      const float new_max = fmaxf(run_max, warp_max<R>(l));
+      // Subtract a finite base so that all-neutral chunks give weights 0, not NaN (-inf - -inf).
+      const float base = new_max == -INFINITY ? 0.f : new_max;
+      const float rescale = exp2f((run_max - base) * kLog2e);  // 1 if the max did not move; 0 at the start
+      w = exp2f((l - base) * kLog2e);                           // 0 for neutral splits and s >= S
+      den = den * rescale + warp_sum<R>(w);
+      run_max = new_max;
+#pragma unroll
+      for (int i = 0; i < C; ++i) acc[i] *= rescale;
+    }
 
     // Not unrolled: one batch in flight per lane, so registers stay low and
     // occupancy high (ptxas would hoist every batch).
@@ -234,13 +258,30 @@ __global__ void __launch_bounds__(CombineShape<HEAD_DIM, W>::kThreads, CombineSh
       if (c0 + j0 >= S || j0 > last) break;  // uniform: S is the same for every row, last for the warp
 #pragma unroll
       for (int u = 0; u < B; ++u) {
-        const float wj = __shfl_sync(0xffffffffu, w, j0 + u, R);
+        if constexpr (kLseGated) {
+          const float lj = __shfl_sync(0xffffffffu, l, j0 + u, R);
+          MergeStep sj;
+          sj.r = __shfl_sync(0xffffffffu, step.r, j0 + u, R);
+          sj.w = __shfl_sync(0xffffffffu, step.w, j0 + u, R);
+          if (merges_split(lj)) {  // the same for the row's lanes (the warp's other row may differ)
+            den = merge_den(den, sj);
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-          acc[4 * k + 0] = fmaf(wj, v[u][k].x, acc[4 * k + 0]);
-          acc[4 * k + 1] = fmaf(wj, v[u][k].y, acc[4 * k + 1]);
-          acc[4 * k + 2] = fmaf(wj, v[u][k].z, acc[4 * k + 2]);
-          acc[4 * k + 3] = fmaf(wj, v[u][k].w, acc[4 * k + 3]);
+            for (int k = 0; k < V; ++k) {
+              acc[4 * k + 0] = merge_acc(acc[4 * k + 0], v[u][k].x, sj);
+              acc[4 * k + 1] = merge_acc(acc[4 * k + 1], v[u][k].y, sj);
+              acc[4 * k + 2] = merge_acc(acc[4 * k + 2], v[u][k].z, sj);
+              acc[4 * k + 3] = merge_acc(acc[4 * k + 3], v[u][k].w, sj);
+            }
+          }
+        } else {
+          const float wj = __shfl_sync(0xffffffffu, w, j0 + u, R);
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            acc[4 * k + 0] = fmaf(wj, v[u][k].x, acc[4 * k + 0]);
+            acc[4 * k + 1] = fmaf(wj, v[u][k].y, acc[4 * k + 1]);
+            acc[4 * k + 2] = fmaf(wj, v[u][k].z, acc[4 * k + 2]);
+            acc[4 * k + 3] = fmaf(wj, v[u][k].w, acc[4 * k + 3]);
+          }
         }
       }
       if (j0 + B < R && c0 + j0 + B < S) load_batch(c0 + j0 + B);  // the chunk's next batch
@@ -285,13 +326,22 @@ __global__ void __launch_bounds__(CombineShape<HEAD_DIM, W>::kThreads, CombineSh
 
   // den >= 1 when any split saw a position; 0 when all were neutral: then the
   // row is 0, whatever the (weight-0) partial outputs held, NaN included.
-  const float inv = den > 0.f ? 1.f / den : 0.f;
+  float lse_out;
+  if constexpr (kLseGated) {
+    const float inv = merged_inv(den);
 #pragma unroll
-  for (int i = 0; i < C; ++i) acc[i] = den > 0.f ? acc[i] * inv : 0.f;
+    for (int i = 0; i < C; ++i) acc[i] = merged_out(acc[i], den, inv);
+    lse_out = merged_lse(run_max, den);
+  } else {
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+#pragma unroll
+    for (int i = 0; i < C; ++i) acc[i] = den > 0.f ? acc[i] * inv : 0.f;
+    lse_out = den > 0.f ? run_max + logf(den) : -INFINITY;
+  }
   const int64_t h = row % p.num_q_heads;
   scalar_t* dst = static_cast<scalar_t*>(p.out) + token * p.o_stride_token + h * p.o_stride_head + lane * C;
   if (lane_on) store_channels<scalar_t, C>(dst, acc);
-  if (p.lse != nullptr && lane == 0) p.lse[token * p.num_q_heads + h] = den > 0.f ? run_max + logf(den) : -INFINITY;
+  if (p.lse != nullptr && lane == 0) p.lse[token * p.num_q_heads + h] = lse_out;
 }
 
 // Launches combine_kernel on `stream`; no-op for an empty output.

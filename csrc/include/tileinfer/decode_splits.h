@@ -86,10 +86,12 @@ inline DecodePlan decode_plan_for(int64_t num_sms, int64_t num_seqs, int64_t num
 // gets two or four. There are ceil(max_pages / min_pages) partials, at most
 // 32 (max_pages: the block table's width, a shape), walked by the default
 // rule's count of blocks (default_splits) or fewer.
+// (split_positions: 512 but for a measurement, TILEINFER_INVARIANT_SPLIT_POSITIONS, csrc/attention.cpp.)
 constexpr int64_t kInvariantMaxSplits = 32;
 constexpr int64_t kInvariantSplitPositions = 512;
-inline DecodePlan invariant_decode_plan(int64_t max_pages, int64_t page_size, int64_t default_splits) {
-  const int64_t min_pages = std::max<int64_t>(1, (kInvariantSplitPositions + page_size - 1) / page_size);
+inline DecodePlan invariant_decode_plan(int64_t max_pages, int64_t page_size, int64_t default_splits,
+                                        int64_t split_positions = kInvariantSplitPositions) {
+  const int64_t min_pages = std::max<int64_t>(1, (split_positions + page_size - 1) / page_size);
   const int64_t n = std::clamp<int64_t>((max_pages + min_pages - 1) / min_pages, 1, kInvariantMaxSplits);
   return DecodePlan{n, kInvariantMaxSplits, min_pages, true, std::clamp<int64_t>(default_splits, 1, n)};
 }

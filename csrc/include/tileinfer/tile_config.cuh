@@ -85,6 +85,16 @@ struct TileConfig {
                                      + (kQuant ? kStages * 2 * kBlockN : 0))  // quantized: key / value scales
                                     * 4;
   static constexpr int kSmemBytes = kMainBytes + kQBytes + kIntBytes + kFloatBytes;
+  // Past kSmemBytes, in the walking decode kernels of the key-slice tile at
+  // d <= 128 (attention_host.h adds it to their launches without partials):
+  // each row's running merge of its splits, for a block that merges them
+  // itself (split_merge.cuh): acc [kBlockM][D], then max and den [kBlockM]. The
+  // 64-row tile (verify steps of large groups) never does: it would lose its
+  // second block per SM; nor does d 256, at 255 registers, whose key loop
+  // spilled with the merge's code beside it.
+  static constexpr bool kMergesSplits = kKeySlices && D <= 128;
+  static constexpr int kSplitMergeBytes = kMergesSplits ? (kBlockM * D + 2 * kBlockM) * 4 : 0;
+  static_assert(kSmemBytes % 16 == 0, "the merge's rows past kSmemBytes take float4 accesses");
   // Blocks per SM the register allocation must allow: the int8 decode loop is
   // instruction-bound, and a third block (where shared memory fits it) gives the
   // schedulers more warps to choose from. Others: whatever the registers allow.

@@ -3,26 +3,102 @@
 // merging their parts of a row first), the accumulators are scaled into
 // shared memory as fp32 rows, and whole rows go out as 16-byte stores: to
 // `out`, or to the split's fp32 partial (decode), with the lse; or the blocks
-// of a cluster merge their splits' rows together (cluster_merge_rows).
+// of a cluster merge their splits' rows together (cluster_merge_rows). A
+// walking decode block without partials merges each split's rows into its
+// running merge instead (split_merge_rows), and writes `out` after its last
+// split (split_merge_finish).
 #pragma once
 
 #include "attention_work.cuh"
 #include "cluster_merge.cuh"
 #include "quant.cuh"
 #include "softmax.cuh"
+#include "split_merge.cuh"
 #include "tile_io.cuh"
 #include "tile_smem.cuh"
 
 namespace tileinfer {
 
+// A walking decode block that merges its splits itself (no partials;
+// split_merge.cuh, and combine.cuh does the same from partials): each row's
+// running state in shared memory (split_acc, split_max, split_den, past the
+// rest, so that the next split's copies do not overwrite it). A thread takes
+// the rows' columns that store_output_rows gives it for fp32 partials, four
+// at a time, and their values are those a partial would have held.
+template <class Cfg>
+__device__ __forceinline__ void split_merge_start(const TileSmem<Cfg>& sh, int tid) {
+  for (int i = tid; i < Cfg::kBlockM * Cfg::D; i += Cfg::kThreads) sh.split_acc[i] = 0.f;
+  for (int r = tid; r < Cfg::kBlockM; r += Cfg::kThreads) {
+    sh.split_max[r] = -INFINITY;
+    sh.split_den[r] = 0.f;
+  }
+}
+
+// The split just finished (its rows staged in sh.o, their lses in sh.lse,
+// after a barrier) into the running merge. The rows' max and den move only
+// once every thread has read them (a barrier here); the next read is the
+// next split's, behind the barriers of its key loop, or split_merge_finish's.
+template <class Cfg>
+__device__ __forceinline__ void split_merge_rows(const AttentionParams& p, const TileSmem<Cfg>& sh, int tid) {
+  constexpr int BM = Cfg::kBlockM;
+  constexpr int kVecs = Cfg::D / 4;
+  for (int idx = tid; idx < BM * kVecs; idx += Cfg::kThreads) {
+    const int row = idx / kVecs;
+    const int col = (idx % kVecs) * 4;
+    const float lse = sh.lse[row];
+    if (sh.row_token[row] < 0 || col >= p.kv.head_dim || !merges_split(lse)) continue;
+    const MergeStep step = merge_step(sh.split_max[row], lse);
+    const float4 o = staged_row_sum<BM, Cfg::kWarpsN, Cfg::kOStride>(sh.o, row, col);
+    float4* acc = reinterpret_cast<float4*>(sh.split_acc + row * Cfg::D + col);
+    float4 a = *acc;
+    a.x = merge_acc(a.x, o.x, step);
+    a.y = merge_acc(a.y, o.y, step);
+    a.z = merge_acc(a.z, o.z, step);
+    a.w = merge_acc(a.w, o.w, step);
+    *acc = a;
+  }
+  __syncthreads();
+  if (tid < BM && sh.row_token[tid] >= 0 && merges_split(sh.lse[tid])) {
+    const MergeStep step = merge_step(sh.split_max[tid], sh.lse[tid]);
+    sh.split_max[tid] = step.max;
+    sh.split_den[tid] = merge_den(sh.split_den[tid], step);
+  }
+}
+
+// After the block's last split: its rows of `out` and their lse, as combine
+// would have written them from the partials.
+template <class Cfg>
+__device__ __forceinline__ void split_merge_finish(const AttentionParams& p, const TileSmem<Cfg>& sh, int tid) {
+  using QT = typename Cfg::QT;
+  static_assert(sizeof(QT) == 2, "walking blocks take 16-bit queries");
+  constexpr int kVecs = Cfg::D / 4;
+  __syncthreads();  // the rows' last max and den
+  for (int idx = tid; idx < Cfg::kBlockM * kVecs; idx += Cfg::kThreads) {
+    const int row = idx / kVecs;
+    const int col = (idx % kVecs) * 4;
+    const int token = sh.row_token[row];
+    if (token < 0 || col >= p.kv.head_dim) continue;
+    const float den = sh.split_den[row];
+    const float inv = merged_inv(den);
+    const float4 a = *reinterpret_cast<const float4*>(sh.split_acc + row * Cfg::D + col);
+    const int head = sh.row_head[row];
+    *reinterpret_cast<uint2*>(output_row<QT>(p, token, head) + col) =
+        make_uint2(pack2<QT>(merged_out(a.x, den, inv), merged_out(a.y, den, inv)),
+                   pack2<QT>(merged_out(a.z, den, inv), merged_out(a.w, den, inv)));
+    float* lse = output_lse(p, token, head);
+    if (col == 0 && lse != nullptr) *lse = merged_lse(sh.split_max[row], den);
+  }
+}
+
 // sm / o: this lane's rows' softmax states and accumulators (rows row_of(R));
 // vmax and row_bad: the quantized caches' value-scale maximum and non-finite
 // query rows. Starts with a block barrier: the K / V stages become o_s.
+// merges: a walking block without partials (split_merge_rows).
 template <class Cfg, class Work, int kR, class RowOf>
 __device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const WorkItem& w, const TileSmem<Cfg>& sh,
                                               OnlineSoftmax<kR, 4>& sm, float (&o)[kR][Cfg::D / 4], float vmax,
                                               const bool (&row_bad)[Cfg::kQuant ? kR : 1], int tid, int warp_n,
-                                              int quad, RowOf row_of) {
+                                              int quad, RowOf row_of, bool merges = false) {
   using QT = typename Cfg::QT;
   constexpr int D = Cfg::D;
   constexpr int BM = Cfg::kBlockM;
@@ -97,6 +173,12 @@ __device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const Wo
   if constexpr (Work::kPartials && !Work::kWalks) {
     if (p.cluster_splits > 1) {  // block-uniform
       cluster_merge_rows<Cfg>(p, sh, tid);
+      return;
+    }
+  }
+  if constexpr (Work::kWalks && Cfg::kMergesSplits) {
+    if (merges) {
+      split_merge_rows<Cfg>(p, sh, tid);
       return;
     }
   }

@@ -35,6 +35,10 @@ struct TileSmem {
   float* merge;
   float* lse;    // [BM]
   float* scale;  // quantized: [S][K, V][BN] per-key scales, copied with their tile
+  // A walking block's merge of its splits (kSplitMergeBytes past the rest):
+  float* split_acc;  // [BM][D]
+  float* split_max;  // [BM]
+  float* split_den;  // [BM]
 
   __device__ __forceinline__ explicit TileSmem(uint8_t* smem)
       : kv(smem),
@@ -51,7 +55,10 @@ struct TileSmem {
         row_qmax(entries + Cfg::kStages * BN),
         merge(reinterpret_cast<float*>(smem + Cfg::kMainBytes + Cfg::kQBytes + Cfg::kIntBytes)),
         lse(merge + 2 * Cfg::kWarpsN * BM),
-        scale(lse + BM) {}
+        scale(lse + BM),
+        split_acc(reinterpret_cast<float*>(smem + Cfg::kSmemBytes)),
+        split_max(split_acc + BM * Cfg::D),
+        split_den(split_max + BM) {}
 };
 
 }  // namespace tileinfer
