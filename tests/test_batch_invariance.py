@@ -132,7 +132,8 @@ def test_split_positions_for_a_measurement(device, seed, monkeypatch):
     monkeypatch.setenv("TILEINFER_INVARIANT_SPLIT_POSITIONS", "128")
     alone = target_rows(p, q_lens, plan["alone"][0], True)
     assert torch.equal(bits(alone), bits(target_rows(p, q_lens, plan["200 at slot 117"][0], True)))
-    assert not torch.equal(bits(alone), bits(at_default)), "24 splits were expected to give other bits than 6 (the 512-position floor)"
+    assert not torch.equal(bits(alone), bits(at_default)), \
+        "24 splits were expected to give other bits than 6 (the 512-position floor)"
     monkeypatch.setenv("TILEINFER_INVARIANT_SPLIT_POSITIONS", "32")
     with pytest.raises(RuntimeError, match="TILEINFER_INVARIANT_SPLIT_POSITIONS must be 64 to 4096"):
         target_rows(p, q_lens, plan["alone"][0], True)
