@@ -105,6 +105,18 @@ def test_batch_invariant(device, target_q, seed):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_batch_invariant_past_the_split_cap(device, seed):
+    """A sequence long enough for the 32-split cap to set its splits: 20000
+    positions in pages of 16 (1250 pages) take splits of 40 pages, 32 of
+    them; decode and a verify step of 4 queries."""
+    if device == "cuda":
+        need_path("attention")
+    for target_q in (1, 4):
+        p, q_lens = universe(20000, target_q, torch.bfloat16, device, seed)
+        check_invariant(p, q_lens, seed, torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_control_without_the_flag_bits_follow_the_batch(device, seed):
     """The comparison can fail: without batch_invariant the split count follows
     the batch (many splits alone, one among 200), and fp32 outputs show it."""
