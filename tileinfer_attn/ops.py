@@ -174,9 +174,10 @@ def decode_num_splits(device, num_seqs: int, num_kv_heads: int) -> int:
     """Split count that ``attention`` uses for decode on ``device`` (the rule of
     csrc/include/tileinfer/decode_splits.h, called through the op of the same
     name): about two blocks per SM over the ``num_seqs * num_kv_heads``
-    (sequence, KV head) pairs, rounded down, at least 1 and at most 32, for
-    every step size and cache type; the CPU counts 8 "SMs". Depends on shapes
-    only, never on context length."""
+    (sequence, KV head) pairs, rounded down, at least 1 and at most 32 (up
+    to 128 for fewer than 8 pairs: at most ``256 / pairs``), for every step
+    size and cache type; the CPU counts 8 "SMs". Depends on shapes only,
+    never on context length."""
     device = torch.device(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
     return _ops.decode_num_splits(sms, num_seqs, num_kv_heads)
