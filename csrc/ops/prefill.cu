@@ -118,7 +118,7 @@ bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, c
 // things: its prompt chunks the tensor cores, its decodes the memory. Run one
 // after the other, as they must be when a kernel takes every SM, the step
 // costs the sum of the parts. The warp-specialized kernel takes a whole SM per
-// block (every register, 144-192 KB of shared memory), so no decode block
+// block (every register, 161-193 KB of shared memory), so no decode block
 // fits beside one; instead the step leaves D of the SMs to the decodes at the
 // start:
 //   this stream:  prefill, grid - D blocks, at a higher priority (placed first;

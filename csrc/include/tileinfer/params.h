@@ -61,7 +61,7 @@ struct AttentionParams {
   int split_min_pages = 1;
   // 0, or the partial slots of a batch-invariant plan: then the grid's
   // num_splits blocks of a (sequence, KV head) walk the slots in turn
-  // (attention_work.cuh, DecodeWork::next), and combine reads an out only
+  // (attention_work.cuh, DecodeWalkWork::next), and combine reads an out only
   // where its lse is finite.
   int split_slots = 0;
   // 0, or decode without partials whose num_splits (2) blocks of a

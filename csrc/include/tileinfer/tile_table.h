@@ -124,8 +124,9 @@ struct TileShape {
 // or a few verify queries): one 16-row tile, the 4 warps split each 64-key tile
 // into 16-key slices. Decode is a stream over the cache, so three stages keep
 // two tiles of copies in flight per block (d = 128: 100 KB, two blocks per SM);
-// d = 256 keeps two stages to fit two blocks per SM. An int8 cache's stages are
-// half the bytes: three blocks share an SM at d <= 128 (~72 KB each).
+// d = 256 keeps two stages (one block per SM, 138 KB; three would not fit). An
+// int8 cache's stages are half the bytes: three blocks share an SM at d <= 128
+// (~56 KB each at d 128).
 constexpr TileShape decode_tile_small(int64_t d) { return {1, 4, 1, 64, d >= 256 ? 2 : 3}; }
 
 // Decode over a quantized (int8 or fp8) cache when the launch's blocks fit two per SM anyway:

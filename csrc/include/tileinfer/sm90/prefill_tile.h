@@ -48,7 +48,8 @@ struct PrefillParams {
 //     Every head dim runs the consumers' in-warpgroup overlap
 //     (prefill_consumer.cuh), which keeps a second S and its P in registers:
 //     at d 256, 128 + 32 + 16 of them fit in kConsumerRegs without spills.
-//   - kStages: 4 at d 64 (144 KB), 2 at d 128 (160 KB) and d 256 (192 KB).
+//   - kStages: 4 at d 64 (161 KB), 2 at d 128 (193 KB) and d 256 (193 KB),
+//     the query buffers included.
 //     Keys and values of a stage are released separately (prefill_smem.cuh),
 //     so two stages keep the next keys in flight; a third at d 128 measured
 //     no gain.
