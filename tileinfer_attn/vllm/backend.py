@@ -159,7 +159,8 @@ class TileinferAttentionBackend(AttentionBackend):
     - sliding windows (``sliding_window`` w: a query sees its own position
       and the w - 1 before it, ``window_left = w - 1``), logits soft-capping
       and learned attention sinks (gpt-oss: one logit per query head, in the
-      model's dtype, taken as fp32 at each call), as the layer passes them.
+      model's dtype, converted to fp32 once per parameter version), as the
+      layer passes them.
     - causal decoder self-attention only: no ALiBi, no encoder / encoder-only /
       encoder-decoder (cross) attention, no MLA, no non-causal (bidirectional)
       decoder attention, no KV connectors, no decode / prefill context
@@ -439,7 +440,7 @@ class TileinferAttentionImpl(AttentionImpl[TileinferAttentionMetadata]):
         self.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
         self.batch_invariant = _vllm_batch_invariant()
         self.alibi_slopes = None
-        self.sinks = sinks  # the layer's parameter (weights load after this): converted at each call
+        self.sinks = sinks  # the layer's parameter (weights load after this): converted in forward (_fp32_sinks)
 
     def forward(
         self,
