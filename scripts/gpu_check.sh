@@ -116,7 +116,9 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   threads=$(( $(nproc) / ${workers:-1} )); [ "$threads" -lt 1 ] && threads=1
   step "tests: pytest $args, OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} (timeout ${TEST_TIMEOUT:-480}s)"
   # shellcheck disable=SC2086
-  OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} timeout "${TEST_TIMEOUT:-480}" \
+  # TILEINFER_REQUIRE_CUDA=1: a build without some op's CUDA kernel fails
+  # (tests/test_devices.py) instead of passing as skips.
+  TILEINFER_REQUIRE_CUDA=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} timeout "${TEST_TIMEOUT:-480}" \
     python3 -m pytest -q -p no:cacheprovider $args >"$WORK/tests.log" 2>&1
   rc=$?
   grep -E "^(FAILED|ERROR)" "$WORK/tests.log" | head -20

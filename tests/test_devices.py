@@ -14,6 +14,7 @@ Bits are compared across two devices of the same model: the split count of
 The cases and drivers also run on the CPU, so that a case an op outgrows
 fails here, not only on a machine with two GPUs.
 """
+import os
 import sys
 import threading
 import zlib
@@ -138,6 +139,18 @@ def test_every_op_with_a_tensor_has_a_case():
     assert {"cache_write", "attention_inputs", "prefill", "decode", "combine", "attention", "rms_norm",
             "rope"} <= set(device_ops())
     assert {op for op, _ in CASES} == set(device_ops())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TILEINFER_REQUIRE_CUDA") != "1",
+                    reason="TILEINFER_REQUIRE_CUDA=1 (scripts/gpu_check.sh) asks for a CUDA build with every kernel")
+def test_cuda_build_has_every_kernel():
+    """Where a CUDA build is expected, every op that takes a tensor has a CUDA
+    kernel: the GPU tests skip an op without one (partial builds), so a build
+    that lost a kernel would otherwise pass them all as skips."""
+    assert torch.cuda.is_available(), "TILEINFER_REQUIRE_CUDA=1 on a machine without a CUDA device"
+    missing = [op for op in device_ops() if not has_cuda_kernel(op)]
+    assert not missing, f"no CUDA kernel for {', '.join('tileinfer_attn::' + op for op in missing)}"
 
 
 @on_two_devices
