@@ -30,8 +30,8 @@ import pytest
 import torch
 
 import op_helpers
-from op_helpers import (HEAD_DIMS, QUANT_KINDS, check_neutral_splits, exact_attention, kernel_queries, need,
-                        need_path, poison_unowned_, run_attention,
+from op_helpers import (HEAD_DIMS, QUANT_KINDS, check_neutral_splits, exact_attention, kernel_queries, kernels_run,
+                        need, need_path, poison_unowned_, run_attention,
                         run_combine, run_decode, run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_, ulp_error
@@ -209,7 +209,11 @@ def test_int8_decode_tile_shapes(kind, dtype, head_dim, n, tile, seed):
     g = torch.Generator().manual_seed(seed)
     lens = ([n, 63, 64, 65, 127, 128, 129] + torch.randint(n, 1500, (seqs,), generator=g).tolist())[:seqs]
     p = quant_problem(kind, lens, [n] * seqs, 2 * kv_heads, kv_heads, head_dim, 64, dtype, seed, smooth=seed % 2 == 0)
-    po, pl = run_decode(p, True, splits)
+    names, (po, pl) = kernels_run(lambda: run_decode(p, True, splits))
+    # The tile as TileConfig's warps_m, warps_n, row tiles, keys, stages (tile_table.h).
+    shape = "1, 4, 1, 128, 3," if tile == "wide" else "1, 4, 1, 64, 3,"
+    assert any("attention_tile_kernel" in name and shape in name for name in names), \
+        f"the {tile} tile did not run: {sorted(set(names))}"
     out, lse = run_combine(po, pl, dtype)
     exact, exact_lse = exact_attention(p, True)
     check_out(out, exact, dtype, f"{kind} decode, {tile} tile")

@@ -222,10 +222,12 @@ def test_decode_kernels(n, group, variant, window, causal, seed):
 @pytest.mark.parametrize("quant", list(QUANT_KINDS))
 def test_int8_decode(quant, n, head_dim, variant, seed):
     """The int8 / fp8 decode tiles (the wide one where two blocks fit per SM, the
-    small and the large ones) with each variant."""
+    small and the large ones) with each variant: five sequences of two KV
+    heads, so that 1 and 3 splits take the wide tile at d <= 128 and 32
+    splits (320 blocks, past two per SM) the small one."""
     need("decode", "combine", "prefill")
-    lens = [n, 150, 151, 1000]
-    p = scaled(make_problem(lens, [n] * 4, 8 if n < 16 else 32, 2, head_dim, 16, device=DEV, seed=seed,
+    lens = [n, 150, 151, 1000, 777]
+    p = scaled(make_problem(lens, [n] * 5, 8 if n < 16 else 32, 2, head_dim, 16, device=DEV, seed=seed,
                             **QUANT_KINDS[quant]))
     run_all(p, True, kwargs(variant, 100, p.q.shape[1], seed), torch.bfloat16, f"{quant} n={n} {variant}",
             ulps=6.0)
@@ -239,12 +241,14 @@ def test_decode_far_sinks(n, group, cache, seed):
     item per query head on Hopper for group 3) joins the sink after the keys, so
     that the probabilities rounded to 16 bits stay relative to the keys'
     maximum rather than fall toward fp16's subnormals (a model of rows
-    started from their sink puts these fp16 rows ~20 ulps off)."""
+    started from their sink puts these fp16 rows ~20 ulps off). Five
+    sequences of two KV heads: the quantized caches take the wide tile at 1
+    and 3 splits and the small one at 32 (320 blocks, past two per SM)."""
     need("decode", "combine", "prefill")
     dtype = torch.float16 if cache == "fp16" else torch.bfloat16
     kind = {} if cache == "fp16" else CACHE_KINDS[cache]
-    p = scaled(make_problem([n, 63, 64, 700], [n] * 4, 2 * group, 2, 128, 64, dtype=dtype, device=DEV, seed=seed,
-                            **kind))
+    p = scaled(make_problem([n, 63, 64, 700, 129], [n] * 5, 2 * group, 2, 128, 64, dtype=dtype, device=DEV,
+                            seed=seed, **kind))
     # From far below every score to 25 above it (rows of magnitude down to
     # e^-25 |v|; below fp16's normals the check's unit is its subnormals' spacing).
     g = torch.Generator().manual_seed(seed)
