@@ -85,7 +85,7 @@ def test_mixed_step_chunks_among_many_decodes(seed, monkeypatch):
 def test_mixed_step_beside_decodes_same_bits(decode_sms, seed, monkeypatch):
     """The prompt chunks' prefill beside the decodes, on any number of SMs left
     to the decodes at first (TILEINFER_MIXED_DECODE_SMS), gives the bits of the
-    parts one after the other (the default). On Hopper, where the path
+    parts one after the other (the default), which float64 bounds. On Hopper, where the path
     exists, the profiler shows it ran: two launches of the prefill kernel
     (one on the SMs the decodes leave, one after them), against one."""
     need_path("attention")
@@ -97,6 +97,7 @@ def test_mixed_step_beside_decodes_same_bits(decode_sms, seed, monkeypatch):
     run_attention(p, True)  # warm-up outside the profile
     beside_names, beside = kernels_run(lambda: run_attention(p, True))
     assert torch.equal(beside, default), f"{decode_sms} SMs for the decodes"
+    check_out(default, exact_attention(p, True)[0], torch.bfloat16, "mixed step, the parts in turn")
     check_prefill_launches(names, "0")
     check_prefill_launches(beside_names, decode_sms)
 
