@@ -204,16 +204,32 @@ def test_fp32_kernel(head_dim, variant, causal, seed):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("variant,window", DECODE_CASES)
 @pytest.mark.parametrize("n,group", [(1, 4), (4, 8), (16, 4), (16, 16)])
-def test_decode_kernels(n, group, variant, window, causal, seed):
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_decode_kernels(head_dim, n, group, variant, window, causal, seed):
     """Steps of n queries (up to 16 rows: the small decode tile; more: the
-    large one), split counts 1, 3 and 32 over lengths around the window and
-    the pages (64), with bf16 and fp16."""
+    large one, whose keys d 256 halves to 32 a tile), split counts 1, 3 and 32
+    over lengths around the window and the pages (64), with bf16 and fp16."""
     need("decode", "combine", "prefill")
     window = max(window, 0)
     lens = [n, window + n, window + n + 1, 65 + window, 3000]
     dtype = torch.float16 if window % 2 else torch.bfloat16
-    p = scaled(make_problem(lens, [n] * 5, 2 * group, 2, 128, 64, dtype=dtype, device=DEV, seed=seed))
+    p = scaled(make_problem(lens, [n] * 5, 2 * group, 2, head_dim, 64, dtype=dtype, device=DEV, seed=seed))
     run_all(p, causal, kwargs(variant, window, 2 * group, seed), dtype, f"n={n} {variant} window {window}")
+
+
+@pytest.mark.parametrize("cache", ["bf16", "fp32", "int8"])
+@pytest.mark.parametrize("n", [1, 16])
+def test_negative_scale(cache, n, seed):
+    """scale <= 0, which the kernels multiply into the scores before the
+    softmax instead of folding it into exp2 (softmax.cuh, ScoreMap): prefill,
+    attention and decode + combine over a bf16, an fp32 and an int8 cache, on
+    the small and the large decode tiles."""
+    need("decode", "combine", "prefill")
+    dtype = torch.float32 if cache == "fp32" else torch.bfloat16
+    p = make_problem([n, 150, 700], [n] * 3, 8, 2, 128, 16, dtype=dtype, device=DEV, seed=seed,
+                     int8=cache == "int8")
+    p = dataclasses.replace(p, scale=-0.05)
+    run_all(p, True, {}, dtype, f"{cache} n={n} scale -0.05", ulps=6.0 if cache == "int8" else 4.0)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
