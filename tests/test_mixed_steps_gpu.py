@@ -85,9 +85,10 @@ def test_mixed_step_chunks_among_many_decodes(seed, monkeypatch):
 def test_mixed_step_beside_decodes_same_bits(decode_sms, seed, monkeypatch):
     """The prompt chunks' prefill beside the decodes, on any number of SMs left
     to the decodes at first (TILEINFER_MIXED_DECODE_SMS), gives the bits of the
-    parts one after the other (the default), which float64 bounds. On Hopper, where the path
-    exists, the profiler shows it ran: two launches of the prefill kernel
-    (one on the SMs the decodes leave, one after them), against one."""
+    parts one after the other (the default), which float64 bounds. On
+    Hopper, where the path exists, the profiler shows it ran: two launches of
+    the prefill kernel (one on the SMs the decodes leave, one after them),
+    against one."""
     need_path("attention")
     q_lens = [1] * 40 + [700] + [16] * 3 + [250]
     lens = [200 + 31 * i for i in range(40)] + [1500, 300, 40, 900, 250]

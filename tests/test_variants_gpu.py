@@ -239,8 +239,8 @@ def test_negative_scale(cache, n, seed):
 def test_int8_decode(quant, n, head_dim, variant, seed):
     """The int8 / fp8 decode tiles (the wide one where two blocks fit per SM, the
     small and the large ones) with each variant: five sequences of two KV
-    heads, so that 1 and 3 splits take the wide tile at d <= 128 and 32
-    splits (320 blocks, past two per SM) the small one."""
+    heads, so that steps of up to 16 rows take the wide tile at d <= 128 with
+    1 and 3 splits and the small one with 32 (320 blocks, past two per SM)."""
     need("decode", "combine", "prefill")
     lens = [n, 150, 151, 1000, 777]
     p = scaled(make_problem(lens, [n] * 5, 8 if n < 16 else 32, 2, head_dim, 16, device=DEV, seed=seed,
@@ -258,8 +258,9 @@ def test_decode_far_sinks(n, group, cache, seed):
     that the probabilities rounded to 16 bits stay relative to the keys'
     maximum rather than fall toward fp16's subnormals (a model of rows
     started from their sink puts these fp16 rows ~20 ulps off). Five
-    sequences of two KV heads: the quantized caches take the wide tile at 1
-    and 3 splits and the small one at 32 (320 blocks, past two per SM)."""
+    sequences of two KV heads: steps of up to 16 rows over a quantized cache
+    take the wide tile with 1 and 3 splits and the small one with 32 (320
+    blocks, past two per SM)."""
     need("decode", "combine", "prefill")
     dtype = torch.float16 if cache == "fp16" else torch.bfloat16
     kind = {} if cache == "fp16" else CACHE_KINDS[cache]
