@@ -11,6 +11,7 @@ within ULPS ulps of each row's magnitude, fp32 within REL relative error; lse
 scores come from tensor cores, whose fp32 accumulation is not IEEE-rounded.
 """
 import math
+import os
 
 import pytest
 import torch
@@ -160,10 +161,12 @@ def hopper_quantized_prefill(p):
     """Whether `prefill` runs problem p (a quantized cache) on the Hopper
     warp-specialized kernel: a compute-capability 9.0 device, bf16 / fp16
     queries, head dims up to 128, per-vector scales starting 16-byte aligned
-    (and a build with sm_90a code, setup.py's default). That kernel rounds
-    int8 problems' queries to fp16, as for fp8."""
+    (and a build with sm_90a code, setup.py's default), unless
+    TILEINFER_PREFILL_KERNEL=tile sends it to the tile kernel. That kernel
+    rounds int8 problems' queries to fp16, as for fp8."""
     aligned = p.k_scale.numel() == 1 or (p.k_scale.data_ptr() % 16 == 0 and p.v_scale.data_ptr() % 16 == 0)
-    return hopper() and p.q.dtype in (torch.bfloat16, torch.float16) and p.q.shape[-1] <= 128 and aligned
+    forced = os.environ.get("TILEINFER_PREFILL_KERNEL") == "tile"
+    return hopper() and not forced and p.q.dtype in (torch.bfloat16, torch.float16) and p.q.shape[-1] <= 128 and aligned
 
 
 def misalign_scales_(p):

@@ -13,8 +13,8 @@ Outputs are poisoned with NaN first; inputs are fresh random data.
 import pytest
 import torch
 
-from op_helpers import (HEAD_DIMS, check_lse, check_neutral_splits, check_out, exact_attention, has_cuda_kernel, need,
-                        run_decode, run_prefill, split_exact, split_pages)
+from op_helpers import (HEAD_DIMS, check_lse, check_neutral_splits, check_out, exact_attention, has_cuda_kernel,
+                        hopper, kernels_run, need, run_decode, run_prefill, split_exact, split_pages)
 from tileinfer_attn import reference, testing
 
 pytestmark = pytest.mark.gpu
@@ -26,33 +26,69 @@ DEV = "cuda"
 # ---------------------------------------------------------------- prefill sweep
 # The kernel is the one prefill dispatches to for the shapes: the
 # warp-specialized kernel on a Hopper build for bf16 / fp16 (every head dim),
-# the tile kernel for fp32 and elsewhere (64-row tiles below 2048 queries).
+# the tile kernel elsewhere (64-row tiles below 2048 queries; fp32: a
+# CUDA-core kernel). KERNELS runs the bf16 / fp16 cases once more with
+# TILEINFER_PREFILL_KERNEL=tile, which sends them to the tile kernel on
+# Hopper too, so that the kernel other GPUs run is tested there.
+KERNELS = ["auto", "tile"]
+
+
+def use_kernel(kernel, monkeypatch):
+    """Sets TILEINFER_PREFILL_KERNEL for the test; returns the name part of
+    the prefill kernel that must run for bf16 / fp16 (None: the dispatch's choice)."""
+    monkeypatch.setenv("TILEINFER_PREFILL_KERNEL", kernel)
+    return "attention_tile_kernel" if kernel == "tile" else None
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 32, 64, 128])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-def test_prefill_matches_exact(dtype, head_dim, page, causal):
+def test_prefill_matches_exact(dtype, head_dim, page, causal, kernel, monkeypatch):
     need("prefill")
+    if dtype == torch.float32 and kernel == "tile":
+        pytest.skip("fp32 runs its CUDA-core kernel either way")
+    expected_kernel = use_kernel(kernel, monkeypatch)
     heads = [(4, 1), (6, 2), (2, 2)][(head_dim // 64 + page // 16) % 3]  # GQA 4, group 3, MHA
     # one position, page +- 1, a chunked prefill (fewer queries than positions), a long prompt
     seq_lens = [1, page - 1, page + 1, 3 * page + 5, 200]
     q_lens = [1, page - 1, 7, 3 * page + 5, 130]
     prob = testing.make_problem(seq_lens, q_lens, heads[0], heads[1], head_dim, page, dtype=dtype, device=DEV,
                                 seed=head_dim + page + int(causal))
-    out, lse = run_prefill(prob, causal)
+    names, (out, lse) = kernels_run(lambda: run_prefill(prob, causal))
+    if expected_kernel is not None:
+        assert any(expected_kernel in n for n in names), f"{expected_kernel} did not run: {sorted(set(names))}"
     exact, exact_lse = exact_attention(prob, causal)
-    check_out(out, exact, dtype, "prefill out")
-    check_lse(lse, exact_lse, dtype, "prefill lse")
+    check_out(out, exact, dtype, f"prefill out ({kernel})")
+    check_lse(lse, exact_lse, dtype, f"prefill lse ({kernel})")
 
 
-@pytest.mark.parametrize("prompt", [1500, 2500])
-def test_prefill_long_causal_bf16(prompt):
-    """Many key tiles, several query tiles per sequence, the diagonal in the
-    middle of tiles. Where the tile kernel runs (not Hopper), a 1500-query prompt
-    takes its 64-row tile and a 2500-query one its 128-row tile."""
+def test_prefill_kernel_variable_checked(monkeypatch):
+    """TILEINFER_PREFILL_KERNEL takes auto or tile; anything else is an error naming it."""
     need("prefill")
+    prob = testing.make_problem([40], [40], 4, 2, 128, 16, device=DEV, seed=1)
+    monkeypatch.setenv("TILEINFER_PREFILL_KERNEL", "wgmma")
+    with pytest.raises(RuntimeError, match="TILEINFER_PREFILL_KERNEL must be auto or tile"):
+        run_prefill(prob, True)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("prompt", [1500, 2500])
+def test_prefill_long_causal_bf16(prompt, kernel, monkeypatch):
+    """Many key tiles, several query tiles per sequence, the diagonal in the
+    middle of tiles. Where the tile kernel runs (not Hopper, or
+    TILEINFER_PREFILL_KERNEL=tile), a 1500-query prompt takes its 64-row tile
+    and a 2500-query one its 128-row tile (TileConfig's 4 warps over rows, one
+    or two row tiles each)."""
+    need("prefill")
+    use_kernel(kernel, monkeypatch)
     prob = testing.make_problem([prompt, 777], [prompt, 300], 8, 2, 128, 64, device=DEV, seed=7)
-    out, lse = run_prefill(prob, True)
+    names, (out, lse) = kernels_run(lambda: run_prefill(prob, True))
+    if kernel == "tile" or not hopper():
+        shape, rows = ("4, 1, 2, ", 128) if prompt >= 2048 else ("4, 1, 1, ", 64)
+        assert any("attention_tile_kernel" in n and shape in n and "PrefillWork" in n for n in names), \
+            f"the {rows}-row tile did not run: {sorted(set(names))}"
     exact, exact_lse = exact_attention(prob, True)
     err = check_out(out, exact, torch.bfloat16, "prefill long")
     check_lse(lse, exact_lse, torch.bfloat16, "prefill long lse")

@@ -94,13 +94,27 @@ int prefill_item_group(int group) {
   return group > 0 && (group & (group - 1)) == 0 && group <= 128 ? group : 1;
 }
 
+// TILEINFER_PREFILL_KERNEL=tile runs the mma.sync tile kernel wherever the
+// Hopper kernel would run, so that a Hopper machine tests (and times) the
+// prefill other GPUs run; unset or "auto", the rule below. Read at each call,
+// as TILEINFER_PREFILL_PER_HEAD.
+bool tile_kernel_forced() {
+  const char* env = std::getenv("TILEINFER_PREFILL_KERNEL");
+  if (env == nullptr) return false;
+  TILEINFER_CHECK(std::strcmp(env, "auto") == 0 || std::strcmp(env, "tile") == 0,
+                  "TILEINFER_PREFILL_KERNEL must be auto or tile, not '", env, "'");
+  return env[0] == 't';
+}
+
 // The Hopper kernel needs bf16 / fp16 queries and a 9.0 device of a build
 // with sm_90a code (setup.py defines TILEINFER_SM90A then; without that code
 // the kernel would trap). Over a quantized cache (int8, fp8), its converters
 // take tile dims up to 128, and per-vector scales whose tensors start 16-byte
 // aligned (the bulk copies' unit; an offset view takes the tile kernel).
 bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, const AttentionParams& p) {
+  const bool forced_tile = tile_kernel_forced();  // (its value checked on every build)
 #ifdef TILEINFER_SM90A
+  if (forced_tile) return false;
   if (dtype != at::ScalarType::BFloat16 && dtype != at::ScalarType::Half) return false;
   if (!is_hopper(device)) return false;
   if (s.quantized) {
@@ -110,6 +124,7 @@ bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, c
   }
   return true;
 #else
+  (void)forced_tile;
   return false;
 #endif
 }
