@@ -1,6 +1,8 @@
 #include "checks.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -392,6 +394,14 @@ InputsShape check_attention_inputs(const char* op, const at::Tensor& q_out, cons
     TILEINFER_CHECK(positions->is_contiguous(), op, ": positions must be contiguous");
   }
   return {s, dtype};
+}
+
+bool env_switch(const char* name, const char* off, const char* on, bool unset) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return unset;
+  const bool is_on = std::strcmp(env, on) == 0;
+  TILEINFER_CHECK(is_on || std::strcmp(env, off) == 0, name, " must be ", off, " or ", on, ", not '", env, "'");
+  return is_on;
 }
 
 }  // namespace tileinfer

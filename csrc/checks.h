@@ -112,6 +112,10 @@ at::ScalarType check_kv_inputs(const char* op, const PagedShape& s, const at::Te
 void check_rows_io(const char* op, const at::Tensor& out, const at::Tensor& x);
 // positions [num_tokens] int32 / int64 on x's device: rope.
 void check_positions(const char* op, const at::Tensor& positions, const at::Tensor& x);
+// A measurement switch read from the environment at each call (so a captured
+// graph keeps the value of its capture): `unset` without the variable, false
+// for the value `off`, true for `on`; any other value is an error naming both.
+bool env_switch(const char* name, const char* off, const char* on, bool unset);
 // Every argument of attention_inputs but the metadata values; returns the
 // cache's shape and the dtype of q / k / v.
 struct InputsShape {

@@ -6,8 +6,6 @@
 // normalized fp32 partial + lse per row; `combine` merges the splits. With a
 // single split, or two that the decode blocks merge themselves, the attention
 // op has them write the output directly (decode_without_partials).
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -136,13 +134,7 @@ void launch_decode_into(at::Tensor& out, AttentionParams& p, const PagedShape& s
 // TILEINFER_DECODE_CLUSTER_MERGE=0 turns the cluster merge off, for a
 // measurement against partials + combine in one build (read at each call: a
 // captured graph keeps the path of its capture).
-bool cluster_merge_enabled() {
-  const char* env = std::getenv("TILEINFER_DECODE_CLUSTER_MERGE");
-  if (env == nullptr) return true;
-  TILEINFER_CHECK(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
-                  "TILEINFER_DECODE_CLUSTER_MERGE must be 0 or 1, not '", env, "'");
-  return env[0] == '1';
-}
+bool cluster_merge_enabled() { return env_switch("TILEINFER_DECODE_CLUSTER_MERGE", "0", "1", true); }
 
 }  // namespace
 

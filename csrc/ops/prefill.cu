@@ -6,7 +6,6 @@
 //   other quantized cases, other GPUs  the mma.sync tile kernel (attention_kernel.cuh)
 //   fp32                        the CUDA-core kernel (attention_fp32.cuh)
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <optional>
 #include <type_traits>
@@ -86,11 +85,7 @@ bool is_hopper(int device) {
 // "Prefill"); read at each call, as the mixed steps'
 // TILEINFER_MIXED_DECODE_SMS, so a captured graph keeps its capture's value.
 int prefill_item_group(int group) {
-  if (const char* env = std::getenv("TILEINFER_PREFILL_PER_HEAD")) {
-    TILEINFER_CHECK(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
-                    "TILEINFER_PREFILL_PER_HEAD must be 0 or 1, not '", env, "'");
-    if (env[0] == '1') return 1;
-  }
+  if (env_switch("TILEINFER_PREFILL_PER_HEAD", "0", "1", false)) return 1;
   return group > 0 && (group & (group - 1)) == 0 && group <= 128 ? group : 1;
 }
 
@@ -98,13 +93,7 @@ int prefill_item_group(int group) {
 // Hopper kernel would run, so that a Hopper machine tests (and times) the
 // prefill other GPUs run; unset or "auto", the rule below. Read at each call,
 // as TILEINFER_PREFILL_PER_HEAD.
-bool tile_kernel_forced() {
-  const char* env = std::getenv("TILEINFER_PREFILL_KERNEL");
-  if (env == nullptr) return false;
-  TILEINFER_CHECK(std::strcmp(env, "auto") == 0 || std::strcmp(env, "tile") == 0,
-                  "TILEINFER_PREFILL_KERNEL must be auto or tile, not '", env, "'");
-  return env[0] == 't';
-}
+bool tile_kernel_forced() { return env_switch("TILEINFER_PREFILL_KERNEL", "auto", "tile", false); }
 
 // The Hopper kernel needs bf16 / fp16 queries and a 9.0 device of a build
 // with sm_90a code (setup.py defines TILEINFER_SM90A then; without that code
