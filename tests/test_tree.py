@@ -73,11 +73,15 @@ def path_attention(p, parents, scale):
     return out, lse
 
 
-def tree_problem(tree_sizes, prefix_lens, heads, page, dtype, device, seed, int8=False):
+def tree_problem(tree_sizes, prefix_lens, heads, page, dtype, device, seed, int8=False, head_dim=64):
+    """A batch of random trees of tree_sizes tokens after prefixes of
+    prefix_lens cached positions, heads = (query heads, KV heads): the
+    problem (scale twice head_dim ** -0.5), the parent lists and the mask
+    words."""
     rng = random.Random(seed)
     parents = [random_parents(n, rng) for n in tree_sizes]
     lens = [pre + n for pre, n in zip(prefix_lens, tree_sizes)]
-    p = make_problem(lens, tree_sizes, heads[0], heads[1], 64, page, dtype=dtype, device=device, seed=seed,
+    p = make_problem(lens, tree_sizes, heads[0], heads[1], head_dim, page, dtype=dtype, device=device, seed=seed,
                      int8=int8)
     # Larger scores than head_dim ** -0.5 alone gives, so that masking a key shows.
     p = dataclasses.replace(p, scale=2.0 * p.scale)
@@ -113,6 +117,38 @@ def test_tree_matches_path_attention(heads, dtype, page, device, seed):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_tree_head_dims(head_dim, dtype, device, seed):
+    """Trees at head dims 128 and 256 (on CUDA the tensor-core decode tiles
+    of those dims; d 256's large tile takes 32 keys a tile), group 4 (8
+    query / 2 KV heads), pages of 64: a sequence with a tree of 16 drafts, a
+    batch of trees of 1 to 16 tokens (64 packed rows: the large decode tile)
+    and one of at most 4 tokens (16 rows: the small tile), some across a page
+    boundary. decode (3 splits) + combine and the attention op against
+    per-path float64 attention."""
+    if device == "cuda":
+        need_path("attention")
+    page, heads = 64, (8, 2)
+    rng = random.Random(seed)
+    batches = [([16], [2 * page + 7]),
+               ([1, 16, rng.randint(2, 15), 5, 3], [0, page - 16 + 1, 3 * page + 1, 40, page]),
+               ([4, 3, 1, 4], [page + 5, 0, 2 * page, page - 2])]
+    for sizes, prefixes in batches:
+        p, parents, mask = tree_problem(sizes, prefixes, heads, page, dtype, device, seed, head_dim=head_dim)
+        exact, exact_lse = path_attention(p, parents, p.scale)
+        exact, exact_lse = exact.to(device), exact_lse.to(device)
+        poison_unowned_(p)
+        what = f"tree {sizes} {dtype} d={head_dim}"
+        po, pl = run_decode(p, True, 3, tree_mask=mask)
+        out, lse = run_combine(po, pl, dtype)
+        check_out(out, exact, dtype, f"decode + combine {what}")
+        check_lse(lse, exact_lse, dtype, f"decode + combine {what} lse")
+        out = run_attention(p, True, tree_mask=mask)
+        check_out(out, exact, dtype, f"attention {what}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("page", [16, 64])
 def test_tree_int8_cache(page, device, seed):
     """The int8 cache (with smoothing factors) under a tree: against per-path
@@ -137,29 +173,35 @@ def test_tree_int8_cache(page, device, seed):
 
 # ------------------------------------------------------------------ with the per-layer variants
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_tree_with_window_and_sinks(causal, device, seed):
+def test_tree_with_window_and_sinks(causal, dtype, device, seed):
     """A tree with a sliding window (slot positions: the window counts the
     step's tokens as they sit in the cache) and sinks, and with a soft-cap:
-    against the float64 reference with the same tree mask. Non-causal: the
-    bits alone decide which step tokens a token sees."""
+    against the float64 reference with the same tree mask, in fp32 (on CUDA
+    the CUDA-core kernel) and bf16 (the tensor-core decode tiles: group 4
+    and trees of up to 16 tokens, the large tile). Non-causal: the bits
+    alone decide which step tokens a token sees. The cache holds NaN past
+    each sequence's end (the oracles computed first)."""
     if device == "cuda":
         need_path("attention")
     page = 16
-    p, parents, mask = tree_problem([16, 9, 4], [50, 3, 20], (8, 2), page, torch.float32, device, seed)
+    p, parents, mask = tree_problem([16, 9, 4], [50, 3, 20], (8, 2), page, dtype, device, seed)
     if not causal:  # some bits at later tokens too, which non-causal attention honors
         mask = mask | torch.tensor([1 << (15 - i % 16) for i in range(mask.shape[0])], dtype=torch.int32,
                                    device=device) & ((1 << 16) - 1)
         mask = mask.to(torch.int32)
     g = torch.Generator().manual_seed(seed)
     sinks = (torch.randn(8, generator=g) * 2).to(device)
-    for kw in (dict(window_left=20, sinks=sinks), dict(window_left=5), dict(logits_soft_cap=2.5, sinks=sinks)):
-        exact, exact_lse = exact_attention(p, causal, tree_mask=mask, **kw)
+    cases = (dict(window_left=20, sinks=sinks), dict(window_left=5), dict(logits_soft_cap=2.5, sinks=sinks))
+    oracles = [exact_attention(p, causal, tree_mask=mask, **kw) for kw in cases]
+    poison_unowned_(p)
+    for kw, (exact, exact_lse) in zip(cases, oracles):
         po, pl = run_decode(p, causal, 3, tree_mask=mask, **kw)
-        out, lse = run_combine(po, pl, torch.float32)
-        check_out(out, exact, torch.float32, f"decode + combine {kw}")
-        check_lse(lse, exact_lse, torch.float32, f"decode + combine {kw} lse")
-        check_out(run_attention(p, causal, tree_mask=mask, **kw), exact, torch.float32, f"attention {kw}")
+        out, lse = run_combine(po, pl, dtype)
+        check_out(out, exact, dtype, f"decode + combine {dtype} {kw}")
+        check_lse(lse, exact_lse, dtype, f"decode + combine {dtype} {kw} lse")
+        check_out(run_attention(p, causal, tree_mask=mask, **kw), exact, dtype, f"attention {dtype} {kw}")
 
 
 def test_reference_tree_mask_is_path_attention(seed):
