@@ -66,39 +66,59 @@ def test_mixed_step_split_counts(num_decodes, seed):
     check_out(out, exact_attention(p, True)[0], torch.bfloat16, f"mixed step, {splits} splits")
 
 
-def test_mixed_step_chunks_among_many_decodes(seed, monkeypatch):
+# (dtype, head dim) of the steps beside their decodes: every tile dim of the
+# warp-specialized prefill (sm90/prefill_tile.h: 128 keys a stage at d 64 and
+# 128, 64 at d 256) and both 16-bit types, each of which takes the beside
+# path on Hopper (prefill.cu: a cache of the queries' type, any tile dim).
+BESIDE_SHAPES = [pytest.param(torch.bfloat16, 128, id="bf16-d128"), pytest.param(torch.float16, 64, id="fp16-d64"),
+                 pytest.param(torch.bfloat16, 256, id="bf16-d256")]
+
+
+@pytest.mark.parametrize("dtype,head_dim", BESIDE_SHAPES)
+def test_mixed_step_chunks_among_many_decodes(dtype, head_dim, seed, monkeypatch):
     """Prompt chunks at slots 0, 35, 70 and 99 of 100 sequences (decodes and
     16-query verifies between them), beside the decodes: the run-time hand-out
     of the prefill items (prefill_scheduler.cuh) moves its window of 32
-    sequences past ones without items."""
+    sequences past ones without items. The bits of the parts one after the
+    other, which float64 bounds; on Hopper two launches of the prefill kernel
+    (8000 items fill every SM)."""
     need_path("attention")
-    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "33")
+    monkeypatch.delenv("TILEINFER_MIXED_DECODE_SMS", raising=False)
     chunks = {0: 300, 35: 120, 70: 64, 99: 200}
     q_lens = [chunks.get(i, 1 if i % 7 else 16) for i in range(100)]
     lens = [q + (37 * i) % 200 for i, q in enumerate(q_lens)]
-    p = make_problem(lens, q_lens, 32, 8, 128, 64, device=DEV, seed=seed)
-    out = run_attention(p, True)
-    check_out(out, exact_attention(p, True)[0], torch.bfloat16, "chunks among 100 sequences")
+    p = make_problem(lens, q_lens, 32, 8, head_dim, 64, dtype=dtype, device=DEV, seed=seed)
+    in_turn = run_attention(p, True)
+    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "33")
+    run_attention(p, True)  # warm-up outside the profile
+    names, out = kernels_run(lambda: run_attention(p, True))
+    assert torch.equal(out, in_turn), "beside the decodes: other bits than the parts in turn"
+    check_out(out, exact_attention(p, True)[0], dtype, f"chunks among 100 sequences, {dtype} d {head_dim}")
+    check_prefill_launches(names, "33")
 
 
 @pytest.mark.parametrize("decode_sms", ["16", "33", "60"])
-def test_mixed_step_beside_decodes_same_bits(decode_sms, seed, monkeypatch):
+@pytest.mark.parametrize("dtype,head_dim", BESIDE_SHAPES)
+def test_mixed_step_beside_decodes_same_bits(dtype, head_dim, decode_sms, seed, monkeypatch):
     """The prompt chunks' prefill beside the decodes, on any number of SMs left
     to the decodes at first (TILEINFER_MIXED_DECODE_SMS), gives the bits of the
-    parts one after the other (the default), which float64 bounds. On
-    Hopper, where the path exists, the profiler shows it ran: two launches of
-    the prefill kernel (one on the SMs the decodes leave, one after them),
+    parts one after the other (the default), which float64 bounds; bf16 at
+    head dims 128 and 256, fp16 at 64 (BESIDE_SHAPES: each tile dim of the
+    warp-specialized prefill, whose beside path takes them all). On Hopper,
+    where the path exists, the profiler shows it ran: two launches of the
+    prefill kernel (one on the SMs the decodes leave, one after them),
     against one."""
     need_path("attention")
+    monkeypatch.delenv("TILEINFER_MIXED_DECODE_SMS", raising=False)
     q_lens = [1] * 40 + [700] + [16] * 3 + [250]
     lens = [200 + 31 * i for i in range(40)] + [1500, 300, 40, 900, 250]
-    p = make_problem(lens, q_lens, 32, 8, 128, 64, device=DEV, seed=seed)
+    p = make_problem(lens, q_lens, 32, 8, head_dim, 64, dtype=dtype, device=DEV, seed=seed)
     names, default = kernels_run(lambda: run_attention(p, True))
     monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", decode_sms)
     run_attention(p, True)  # warm-up outside the profile
     beside_names, beside = kernels_run(lambda: run_attention(p, True))
     assert torch.equal(beside, default), f"{decode_sms} SMs for the decodes"
-    check_out(default, exact_attention(p, True)[0], torch.bfloat16, "mixed step, the parts in turn")
+    check_out(default, exact_attention(p, True)[0], dtype, f"mixed step, the parts in turn, {dtype} d {head_dim}")
     check_prefill_launches(names, "0")
     check_prefill_launches(beside_names, decode_sms)
 
@@ -168,8 +188,16 @@ GRAPH_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("config", GRAPH_CONFIGS)
-def test_mixed_steps_in_one_graph(config, seed, monkeypatch):
+# (configuration, dtype, head dim): each configuration in bf16 at d 128, and
+# "beside decodes" also at the other tile dims of BESIDE_SHAPES.
+GRAPH_CASES = [pytest.param("small", torch.bfloat16, 128, id="small"),
+               pytest.param("beside decodes", torch.bfloat16, 128, id="beside decodes"),
+               pytest.param("beside decodes", torch.float16, 64, id="beside decodes-fp16-d64"),
+               pytest.param("beside decodes", torch.bfloat16, 256, id="beside decodes-bf16-d256")]
+
+
+@pytest.mark.parametrize("config,dtype,d", GRAPH_CASES)
+def test_mixed_steps_in_one_graph(config, dtype, d, seed, monkeypatch):
     """One graph captured with a token budget and 6 sequence slots, replayed
     over steps of every kind: all decodes, all prompt chunks, mixed, verify
     steps, slots without queries and padding tokens. Each replay equals an
@@ -179,7 +207,7 @@ def test_mixed_steps_in_one_graph(config, seed, monkeypatch):
         monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "33")
     g = torch.Generator().manual_seed(seed)
     hq, hkv, budget, max_q, max_len, steps = GRAPH_CONFIGS[config]
-    dtype, page, d, slots = torch.bfloat16, 16, 128, 6
+    page, slots = 16, 6
     max_pages = math.ceil(max_len / page)
     num_pages = slots * max_pages + 2
     k_pool = torch.randn(num_pages, hkv, page, d, generator=g).to(dtype).to(DEV)
