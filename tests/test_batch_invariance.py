@@ -13,7 +13,7 @@ different split count shows in the bits), so the comparison can fail.
 import pytest
 import torch
 
-from op_helpers import DEVICES, bits, check_out, exact_attention, kernels_run, need_path
+from op_helpers import DEVICES, ULPS, bits, check_out, exact_attention, kernels_run, need_path
 from tileinfer_attn.testing import PagedProblem, make_problem, poison_
 
 ops = torch.ops.tileinfer_attn
@@ -80,14 +80,16 @@ def steps(seed):
     return out
 
 
-def check_invariant(p, q_lens, seed, dtype, **variants):
+def check_invariant(p, q_lens, seed, dtype, ulps=ULPS, **variants):
+    """The target's rows of every step of steps() have the bits of the target
+    alone, which is within `ulps` of float64."""
     alone = None
     for name, (seqs, extra) in steps(seed).items():
         rows = target_rows(p, q_lens, seqs, True, extra, **variants)
         if alone is None:
             alone = rows
             exact = exact_attention(sub_step(p, q_lens, [0]), True, **variants)[0]
-            check_out(rows, exact, dtype, "the target alone")
+            check_out(rows, exact, dtype, "the target alone", ulps=ulps)
             continue
         assert torch.equal(bits(rows), bits(alone)), f"target's bits differ: {name}"
 
@@ -205,6 +207,42 @@ def test_batch_invariant_quantized_gpu(cache, seed):
     p, q_lens = universe(5000, 1, torch.bfloat16, "cuda", seed, head_dim=128, page=64, cache_dtype=cache_dtype,
                          scale_kind=kind)
     check_invariant(p, q_lens, seed, torch.bfloat16)
+
+
+# Shapes of quantized caches' batch-invariant walks: (target_len, target_q,
+# page, head_dim, group) of the target (2 KV heads). The batch-invariant plan
+# cuts splits of max(ceil(pages / 32), ceil(512 / page)) pages
+# (decode_splits.h, invariant_decode_plan).
+QUANT_SHAPES = {
+    # pages of 16: 32 pages a split, 188 pages in 6 splits.
+    "page16": (3001, 1, 16, 128, 4),
+    # a group of 7 (14 query heads), d 64 (the smallest tile dim): 79 pages, 10 splits.
+    "group7-d64": (5000, 1, 64, 64, 7),
+    # d 256 (partials and combine: no merge in the decode block), a verify step
+    # of 16 queries (64 packed rows on the small tile, which the group picks).
+    "d256-verify16": (2048, 16, 32, 256, 4),
+    # one position past the second 512-position split (pages of 64): the third
+    # split holds that position alone, which only the last of the 4 queries sees.
+    "split-boundary": (1025, 4, 64, 128, 4),
+}
+
+
+@gpu
+@pytest.mark.parametrize("shape", QUANT_SHAPES)
+@pytest.mark.parametrize("cache", ["int8", "fp8 tensor", "fp8 vector"])
+def test_batch_invariant_quantized_shapes_gpu(cache, shape, seed):
+    """Quantized caches over more shapes (QUANT_SHAPES): pages of 16, a group
+    that is not a power of two at d 64, d 256 with a verify step of 16
+    queries, a length one position past a split boundary. The target's bits
+    are the same in every step of steps() and within 6 ulps of float64
+    (test_int8_gpu.ULPS: the kernels round q * k_smooth and p * v_scale)."""
+    need_path("attention")
+    target_len, target_q, page, head_dim, group = QUANT_SHAPES[shape]
+    cache_dtype = torch.int8 if cache == "int8" else torch.float8_e4m3fn
+    kind = "tensor" if cache == "fp8 tensor" else "vector"
+    p, q_lens = universe(target_len, target_q, torch.bfloat16, "cuda", seed, group=group, head_dim=head_dim,
+                         page=page, cache_dtype=cache_dtype, scale_kind=kind)
+    check_invariant(p, q_lens, seed, torch.bfloat16, ulps=6.0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
