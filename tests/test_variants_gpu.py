@@ -217,19 +217,22 @@ def test_decode_kernels(head_dim, n, group, variant, window, causal, seed):
     run_all(p, causal, kwargs(variant, window, 2 * group, seed), dtype, f"n={n} {variant} window {window}")
 
 
-@pytest.mark.parametrize("cache", ["bf16", "fp32", "int8"])
+@pytest.mark.parametrize("cache", ["bf16", "fp32", *QUANT_KINDS])
 @pytest.mark.parametrize("n", [1, 16])
 def test_negative_scale(cache, n, seed):
     """scale <= 0, which the kernels multiply into the scores before the
     softmax instead of folding it into exp2 (softmax.cuh, ScoreMap): prefill,
-    attention and decode + combine over a bf16, an fp32 and an int8 cache, on
-    the small and the large decode tiles."""
+    attention and decode + combine over a bf16, an fp32, an int8 and both fp8
+    caches, on the small and the large decode tiles. The Hopper prefill over
+    a quantized cache folds each row's factor into its softmax, so that
+    factor must stay positive: the converted query rows take the scale's
+    sign (prefill_convert.cuh)."""
     need("decode", "combine", "prefill")
     dtype = torch.float32 if cache == "fp32" else torch.bfloat16
     p = make_problem([n, 150, 700], [n] * 3, 8, 2, 128, 16, dtype=dtype, device=DEV, seed=seed,
-                     int8=cache == "int8")
+                     **QUANT_KINDS.get(cache, {}))
     p = dataclasses.replace(p, scale=-0.05)
-    run_all(p, True, {}, dtype, f"{cache} n={n} scale -0.05", ulps=6.0 if cache == "int8" else 4.0)
+    run_all(p, True, {}, dtype, f"{cache} n={n} scale -0.05", ulps=6.0 if cache in QUANT_KINDS else 4.0)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
