@@ -128,7 +128,9 @@ struct PrefillTile {
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage
   static constexpr int kStageBytes = 2 * kTileBytes;
   // Quantized: a raw slot holds one K or V tile as stored ([kBlockN][D]
-  // bytes); 3 slots (1.5 tiles of K and V) at d 128, 4 at d 64. With
+  // bytes); 3 slots (1.5 tiles of K and V) at d 128, 4 at d 64; 2 at d 128
+  // with one scale per tensor, whose second query buffer takes the third's
+  // room (below). With
   // per-vector scales, a key tile's slot also holds the key and value
   // scales of its kBlockN positions, and a scale slot hands them on to the
   // consumers: kStages + 1 slots, so that the converters never wait for one
@@ -137,7 +139,7 @@ struct PrefillTile {
   // wait for first).
   static constexpr int kScaleBytes = kVectorScales ? 2 * kBlockN * 4 : 0;  // k then v scales of one tile
   static constexpr int kRawSlotBytes = kQuant ? kBlockN * D + kScaleBytes : 0;
-  static constexpr int kRawSlots = !kQuant ? 0 : D == 128 ? 3 : 4;
+  static constexpr int kRawSlots = !kQuant ? 0 : D == 128 ? (kVectorScales ? 3 : 2) : 4;
   static constexpr int kScaleSlots = kVectorScales ? kStages + 1 : 0;
   // A scale slot holds the k scales, then the v scales, each in the order
   // the consumers read them: the kBlockN / 4 columns of quad q of a thread's
@@ -154,8 +156,9 @@ struct PrefillTile {
   // Query tiles in flight: two where shared memory holds them, so that the
   // producer copies the next item's queries and first tiles while this
   // item's last tiles are computed (with one, it waits for this item's last
-  // S). Not at d 256, nor beside d 128's raw ring.
-  static constexpr int kQBuffers = D == 256 || (kQuant && D == 128) ? 1 : 2;
+  // S). Not at d 256, nor beside d 128's raw ring with per-vector scales
+  // (fp8 with one scale per tensor has room for two beside two raw slots).
+  static constexpr int kQBuffers = D == 256 || (kVectorScales && D == 128) ? 1 : 2;
   // With two, an item's query buffer also stages its output rows, so that
   // they leave as whole 16-byte chunks (prefill_epilogue.cuh): the producer
   // refills it only after the epilogue, while the other buffer holds the
