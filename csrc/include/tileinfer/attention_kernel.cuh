@@ -138,6 +138,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   StepMeta meta = Work::read_meta(p);
   WorkItem w;
   int num_tiles = 0;
+  // A walking block given no partials (one block per (sequence, KV head):
+  // decode.cu) merges its splits itself, in split order, as combine would
+  // have merged their partials (split_merge.cuh). (Read from the parameters
+  // where it is used, rather than held in a register through the loop.)
+  constexpr bool kCanMerge = Work::kWalks && Cfg::kMergesSplits;
+  const auto merges = [&] {
+    if constexpr (kCanMerge) {
+      return !Work::writes_partials(p);
+    } else {
+      return false;
+    }
+  };
+  // Such a block walks its splits as one key range where each split is a
+  // whole number of tiles (DecodeWalkWork::walk_through): split_tiles tiles
+  // a split, 0 for a walk split by split. The copies then run on across a
+  // split's end, whose rows go through the stage of its last tile
+  // (split_walk_boundary): for 16-bit caches, whose stage holds them.
+  constexpr bool kWalkThrough =
+      kCanMerge && !Cfg::kQuant && Cfg::kWarpsN * BM * D * 4 <= 2 * Cfg::kTileBytes;
+  int split_tiles = 0;
   int first_entries[S];  // block-table entries of this thread's keys of the first tiles
   const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, sh.key_rows, sh.flags, sh.entries,
                                      p.kv.head_dim * static_cast<int>(sizeof(typename Cfg::CacheT))};
@@ -149,6 +169,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   };
   auto start = [&] {  // the block's (first) work item from `meta`
     w = Work::template make<BM>(p, meta);
+    if constexpr (kWalkThrough) split_tiles = merges() ? Work::template walk_through<BM, BN>(p, w) : 0;
     prepare();
   };
   auto finish_lookups = [&] { keys.lookup_entries(first_entries, num_tiles); };
@@ -239,22 +260,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // load of its own would have waited for the copies, or delayed them).
   Work::template mark_padding_rows<QT>(p, meta.padding_begin);
   if (!w.active) return;  // block-uniform
-  // A walking block given no partials (one block per (sequence, KV head):
-  // decode.cu) merges its splits itself, in split order, as combine would
-  // have merged their partials (split_merge.cuh). (Read from the parameters
-  // where it is used, rather than held in a register through the loop.)
-  constexpr bool kCanMerge = Work::kWalks && Cfg::kMergesSplits;
-  const auto merges = [&] {
-    if constexpr (kCanMerge) {
-      return !Work::writes_partials(p);
-    } else {
-      return false;
-    }
-  };
   if (merges()) split_merge_start<Cfg>(sh, tid);
   // A block's work items: one, or (DecodeWalkWork) the splits it walks in
-  // turn, each with its own prologue, key loop and epilogue; the rows stay
-  // the same.
+  // turn, each with its own prologue, key loop and epilogue, or all of them
+  // in one key loop (split_tiles > 0); the rows stay the same.
   for (;;) {
     if (Work::lse_only(p, w, num_tiles)) {
       // Splits past a sequence's keys are its last ones: this block's later
@@ -382,10 +391,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     float vmax = 0.f, p_factor = 0.f;
     const int quad = lane & 3;
 
+    int split_end = split_tiles > 0 ? split_tiles : INT_MAX;  // the tile that starts the next split
     for (int i = 0; i < num_tiles; ++i) {
       cp_async_wait<S - 2>();  // tile i has landed (this thread's copies) ...
       __syncthreads();         // ... everyone's, and everyone is done with tile i - 1
       if (i == 0) TILEINFER_STAMP(3);  // first tile landed
+      if constexpr (kWalkThrough) {
+        if (i == split_end) {  // block-uniform: a split ends with tile i - 1, whose stage is free
+          uint8_t* freed = sh.kv + ((i - 1) % S) * 2 * Cfg::kTileBytes;  // tile i - 1's stage
+          split_walk_boundary<Cfg, Work>(p, w, sh, sm, o, reinterpret_cast<float*>(freed), tid, warp_n, quad, row_of);
+          // The rows staged there covered the pad chunks that the copies of a
+          // short head dim leave alone (tile_io.cuh, zero_pads).
+          if constexpr (kPadsZeroed) {
+            keys.template zero_pads<Cfg::kThreads, Cfg::kCacheChunks, Cfg::kRowBytes>(freed, 2, stage_at);
+          }
+          ++w.split;  // (the sink joins split 0 only)
+          split_end += split_tiles;
+#pragma unroll
+          for (int R = 0; R < kR; ++R) {
+            sm.row[R].init();
+#pragma unroll
+            for (int x = 0; x < D / 4; ++x) o[R][x] = 0.f;
+          }
+        }
+      }
       if (i + S - 1 < num_tiles) load_tile(i + S - 1);  // into the stage tile i - 1 used
       cp_async_commit();
       if (i + S < num_tiles) keys.lookup(i + S);  // into the slot tile i - 1 used
@@ -508,7 +537,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     allow_dependent_launch();
     tile_epilogue<Cfg, Work>(p, w, sh, sm, o, vmax, row_bad, tid, warp_n, quad, row_of, merges());
     if constexpr (!Work::kWalks) return;  // (no loop: the one-split kernels keep their registers)
-    if (!Work::template next<BM>(p, meta, w)) {
+    if (split_tiles > 0 || !Work::template next<BM>(p, meta, w)) {
       if constexpr (kCanMerge) {
         if (merges()) split_merge_finish<Cfg>(p, sh, tid);
       }

@@ -347,14 +347,29 @@ struct DecodeWork {
     w.q_count = qr.count;
     w.active = w.row_base < w.q_count * w.group && decode_takes(p, w.q_count);
 
+    const SplitLayout l = split_layout(p, w);
+    set_keys<kBlockM>(p, w, l.range_begin + static_cast<int64_t>(w.split) * l.split_keys, l.split_keys);
+    return w;
+  }
+  // The splits divide the pages from the window's start on (0 without a
+  // window): split i holds keys [range_begin + i * split_keys, ... + split_keys).
+  struct SplitLayout {
+    int range_begin;
+    int split_keys;
+  };
+  __device__ static SplitLayout split_layout(const AttentionParams& p, const WorkItem& w) {
     const int ps = p.kv.page_size;
-    // The splits divide the pages from the window's start on (0 without a window).
     const int range_begin = window_key_begin(p, w.seq_len, w.q_count, 0);
-    const int split_pages = static_cast<int>(
+    const int64_t split_pages =
         pages_per_split(ceil_div(w.seq_len - range_begin, ps), p.split_divisor > 0 ? p.split_divisor : p.num_splits,
-                        p.split_min_pages));
-    const int64_t first = range_begin + static_cast<int64_t>(w.split) * split_pages * ps;
-    const int64_t last = first + static_cast<int64_t>(split_pages) * ps;
+                        p.split_min_pages);
+    return {range_begin, static_cast<int>(split_pages * ps)};  // (a sequence's positions and a page, or the floor)
+  }
+  // w's keys: `count` from `first` on, within the sequence and, causal within
+  // the step, up to the tile's last query.
+  template <int kBlockM>
+  __device__ static void set_keys(const AttentionParams& p, WorkItem& w, int64_t first, int64_t count) {
+    const int64_t last = first + count;
     w.key_begin = static_cast<int>(first < w.seq_len ? first : w.seq_len);
     w.key_end = static_cast<int>(last < w.seq_len ? last : w.seq_len);
     if (p.causal) {  // causal within the step: the tile's last query bounds its keys
@@ -363,7 +378,6 @@ struct DecodeWork {
       w.key_end = min(w.key_end, causal_key_end(w.seq_len, w.q_count, last_t));
     }
     if (w.key_end < w.key_begin) w.key_end = w.key_begin;
-    return w;
   }
 
   // Tokens past cu_seqlens_q[num_seqs] (the padding of a batch captured larger
@@ -457,6 +471,19 @@ struct DecodeWalkWork : DecodeWork {
     if (split >= p.split_slots) return false;
     w = make_split<kBlockM>(p, m, split);
     return true;
+  }
+  // A block that walks all of its rows' splits (a grid of one block a pair:
+  // decode.cu's merging launches) walks them as one key range when each
+  // split is a whole number of kBlockN-key tiles: its tiles are then the
+  // splits' tiles one after the other, tile t in split t / split_tiles.
+  // Widens w (split 0) to the keys of all the splits and returns
+  // split_tiles; 0, w unchanged, for a walk split by split.
+  template <int kBlockM, int kBlockN>
+  __device__ static int walk_through(const AttentionParams& p, WorkItem& w) {
+    const SplitLayout l = split_layout(p, w);
+    if (gridDim.x != 1 || w.split != 0 || l.split_keys % kBlockN != 0) return 0;
+    set_keys<kBlockM>(p, w, l.range_begin, static_cast<int64_t>(p.split_slots) * l.split_keys);
+    return l.split_keys / kBlockN;
   }
   // A walked split past the sequence's keys writes only its rows' lse (-inf):
   // combine reads no out of such a partial (combine.cuh, kLseGated). Split 0

@@ -34,12 +34,14 @@ __device__ __forceinline__ void split_merge_start(const TileSmem<Cfg>& sh, int t
   }
 }
 
-// The split just finished (its rows staged in sh.o, their lses in sh.lse,
-// after a barrier) into the running merge. The rows' max and den move only
-// once every thread has read them (a barrier here); the next read is the
-// next split's, behind the barriers of its key loop, or split_merge_finish's.
-template <class Cfg>
-__device__ __forceinline__ void split_merge_rows(const AttentionParams& p, const TileSmem<Cfg>& sh, int tid) {
+// The split just finished (its key-slice warps' rows staged at o_s, kStride
+// floats apart, their lses in sh.lse, after a barrier) into the running
+// merge. The rows' max and den move only once every thread has read them and
+// o_s (a barrier here); the next read is the next split's, behind the
+// barriers of its key loop, or split_merge_finish's.
+template <class Cfg, int kStride = Cfg::kOStride>
+__device__ __forceinline__ void split_merge_rows(const AttentionParams& p, const TileSmem<Cfg>& sh, const float* o_s,
+                                                 int tid) {
   constexpr int BM = Cfg::kBlockM;
   constexpr int kVecs = Cfg::D / 4;
   for (int idx = tid; idx < BM * kVecs; idx += Cfg::kThreads) {
@@ -48,7 +50,7 @@ __device__ __forceinline__ void split_merge_rows(const AttentionParams& p, const
     const float lse = sh.lse[row];
     if (sh.row_token[row] < 0 || col >= p.kv.head_dim || !merges_split(lse)) continue;
     const MergeStep step = merge_step(sh.split_max[row], lse);
-    const float4 o = staged_row_sum<BM, Cfg::kWarpsN, Cfg::kOStride>(sh.o, row, col);
+    const float4 o = staged_row_sum<BM, Cfg::kWarpsN, kStride>(o_s, row, col);
     float4* acc = reinterpret_cast<float4*>(sh.split_acc + row * Cfg::D + col);
     float4 a = *acc;
     a.x = merge_acc(a.x, o.x, step);
@@ -90,23 +92,18 @@ __device__ __forceinline__ void split_merge_finish(const AttentionParams& p, con
   }
 }
 
-// sm / o: this lane's rows' softmax states and accumulators (rows row_of(R));
-// vmax and row_bad: the quantized caches' value-scale maximum and non-finite
-// query rows. Starts with a block barrier: the K / V stages become o_s.
-// merges: a walking block without partials (split_merge_rows).
+// Each of this lane's rows' factor from its accumulator to the row's share
+// of the normalized output (the key-slice warps' parts of a row merged in a
+// fixed order), and the rows' lse into sh.lse. sm / o: this lane's rows'
+// softmax states and accumulators (rows row_of(R)); vmax and row_bad: the
+// quantized caches' value-scale maximum and non-finite query rows.
 template <class Cfg, class Work, int kR, class RowOf>
-__device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const WorkItem& w, const TileSmem<Cfg>& sh,
-                                              OnlineSoftmax<kR, 4>& sm, float (&o)[kR][Cfg::D / 4], float vmax,
-                                              const bool (&row_bad)[Cfg::kQuant ? kR : 1], int tid, int warp_n,
-                                              int quad, RowOf row_of, bool merges = false) {
-  using QT = typename Cfg::QT;
-  constexpr int D = Cfg::D;
+__device__ __forceinline__ void row_out_scales(const AttentionParams& p, const WorkItem& w, const TileSmem<Cfg>& sh,
+                                               OnlineSoftmax<kR, 4>& sm, float vmax,
+                                               const bool (&row_bad)[Cfg::kQuant ? kR : 1], int warp_n, int quad,
+                                               RowOf row_of, float (&out_scale)[kR]) {
   constexpr int BM = Cfg::kBlockM;
-  cp_async_wait<0>();
-  __syncthreads();     // K/V stages are free: o_s may overwrite them
-  TILEINFER_STAMP(6);  // every warp's keys done
   sm.reduce_sums();
-  float out_scale[kR];
   if constexpr (Cfg::kWarpsN == 1) {
 #pragma unroll
     for (int R = 0; R < kR; ++R) {
@@ -149,13 +146,22 @@ __device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const Wo
       }
     }
   }
-  // The key-slice warps (decode) skip rows of no query, which are never
-  // stored: most of the rows when a group packs fewer than the tile has (a
-  // GQA-4 group: 4 of 16). (Prefill's int8 tile spilled registers with it.)
+}
+
+// This lane's rows' shares of the output (accumulator times out_scale) into
+// the warp's slice of o_s, rows kStride floats apart. The key-slice warps
+// (decode) skip rows of no query, which are never stored: most of the rows
+// when a group packs fewer than the tile has (a GQA-4 group: 4 of 16).
+// (Prefill's int8 tile spilled registers with it.)
+template <class Cfg, int kStride, int kR, class RowOf>
+__device__ __forceinline__ void stage_out_rows(const TileSmem<Cfg>& sh, const float (&o)[kR][Cfg::D / 4],
+                                               const float (&out_scale)[kR], float* o_s, int warp_n, int quad,
+                                               RowOf row_of) {
+  constexpr int D = Cfg::D;
 #pragma unroll
   for (int R = 0; R < kR; ++R) {
     if (Cfg::kKeySlices && sh.row_token[row_of(R)] < 0) continue;
-    float* row = sh.o + (warp_n * BM + row_of(R)) * Cfg::kOStride;
+    float* row = o_s + (warp_n * Cfg::kBlockM + row_of(R)) * kStride;
     const float f = out_scale[R];
     if constexpr (Cfg::kValuesInRegs) {  // columns 16 ch + 4 quad .. + 3 (tile_pv, tile_products.cuh)
 #pragma unroll
@@ -168,6 +174,49 @@ __device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const Wo
         *reinterpret_cast<float2*>(row + 8 * j + 2 * quad) = make_float2(o[R][2 * j] * f, o[R][2 * j + 1] * f);
     }
   }
+}
+
+// The end of one split inside a walk that runs on across split boundaries
+// (attention_kernel.cuh, DecodeWalkWork::walk_through): the split's rows go
+// into the block's running merge as tile_epilogue would have put them
+// (row_out_scales, stage_out_rows, split_merge_rows: the same values), but
+// staged in o_s, the stage of the tile just finished, kStride = D floats a
+// row, so that the copies of the next tiles stay in flight. Called by every
+// thread after the barrier that ends the split's last tile; o_s is free
+// again when it returns (split_merge_rows' barrier).
+template <class Cfg, class Work, int kR, class RowOf>
+__device__ __forceinline__ void split_walk_boundary(const AttentionParams& p, const WorkItem& w,
+                                                    const TileSmem<Cfg>& sh, OnlineSoftmax<kR, 4>& sm,
+                                                    const float (&o)[kR][Cfg::D / 4], float* o_s, int tid,
+                                                    int warp_n, int quad, RowOf row_of) {
+  static_assert(!Cfg::kQuant, "a quantized tile's stage is smaller than its o_s");
+  static_assert(Cfg::kWarpsN * Cfg::kBlockM * Cfg::D * 4 <= 2 * Cfg::kTileBytes, "o_s fits one stage");
+  float out_scale[kR];
+  const bool row_bad[1] = {false};
+  row_out_scales<Cfg, Work>(p, w, sh, sm, 0.f, row_bad, warp_n, quad, row_of, out_scale);
+  stage_out_rows<Cfg, Cfg::D>(sh, o, out_scale, o_s, warp_n, quad, row_of);
+  __syncthreads();
+  split_merge_rows<Cfg, Cfg::D>(p, sh, o_s, tid);
+}
+
+// The block's output after its key loop: its rows of the output or of the
+// split's partial, or of a cluster's or a walk's merge. Starts with a block
+// barrier: the K / V stages become o_s.
+// merges: a walking block without partials (split_merge_rows).
+template <class Cfg, class Work, int kR, class RowOf>
+__device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const WorkItem& w, const TileSmem<Cfg>& sh,
+                                              OnlineSoftmax<kR, 4>& sm, float (&o)[kR][Cfg::D / 4], float vmax,
+                                              const bool (&row_bad)[Cfg::kQuant ? kR : 1], int tid, int warp_n,
+                                              int quad, RowOf row_of, bool merges = false) {
+  using QT = typename Cfg::QT;
+  constexpr int D = Cfg::D;
+  constexpr int BM = Cfg::kBlockM;
+  cp_async_wait<0>();
+  __syncthreads();     // K/V stages are free: o_s may overwrite them
+  TILEINFER_STAMP(6);  // every warp's keys done
+  float out_scale[kR];
+  row_out_scales<Cfg, Work>(p, w, sh, sm, vmax, row_bad, warp_n, quad, row_of, out_scale);
+  stage_out_rows<Cfg, Cfg::kOStride>(sh, o, out_scale, sh.o, warp_n, quad, row_of);
   __syncthreads();
   TILEINFER_STAMP(7);  // warps' parts in shared memory
   if constexpr (Work::kPartials && !Work::kWalks) {
@@ -178,7 +227,7 @@ __device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const Wo
   }
   if constexpr (Work::kWalks && Cfg::kMergesSplits) {
     if (merges) {
-      split_merge_rows<Cfg>(p, sh, tid);
+      split_merge_rows<Cfg>(p, sh, sh.o, tid);
       return;
     }
   }

@@ -156,7 +156,8 @@ struct KeyTiles {
   // rows of kRowBytes each, from `stages` on, chunk ch of row r at byte
   // offset(r, ch)) where copy_kv<..., kPadsZeroed = true> leaves them.
   // Before an item's first copies: nothing else writes those chunks until
-  // the epilogue reuses the stages.
+  // the epilogue reuses the stages, or a walk's split end one stage (then
+  // that stage's again, attention_kernel.cuh).
   template <int kThreads, int kChunks, int kRowBytes, class Offset>
   __device__ __forceinline__ void zero_pads(uint8_t* stages, int tiles, Offset offset) const {
     if (!skips_pads<kChunks, kRowBytes>()) return;
