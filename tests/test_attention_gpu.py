@@ -302,6 +302,51 @@ def test_attention_few_pairs(case, seed):
     check_out(out[:r], exact[:r], dtype, f"attention, few pairs ({case})", ulps=6.0 if extra.get("int8") else 4.0)
 
 
+# (sequence lengths, query counts, query heads, KV heads, head dim, page,
+# dtype, extra): steps of more than 16 packed rows (group x queries): 32 rows
+# take the 16-row tile (a block per 16 rows), 64 the 64-row tile.
+ROW_TILE_CASES = {
+    "mqa": ([1000, 37, 64], [1, 1, 1], 32, 1, 128, 16, torch.bfloat16, {}),
+    "mqa-int8": ([900, 5], [1, 1], 32, 1, 128, 64, torch.bfloat16, {"int8": True}),
+    "verify-d64": ([300, 40, 17], [8, 8, 1], 8, 2, 64, 32, torch.float16, {}),
+    "verify-d256": ([500, 129], [16, 3], 16, 4, 256, 64, torch.bfloat16, {}),
+}
+
+
+@pytest.mark.parametrize("row_tile", [None, "16", "64"], ids=["rule", "16", "64"])
+@pytest.mark.parametrize("case", list(ROW_TILE_CASES))
+def test_attention_row_tile(case, row_tile, monkeypatch, seed):
+    """Steps of more than 16 packed rows (MQA's 32 heads of a query, verify
+    steps of a large group) on the tile the rule gives (16 rows up to 32
+    packed rows, 64 beyond) and on each tile that TILEINFER_DECODE_ROW_TILE
+    forces: the bits of decode + combine with the same tile and split count,
+    0 on padding tokens, and float64's within tolerance. The variable's bad
+    values are refused."""
+    need_path("attention")
+    lens, q_lens, hq, hkv, d, page, dtype, extra = ROW_TILE_CASES[case]
+    p = make_problem(lens, q_lens, hq, hkv, d, page, dtype=dtype, device=DEV, seed=seed,
+                     int8=extra.get("int8", False))
+    p = with_padding_tokens(p, 2)
+    assert p.max_q_len * hq // hkv > 16, "the case needs more rows than one 16-row tile"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = ops.decode_num_splits(sms, len(lens), hkv)
+    if row_tile is None:
+        monkeypatch.delenv("TILEINFER_DECODE_ROW_TILE", raising=False)
+    else:
+        monkeypatch.setenv("TILEINFER_DECODE_ROW_TILE", row_tile)
+    out = run_attention(p, True)
+    expected, _ = run_combine(*run_decode(p, True, splits), dtype)
+    assert torch.equal(bits(out), bits(expected)), "attention differs from decode + combine"
+    r = real_rows(p)
+    assert torch.all(out[r:] == 0), "padding tokens must get 0"
+    if not extra.get("int8"):
+        exact, _ = exact_attention(p, True)
+        check_out(out[:r], exact[:r], dtype, f"attention, row tile {row_tile or 'by the rule'} ({case})")
+    monkeypatch.setenv("TILEINFER_DECODE_ROW_TILE", "32")
+    with pytest.raises(RuntimeError, match="TILEINFER_DECODE_ROW_TILE must be 64 or 16"):
+        run_attention(p, True)
+
+
 # (query heads, KV heads, head dim, page, dtype, queries a sequence, extra):
 # batches sized for 2 (or 4) splits a (sequence, KV head), which the attention
 # op runs as clusters of blocks that merge them (cluster_merge.cuh). "quant":

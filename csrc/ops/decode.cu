@@ -6,6 +6,7 @@
 // normalized fp32 partial + lse per row; `combine` merges the splits. With a
 // single split, or two that the decode blocks merge themselves, the attention
 // op has them write the output directly (decode_without_partials).
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -63,6 +64,23 @@ void launch_decode_tile(const char* op, const AttentionParams& p, const PagedSha
   }
 }
 
+// Packed rows (group x queries) up to which a launch whose tile follows them
+// (not a mixed step's or a batch-invariant plan's, which follow the group)
+// takes the 16-row tile: up to 32, a block per 16 rows, all four warps on key
+// slices, the blocks of a split reading its pages twice (the second time
+// through L2); past 32 the 64-row tile, one warp per 16 rows, which reads
+// them once. For MQA's 32 rows the 64-row tile left two of its four warps
+// idle: 1 x 4k 8.8 -> 8.3-8.4 us, 1 x 32k 15.8 -> 15.2-15.3 on the 16-row
+// tile; a 16-query verify of group 4 (64 rows) took twice as long on it
+// (H100, docs/PERFORMANCE.md). TILEINFER_DECODE_ROW_TILE=16 or 64 (read at
+// each call: a captured graph keeps the tile of its capture) puts every such
+// launch of more than 16 rows on that tile instead, for a measurement.
+int64_t decode_small_tile_rows() {
+  constexpr const char* kName = "TILEINFER_DECODE_ROW_TILE";
+  if (std::getenv(kName) == nullptr) return 32;
+  return env_switch(kName, "64", "16", false) ? std::numeric_limits<int64_t>::max() : 16;
+}
+
 // Launches the decode kernel for p (partials or, with p.partial_out null, `out`
 // itself); q is made 16-byte aligned here.
 void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, const at::Tensor& q,
@@ -97,9 +115,12 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   // among their warps, so a row's bits follow the tile: a batch-invariant
   // plan takes it from the group size alone, as mixed steps do.
   const bool by_group = p.mixed_queries > 0 || plan.batch_invariant;
-  const bool small = by_group ? p.group_size <= 16 : p.group_size * max_q_len <= 16;
-  // Blocks of a small-tile launch (one row tile); do they fit two per SM?
-  const int64_t blocks = static_cast<int64_t>(p.num_splits) * s.num_kv_heads * s.num_seqs;
+  const bool small = by_group ? p.group_size <= 16 : p.group_size * max_q_len <= decode_small_tile_rows();
+  // Blocks of a small-tile launch; do they fit two per SM? A mixed step's or
+  // a batch-invariant plan's count one row tile (the others' blocks of a
+  // single query find no rows); past 16 rows a launch has one per 16 rows.
+  const int64_t row_tiles = by_group ? 1 : (p.group_size * max_q_len + 15) / 16;
+  const int64_t blocks = static_cast<int64_t>(p.num_splits) * s.num_kv_heads * s.num_seqs * row_tiles;
   const bool two_per_sm = !plan.batch_invariant && blocks <= 2 * sm_count(q.device());
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
