@@ -48,14 +48,16 @@ def demangle(names):
 
 
 def short_name(full):
-    """'bf16 d128 fp8 vec hand-out fixed-offset' from the demangled signature."""
+    """'bf16 d128 fp8 vec hand-out fixed-offset' (or 'bf16 d64 3 consumers ...')
+    from the demangled signature."""
     m = re.search(r"PrefillTile<([^>]*)>\s*,\s*(true|false)\s*,\s*(true|false)", full)
     if not m:
         return full[:100]
-    t, d, cache, vec = [x.strip() for x in m.group(1).split(",")]
+    t, d, cache, vec, *consumers = [x.strip() for x in m.group(1).split(",")]
     names = {"__nv_bfloat16": "bf16", "__half": "fp16", "__nv_fp8_e4m3": "fp8", "signed char": "int8"}
     cache = names.get(cache, cache)
     s = f"{names.get(t, t)} d{d}" + ("" if cache in ("bf16", "fp16") else f" {cache}" + (" vec" if vec == "true" else " tensor"))
+    s += " 3 consumers" if consumers == ["3"] else ""
     return s + (" hand-out" if m.group(2) == "true" else "") + (" fixed-offset" if m.group(3) == "true" else "")
 
 

@@ -16,6 +16,8 @@ hold NaN. Every head dim (the D fixture:
 The first test checks (with the torch profiler) which kernel runs, so that a
 build or a device without them cannot pass the rest on the tile kernel.
 """
+import re
+
 import pytest
 import torch
 
@@ -180,14 +182,17 @@ def test_hopper_prefill(D, dtype, page, causal, group, per_head, seed, monkeypat
     assert any(WARP_SPECIALIZED in n for n in names), f"kernels seen: {sorted(set(names))}"
 
 
-@pytest.mark.parametrize("group", [32, 128, 256])
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 128])
 def test_warp_specialized_large_groups(D, page, causal, group, seed):
-    """Groups up to the 128-row query tile: the query box then holds 128 / group
-    tokens (4 and 1), so a tile's rows span a few queries, each consumer
-    warpgroup's rows one query or part of one; one KV head. A group past the
-    tile (256) takes an item per query head."""
+    """Groups up to the query tile's rows (128, or 192 where d 64 takes three
+    consumers: prefill.cu's prefill_three_consumers, which these steps reach
+    at d 64 for groups 64-256 on a GPU of up to ~200 SMs): the query box then
+    holds rows / group tokens (128 rows: 4, 2 and 1; 192: 3), so a tile's rows
+    span a few queries, each consumer warpgroup's rows one query or part of
+    one; one KV head. A group that does not divide the rows (256; 128 with 192
+    rows) takes an item per query head."""
     seq_lens = [1, page + 1, 3 * page + 7, 300]
     q_lens = [1, page + 1, 5, 300]
     p = make_problem(seq_lens, q_lens, group, 1, D, page, device=DEV, seed=seed)
@@ -202,6 +207,41 @@ def test_hopper_prefill_long(D, dtype, causal, group, seed):
     the end of 4000 positions, and a short one in the same launch."""
     p = make_problem([3000, 4000, 70], [3000, 333, 70], 2 * group, 2, D, 64, dtype=dtype, device=DEV, seed=seed)
     check_all(p, causal, dtype, f"Hopper prefill long group {group} causal={causal}")
+
+
+def three_consumers(num_seqs, hq, hkv, max_q_len):
+    """prefill.cu's prefill_three_consumers for a d 64 step (not batch-
+    invariant): 192-row items where there are at least two per SM."""
+    group = hq // hkv
+    item_group = group if group & (group - 1) == 0 and 192 % group == 0 else 1
+    items = num_seqs * (hq // item_group) * -(-item_group * max_q_len // 192)
+    return items >= 2 * torch.cuda.get_device_properties(0).multi_processor_count
+
+
+@pytest.mark.parametrize("q_len", [512, 2048])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_d64_item_rows(dtype, causal, q_len, seed):
+    """d 64 takes 192-row items (three consumer warpgroups) where a step has
+    at least two per SM, 128-row items (two) below: a prompt of 512 and one
+    of 2048 tokens beside one of 40, 32 / 8 heads (176 and 688 items of 192
+    rows, each sequence counted at max_q_len), each against
+    float64, and the kernel that ran, from its name's PrefillTile<...,
+    consumers>."""
+    if not (has_cuda_kernel("prefill") and hopper()):
+        pytest.skip("the Hopper prefill kernel needs a compute-capability 9.0 device and a CUDA build")
+    page = 128 if dtype == torch.bfloat16 else 16
+    p = make_problem([q_len + 5, 40], [q_len, 40], 32, 8, 64, page, dtype=dtype, device=DEV, seed=seed)
+    exact, exact_lse = exact_attention(p, causal)
+    poison_unowned_(p)
+    names, (out, lse) = kernels_run(lambda: run_prefill(p, causal, with_lse=True))
+    what = f"d 64 prompt of {q_len} causal={causal}"
+    check_out(out, exact, dtype, what)
+    check_lse(lse, exact_lse, dtype, what + " lse")
+    tiles = [m.group(1) for n in names if WARP_SPECIALIZED in n
+             for m in [re.search(r"PrefillTile<[^<>]*, (\d)>", n)] if m]
+    expected = "3" if three_consumers(2, 32, 8, q_len) else "2"
+    assert tiles == [expected], f"{what}: consumer warpgroups {tiles}, expected {expected}; kernels {set(names)}"
 
 
 @pytest.mark.parametrize("page", [16, 128])
@@ -239,7 +279,8 @@ def test_hopper_prefill_strided_out(D, group, seed):
     """out as a view of some heads and columns of a larger buffer (token and
     head strides past the rows, columns past the head dim): rows right, and
     every element outside the view still the poison. Group 128 packs 128
-    heads of one token into a row tile."""
+    heads of one token into a row tile (where d 64 takes 192-row items, which
+    128 heads do not divide, an item per query head)."""
     hkv = 2 if group == 4 else 1
     p = make_problem([300, 77], [300, 5], group * hkv, hkv, D, 64, device=DEV, seed=seed)
     t, h, d = p.q.shape

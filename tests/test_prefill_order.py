@@ -69,7 +69,7 @@ def random_batch(rng, garbage=False):
     # heads: the items' heads per sequence, group: the query heads of an item
     # (28 heads of 1: Qwen2.5-7B's query heads, an item each).
     return dict(sms=rng.choice([132, 114, 78, 7, 1]), heads=rng.choice([1, 2, 8, 28]), group=rng.choice([1, 4, 8]),
-                block_m=rng.choice([128, 64]), max_q_len=max_q_len,
+                block_m=rng.choice([128, 192, 64]), max_q_len=max_q_len,
                 mixed=MIXED_QUERIES if rng.random() < 0.25 else 0, fits_l2=rng.random() < 0.3, q=q)
 
 

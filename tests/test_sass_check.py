@@ -75,3 +75,6 @@ def test_short_names():
     full = ("void tileinfer::sm90::prefill_kernel<tileinfer::sm90::PrefillTile<__half, 64, __half, false>, "
             "true, false>(tileinfer::sm90::PrefillParams)")
     assert sass_check.short_name(full) == "fp16 d64 hand-out"
+    full = ("void tileinfer::sm90::prefill_kernel<tileinfer::sm90::PrefillTile<__nv_bfloat16, 64, "
+            "__nv_bfloat16, false, 3>, false, true>(tileinfer::sm90::PrefillParams)")
+    assert sass_check.short_name(full) == "bf16 d64 3 consumers fixed-offset"

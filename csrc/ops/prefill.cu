@@ -77,16 +77,32 @@ bool is_hopper(int device) {
 // The query heads of a work item of the warp-specialized kernel
 // (sm90/prefill_tile.h, PrefillParams::item_group). It copies an item's query
 // tile as one box of {heads x kBlockM / heads tokens}, so the heads must
-// divide kBlockM: a group that is a power of two up to kBlockM packs a KV
+// divide kBlockM: a group that is a power of two dividing kBlockM (128, or
+// 192 with three consumers: up to 128 or 64 heads) packs a KV
 // head's whole group into an item (its queries share every key tile); other
 // groups (28/4 = 7, 40/8 = 5) take an item per query head, each item copying
 // its KV head's pages. TILEINFER_PREFILL_PER_HEAD=1 gives every group an
 // item per query head, to measure packing against it (docs/PERFORMANCE.md,
 // "Prefill"); read at each call, as the mixed steps'
 // TILEINFER_MIXED_DECODE_SMS, so a captured graph keeps its capture's value.
-int prefill_item_group(int group) {
+int prefill_item_group(int group, int block_m) {
   if (env_switch("TILEINFER_PREFILL_PER_HEAD", "0", "1", false)) return 1;
-  return group > 0 && (group & (group - 1)) == 0 && group <= 128 ? group : 1;
+  return group > 0 && (group & (group - 1)) == 0 && block_m % group == 0 ? group : 1;
+}
+
+// d 64 over a cache of the queries' type: work items of 192 rows for three
+// consumer warpgroups (sm90/prefill_tile.h) where the step has at least two
+// of them per SM, from shapes only (every sequence counted at max_q_len).
+// Fewer and larger items leave SMs idle on short prompts: on one H100, 1 x
+// 512 (88 items of 192 rows, 128 of 128) took 11.2-11.4 -> 13.4-13.6 us, 1 x
+// 2k (344 items) 52.9-53.2 -> 52.3-52.7, 1 x 8k 633-639 -> 608, 1 x 16k
+// 2546-2571 -> 2355-2375 (32 / 8 heads, causal). A batch-invariant step keeps
+// two consumers, so that its rows' bits do not follow the batch's item count.
+bool prefill_three_consumers(const AttentionParams& a, bool batch_invariant, int sms) {
+  if (batch_invariant) return false;
+  const int group = prefill_item_group(a.group_size, 192);
+  const int64_t row_tiles = ceil_div<int64_t>(int64_t(group) * a.max_q_len, 192);
+  return int64_t(a.kv.num_seqs) * (a.num_q_heads / group) * row_tiles >= 2 * int64_t(sms);
 }
 
 // TILEINFER_PREFILL_KERNEL=tile runs the mma.sync tile kernel wherever the
@@ -212,7 +228,7 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
       std::is_same_v<QT, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   sm90::PrefillParams p{};
   p.a = a;
-  const int item_group = prefill_item_group(a.group_size);
+  const int item_group = prefill_item_group(a.group_size, Cfg::kBlockM);
   p.item_group = item_group;
   p.item_heads = a.num_q_heads / item_group;
   // The copy engine takes strides that step past whole rows: a view whose
@@ -357,8 +373,13 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
           if constexpr (TILE_DIM <= 128)  // (use_hopper_prefill)
             launch_hopper_quant<scalar_t, TILE_DIM>(op, p, s, q_c, stream);
         } else {
-          launch_warp_specialized<sm90::PrefillTile<scalar_t, TILE_DIM>>(op, p, q_c, stream,
-                                                                         beside ? decodes : nullptr);
+          const std::function<void()>* side = beside ? decodes : nullptr;
+          if constexpr (TILE_DIM == 64) {
+            if (prefill_three_consumers(p, batch_invariant, sm_count(q.device())))
+              return launch_warp_specialized<sm90::PrefillTile<scalar_t, 64, scalar_t, false, 3>>(op, p, q_c,
+                                                                                                stream, side);
+          }
+          launch_warp_specialized<sm90::PrefillTile<scalar_t, TILE_DIM>>(op, p, q_c, stream, side);
         }
       });
     });

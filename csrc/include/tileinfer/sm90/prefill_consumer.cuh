@@ -1,5 +1,6 @@
-// Consumers of the Hopper prefill kernel: two warpgroups of 64 query rows
-// each, over the same ring of key tiles. Per tile:
+// Consumers of the Hopper prefill kernel: Cfg::kConsumers warpgroups (two,
+// or three at d 64) of 64 query rows each, over the same ring of key tiles.
+// Per tile:
 //   S = Q K^T   wgmma m64n{kBlockN}k16, Q and K from shared memory (K-major)
 //   mask, online softmax (softmax.cuh; P rounded to the element type)
 //   O += P V    wgmma m64n{D}k16, P from registers (the S accumulator of 16
@@ -12,10 +13,10 @@
 // Overlaps that keep the tensor cores busy:
 //   - ping-pong: warpgroup w issues the S of each tile (together with the
 //     P V of the tile before) only in its turn (named barrier
-//     kTurnBarrier + w) and hands the turn over right after, so the tensor
-//     cores run one warpgroup's products while the other does its softmax.
-//     An item's last P V, issued after its softmax, does not wait for a turn.
-//     Both warpgroups walk every tile of every item (one whose rows
+//     kTurnBarrier + w) and hands the turn to the next right after, so the
+//     tensor cores run one warpgroup's products while the others do their
+//     softmax. An item's last P V, issued after its softmax, does not wait
+//     for a turn. Every warpgroup walks every tile of every item (one whose rows
 //     see none of a tile skips the math, not the turn): turns and ring stay
 //     in step.
 //   - intra-warpgroup: S of tile i is issued together with P V of tile
@@ -64,8 +65,8 @@
 namespace tileinfer {
 namespace sm90 {
 
-constexpr int kTurnBarrier = 2;   // named barriers 2, 3: "consumer w may issue"
-constexpr int kQueryBarrier = 4;  // named barriers 4, 5: consumer w's queries are converted (quantized)
+constexpr int kTurnBarrier = 2;   // named barriers 2-4: "consumer w may issue"
+constexpr int kQueryBarrier = 5;  // named barriers 5-7: consumer w's queries are converted (quantized)
 
 template <class Cfg, bool kFixedOffset = false>
 __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const PrefillSmem<Cfg>& sm, int wg) {
@@ -84,7 +85,12 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
   const float offset = kFixedOffset ? fixed_offset(p.a.soft_cap) : 0.f;
   const uint32_t q_base0 = smem_u32(sm.q(0)) + 64 * wg * 128;  // this warpgroup's rows of block 0, buffer 0
 
-  if (wg == 1) named_arrive(kTurnBarrier, 256);  // consumer 0 issues first
+  // The turn goes round the consumers in order: w issues, then hands it to
+  // `next`. Each turn barrier counts w's threads and those of the consumer
+  // before it (256).
+  // (Two consumers: wg ^ 1, the form that keeps their SASS as it was.)
+  const int next = Cfg::kConsumers == 2 ? wg ^ 1 : wg + 1 == Cfg::kConsumers ? 0 : wg + 1;
+  if (wg == Cfg::kConsumers - 1) named_arrive(kTurnBarrier, 256);  // consumer 0 issues first
   const bool pin = p.item_group < 0;  // false: prefill.cu sets it positive (the key loop's `pin` store)
 
   uint32_t tiles = 0;
@@ -282,7 +288,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       mbar_wait(&sm.full_k[slot.stage], slot.parity);
       wait_v(slot);
       named_sync(kTurnBarrier + wg, 256);
-      named_arrive(kTurnBarrier + (wg ^ 1), 256);
+      named_arrive(kTurnBarrier + next, 256);
       release(&sm.empty_k[slot.stage]);
       if constexpr (Cfg::kVectorScales) mbar_arrive(&sm.scale_empty[scale_index(i)]);
       release(&sm.empty_v[slot.stage]);
@@ -295,7 +301,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     if (i < my_tiles) {
       const RingSlot<Cfg::kStages> slot(tiles++);
       const uint32_t outside = take_s(slot);
-      named_arrive(kTurnBarrier + (wg ^ 1), 256);
+      named_arrive(kTurnBarrier + next, 256);
       Scales ks;  // (per-vector scales: loaded while S completes, as below)
       if constexpr (Cfg::kVectorScales) load_scales(ks, scale_slot(i));
       wgmma::wait<0>();
@@ -312,7 +318,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       wait_v(prev);  // before the turn: values land later than keys
       const uint32_t outside = take_s(slot);
       wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev.stage)));
-      named_arrive(kTurnBarrier + (wg ^ 1), 256);
+      named_arrive(kTurnBarrier + next, 256);
       // Per-vector scales: the tile's key scales load while S completes.
       Scales ks;
       if constexpr (Cfg::kVectorScales) load_scales(ks, scale_slot(i));

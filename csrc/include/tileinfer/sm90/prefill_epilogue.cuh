@@ -25,7 +25,7 @@
 namespace tileinfer {
 namespace sm90 {
 
-constexpr int kEpilogueBarrier = 6;  // named barriers 6, 7: consumer w's rows are staged (kStagedStore)
+constexpr int kEpilogueBarrier = 8;  // named barriers 8-10: consumer w's rows are staged (kStagedStore)
 
 // `q_tile`: the item's query buffer (Cfg::kStagedStore), of which this
 // warpgroup (`wg`, thread `tid` of its 128) owns rows [64 wg, 64 wg + 64) in

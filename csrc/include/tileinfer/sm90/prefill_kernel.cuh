@@ -1,13 +1,13 @@
 // The warp-specialized Hopper (sm_90a) prefill kernel: bf16 / fp16 queries
 // over a cache of the same type, an int8 one or an fp8 one, head
 // dims of the tile table (prefill_tile.h), work items of a KV head's whole
-// group (a power of two up to kBlockM) or of one query head. The body only
+// group (a power of two dividing kBlockM) or of one query head. The body only
 // wires the roles together:
 //   prefill_scheduler.cuh  which items (row tile, sequence, head) a block takes (the producer walks it)
 //   prefill_producer.cuh   one warp: bulk copies of Q and of K / V pages into a ring
 //   prefill_convert.cuh    a quantized cache: three warps convert its pages to
 //                          fp16 operand tiles; the consumers their queries
-//   prefill_consumer.cuh   two warpgroups: products, mask, online softmax
+//   prefill_consumer.cuh   two or three warpgroups: products, mask, online softmax
 //   prefill_mask.cuh       which scores are hidden
 //   prefill_epilogue.cuh   normalized rows and lse out
 // The producer warpgroup gives registers up (setmaxnreg) to the consumers,

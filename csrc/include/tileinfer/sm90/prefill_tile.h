@@ -25,7 +25,7 @@ struct PrefillParams {
   CUtensorMap v_map;  //   (quantized: bytes, box {D, rows, 1, 1}, no swizzle)
   // The query heads of a work item (item_group) and the items' heads per
   // sequence (item_heads = num_q_heads / item_group): a group that is a
-  // power of two packs all of a KV head's query heads into an item, whose
+  // power of two dividing kBlockM packs all of a KV head's query heads into an item, whose
   // key and value tiles are then copied once for them all; other groups
   // (prefill.cu, prefill_item_group) take an item per query head, each
   // copying its KV head's tiles, as a kernel without GQA packing does.
@@ -39,17 +39,18 @@ struct PrefillParams {
 };
 
 // Shape of one head dim's instantiation.
-//   - Three warpgroups: a producer (one warp issues the copies; the
-//     warpgroup gives its registers up) and two consumers of 64 query rows
-//     each, so kBlockM = 128. The consumers take turns at the tensor cores
-//     (ping-pong): one's softmax runs while the other's products do.
+//   - A producer warpgroup (one warp issues the copies; the warpgroup gives
+//     its registers up) and kConsumers consumer warpgroups of 64 query rows
+//     each, so kBlockM = 128 (192 with three, at d 64). The consumers take turns at the
+//     tensor cores (ping-pong): one's products run while the others' softmax
+//     does.
 //   - kBlockN keys per stage: 128 at d <= 128 (the S accumulator is 64
 //     registers, O 32 / 64); 64 at d 256, whose O accumulator is 128 registers.
 //     Every head dim runs the consumers' in-warpgroup overlap
 //     (prefill_consumer.cuh), which keeps a second S and its P in registers:
 //     at d 256, 128 + 32 + 16 of them fit in kConsumerRegs without spills.
-//   - kStages: 4 at d 64 (161 KB), 2 at d 128 (193 KB) and d 256 (193 KB),
-//     the query buffers included.
+//   - kStages: 4 at d 64 (161 KB; 177 KB with 192 query rows), 2 at d 128 (193 KB)
+//     and d 256 (193 KB), the query buffers included.
 //     Keys and values of a stage are released separately (prefill_smem.cuh),
 //     so two stages keep the next keys in flight; a third at d 128 measured
 //     no gain.
@@ -65,7 +66,7 @@ struct PrefillParams {
 //     through a ring of kScaleSlots) or on the scores and the output (one
 //     per tensor, fp8 only). d 64 and 128 (80 and 96 through 128); d 256 has
 //     no room for the raw ring.
-template <typename QT_, int D_, typename CacheT_ = QT_, bool kVectorScales_ = false>
+template <typename QT_, int D_, typename CacheT_ = QT_, bool kVectorScales_ = false, int kConsumers_ = 2>
 struct PrefillTile {
   using QT = QT_;        // queries and output
   using CacheT = CacheT_;
@@ -73,13 +74,23 @@ struct PrefillTile {
   static constexpr bool kVectorScales = kVectorScales_;
   using T = std::conditional_t<kQuant, __half, QT>;  // the products' operands
   static constexpr int D = D_;
-  static constexpr int kConsumers = 2;
+  // Consumer warpgroups: two, or three at d 64 over a cache of the queries'
+  // type (192 query rows, as FlashAttention 3's d 64 tile) for steps with
+  // enough items (prefill.cu, prefill_three_consumers). A d 64 tile's
+  // products take half the tensor-core time of d 128's for the same softmax
+  // per score, so two warpgroups leave the tensor cores idle while both wait
+  // on their softmax chains; a third keeps one more chain in flight. Its
+  // registers fit at d 64 only (O of 32, S and P of 96 a thread).
+  static constexpr int kConsumers = kConsumers_;
+  static_assert(kConsumers == 2 || (kConsumers == 3 && D == 64 && !kQuant),
+                "three consumer warpgroups at d 64 over a cache of the queries' type only");
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = D <= 128 ? 128 : 64;
   static constexpr int kStages = D == 64 ? 4 : 2;
   // Registers per thread after setmaxnreg. The warpgroups trade within what
-  // the block got at launch (65536 / kThreads, rounded down to 8: 168): the
+  // the block got at launch (65536 / kThreads, rounded down to 8: 168 with
+  // two consumers, 128 with three): the
   // consumers' increase waits until the producer's decrease has freed enough,
   // so a split beyond that total never starts (it hangs, it does not fail).
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
@@ -113,8 +124,10 @@ struct PrefillTile {
   // with 56 they hold six, and the consumers, at 224, spill only around an
   // item's start and end, not in the key loop. The bf16 / fp16 consumers
   // take all they can.
-  static constexpr int kProducerRegs = kQuant ? 56 : 40;
-  static constexpr int kConsumerRegs = kQuant ? 224 : 232;
+  // Three consumers share 128 x 512 registers: 160 each and 32 for the
+  // producer warpgroup, FlashAttention 3's split for its 192-row tiles.
+  static constexpr int kProducerRegs = kQuant ? 56 : kConsumers == 3 ? 32 : 40;
+  static constexpr int kConsumerRegs = kQuant ? 224 : kConsumers == 3 ? 160 : 232;
   static_assert(D == 64 || D == 128 || D == 256, "head dims of the tile table");
   static_assert(std::is_same_v<CacheT, QT> || (kQuant && D <= 128),
                 "a cache of the queries' type, or a quantized one at d <= 128");
