@@ -89,6 +89,24 @@ def tree_problem(tree_sizes, prefix_lens, heads, page, dtype, device, seed, int8
 
 
 # ------------------------------------------------------------------ the tree against per-path attention
+def check_trees(batches, heads, page, dtype, device, seed, head_dim=64):
+    """Each batch of (tree sizes, prefix lengths): decode (3 splits) +
+    combine and the attention op against per-path float64 attention, the
+    cache poisoned past each sequence's end after the oracle."""
+    for sizes, prefixes in batches:
+        p, parents, mask = tree_problem(sizes, prefixes, heads, page, dtype, device, seed, head_dim=head_dim)
+        exact, exact_lse = path_attention(p, parents, p.scale)
+        exact, exact_lse = exact.to(device), exact_lse.to(device)
+        poison_unowned_(p)
+        what = f"tree {sizes} {dtype} heads={heads} page={page} d={head_dim}"
+        po, pl = run_decode(p, True, 3, tree_mask=mask)
+        out, lse = run_combine(po, pl, dtype)
+        check_out(out, exact, dtype, f"decode + combine {what}")
+        check_lse(lse, exact_lse, dtype, f"decode + combine {what} lse")
+        out = run_attention(p, True, tree_mask=mask)
+        check_out(out, exact, dtype, f"attention {what}")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16", "fp32"])
@@ -100,20 +118,9 @@ def test_tree_matches_path_attention(heads, dtype, page, device, seed):
     if device == "cuda":
         need_path("attention")
     rng = random.Random(seed)
-    batches = [([16], [2 * page + 7]),
-               ([1, 16, rng.randint(2, 15), 5, 3], [0, page - 16 + 1 if page > 16 else 1, 3 * page + 1, 40, page])]
-    for sizes, prefixes in batches:
-        p, parents, mask = tree_problem(sizes, prefixes, heads, page, dtype, device, seed)
-        exact, exact_lse = path_attention(p, parents, p.scale)
-        exact, exact_lse = exact.to(device), exact_lse.to(device)
-        poison_unowned_(p)
-        what = f"tree {sizes} {dtype} heads={heads} page={page}"
-        po, pl = run_decode(p, True, 3, tree_mask=mask)
-        out, lse = run_combine(po, pl, dtype)
-        check_out(out, exact, dtype, f"decode + combine {what}")
-        check_lse(lse, exact_lse, dtype, f"decode + combine {what} lse")
-        out = run_attention(p, True, tree_mask=mask)
-        check_out(out, exact, dtype, f"attention {what}")
+    check_trees([([16], [2 * page + 7]),
+                 ([1, 16, rng.randint(2, 15), 5, 3], [0, page - 16 + 1 if page > 16 else 1, 3 * page + 1, 40, page])],
+                heads, page, dtype, device, seed)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -123,29 +130,18 @@ def test_tree_head_dims(head_dim, dtype, device, seed):
     """Trees at head dims 128 and 256 (on CUDA the tensor-core decode tiles
     of those dims; d 256's large tile takes 32 keys a tile), group 4 (8
     query / 2 KV heads), pages of 64: a sequence with a tree of 16 drafts, a
-    batch of trees of 1 to 16 tokens (64 packed rows: the large decode tile)
-    and one of at most 4 tokens (16 rows: the small tile), some across a page
-    boundary. decode (3 splits) + combine and the attention op against
-    per-path float64 attention."""
+    batch of trees of 1 to 16 tokens (64 packed rows: the large decode tile),
+    one of at most 8 tokens (32 rows: the 16-row tile, two row tiles) and one
+    of at most 4 (16 rows), some across a page boundary."""
     if device == "cuda":
         need_path("attention")
-    page, heads = 64, (8, 2)
+    page = 64
     rng = random.Random(seed)
-    batches = [([16], [2 * page + 7]),
-               ([1, 16, rng.randint(2, 15), 5, 3], [0, page - 16 + 1, 3 * page + 1, 40, page]),
-               ([4, 3, 1, 4], [page + 5, 0, 2 * page, page - 2])]
-    for sizes, prefixes in batches:
-        p, parents, mask = tree_problem(sizes, prefixes, heads, page, dtype, device, seed, head_dim=head_dim)
-        exact, exact_lse = path_attention(p, parents, p.scale)
-        exact, exact_lse = exact.to(device), exact_lse.to(device)
-        poison_unowned_(p)
-        what = f"tree {sizes} {dtype} d={head_dim}"
-        po, pl = run_decode(p, True, 3, tree_mask=mask)
-        out, lse = run_combine(po, pl, dtype)
-        check_out(out, exact, dtype, f"decode + combine {what}")
-        check_lse(lse, exact_lse, dtype, f"decode + combine {what} lse")
-        out = run_attention(p, True, tree_mask=mask)
-        check_out(out, exact, dtype, f"attention {what}")
+    check_trees([([16], [2 * page + 7]),
+                 ([1, 16, rng.randint(2, 15), 5, 3], [0, page - 16 + 1, 3 * page + 1, 40, page]),
+                 ([8, 5, 1, rng.randint(2, 8)], [page - 3, 0, 2 * page, 17]),
+                 ([4, 3, 1, 4], [page + 5, 0, 2 * page, page - 2])],
+                (8, 2), page, dtype, device, seed, head_dim=head_dim)
 
 
 @pytest.mark.parametrize("device", DEVICES)
