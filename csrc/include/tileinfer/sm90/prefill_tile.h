@@ -25,10 +25,11 @@ struct PrefillParams {
   CUtensorMap v_map;  //   (quantized: bytes, box {D, rows, 1, 1}, no swizzle)
   // The query heads of a work item (item_group) and the items' heads per
   // sequence (item_heads = num_q_heads / item_group): a group that is a
-  // power of two dividing kBlockM packs all of a KV head's query heads into an item, whose
-  // key and value tiles are then copied once for them all; other groups
-  // (prefill.cu, prefill_item_group) take an item per query head, each
-  // copying its KV head's tiles, as a kernel without GQA packing does.
+  // power of two dividing kBlockM packs all of a KV head's query heads into
+  // an item, whose key and value tiles are then copied once for them all;
+  // other groups (prefill.cu, prefill_item_group) take an item per query
+  // head, each copying its KV head's tiles, as a kernel without GQA packing
+  // does.
   int item_group;
   int item_heads;
   int num_row_tiles;  // ceil(item_group * max_q_len / kBlockM)
@@ -41,9 +42,9 @@ struct PrefillParams {
 // Shape of one head dim's instantiation.
 //   - A producer warpgroup (one warp issues the copies; the warpgroup gives
 //     its registers up) and kConsumers consumer warpgroups of 64 query rows
-//     each, so kBlockM = 128 (192 with three, at d 64). The consumers take turns at the
-//     tensor cores (ping-pong): one's products run while the others' softmax
-//     does.
+//     each, so kBlockM = 128 (192 with three, at d 64). The consumers take
+//     turns at the tensor cores (ping-pong): one's products run while the
+//     others' softmax does.
 //   - kBlockN keys per stage: 128 at d <= 128 (the S accumulator is 64
 //     registers, O 32 / 64); 64 at d 256, whose O accumulator is 128 registers.
 //     Every head dim runs the consumers' in-warpgroup overlap
