@@ -210,8 +210,9 @@ def test_hopper_prefill_long(D, dtype, causal, group, seed):
 
 
 def three_consumers(num_seqs, hq, hkv, max_q_len):
-    """prefill.cu's prefill_three_consumers for a d 64 step (not batch-
-    invariant): 192-row items where there are at least two per SM."""
+    """prefill.cu's prefill_three_consumers for a d 64 prefill (not batch-
+    invariant, not a mixed step): 192-row items where there are at least
+    two per SM."""
     group = hq // hkv
     item_group = group if group & (group - 1) == 0 and 192 % group == 0 else 1
     items = num_seqs * (hq // item_group) * -(-item_group * max_q_len // 192)

@@ -97,9 +97,11 @@ int prefill_item_group(int group, int block_m) {
 // 512 (88 items of 192 rows, 128 of 128) took 11.2-11.4 -> 13.4-13.6 us, 1 x
 // 2k (344 items) 52.9-53.2 -> 52.3-52.7, 1 x 8k 633-639 -> 608, 1 x 16k
 // 2546-2571 -> 2355-2375 (32 / 8 heads, causal). A batch-invariant step keeps
-// two consumers, so that its rows' bits do not follow the batch's item count.
+// two consumers, so that its rows' bits do not follow the batch's item count,
+// and so does a mixed step, whose count from shapes takes every decode for a
+// prompt (its chunks are mostly one or two).
 bool prefill_three_consumers(const AttentionParams& a, bool batch_invariant, int sms) {
-  if (batch_invariant) return false;
+  if (batch_invariant || a.mixed_queries > 0) return false;
   const int group = prefill_item_group(a.group_size, 192);
   const int64_t row_tiles = ceil_div<int64_t>(int64_t(group) * a.max_q_len, 192);
   return int64_t(a.kv.num_seqs) * (a.num_q_heads / group) * row_tiles >= 2 * int64_t(sms);
