@@ -282,8 +282,7 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   const dim3 grid(static_cast<unsigned>(plan.grid));
 
   p.a.programmatic = programmatic_launch(c10::cuda::current_device());
-  // (Mixed steps run two consumers: prefill_three_consumers.)
-  if constexpr (!Cfg::kQuant && Cfg::kConsumers == 2) {
+  if constexpr (!Cfg::kQuant) {
     const int beside = decodes != nullptr ? decode_sms(sms) : 0;  // D
     if (beside > 0 && plan.grid >= 2 * beside) {
       const at::Tensor counter = at::zeros({1}, q.options().dtype(at::kInt));
