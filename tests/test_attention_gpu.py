@@ -164,8 +164,9 @@ def test_decode_combine(dtype, head_dim, page, seed):
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 16])
 def test_decode_steps(n, group, causal, seed):
     """Steps of n queries per sequence (decode, speculative verify) for groups of
-    every power of two up to 32 (MQA of 32 heads: the larger row tile), 3, 5 and
-    7 (Qwen2.5's 40/8 and 28/4), causal within the step or not."""
+    every power of two up to 32 (up to 32 packed rows the 16-row tile, a
+    block per 16 rows; more the 64-row tile), 3, 5 and 7 (Qwen2.5's 40/8 and
+    28/4), causal within the step or not."""
     need("decode", "combine")
     p = make_problem([n, 70, 300], [n] * 3, 2 * group, 2, 128, 64, device=DEV, seed=seed)
     po, pl = run_decode(p, causal, 8 if n > 8 else 16)
@@ -360,7 +361,8 @@ CLUSTER_CASES = {
     "int8-bad-row": (32, 8, 128, 64, torch.bfloat16, 1, {"quant": {"int8": True}, "bad_row": True}),
     "fp8-per-tensor": (32, 8, 128, 16, torch.float16, 2,
                        {"quant": {"cache_dtype": torch.float8_e4m3fn, "scale_kind": "tensor"}}),
-    "mqa-64-row-tile": (32, 1, 128, 16, torch.float16, 1, {}),
+    "mqa-two-row-tiles": (32, 1, 128, 16, torch.float16, 1, {}),
+    "verify-64-row-tile": (16, 4, 128, 16, torch.bfloat16, 16, {}),
 }
 
 

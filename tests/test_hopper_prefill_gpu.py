@@ -186,13 +186,12 @@ def test_hopper_prefill(D, dtype, page, causal, group, per_head, seed, monkeypat
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 128])
 def test_warp_specialized_large_groups(D, page, causal, group, seed):
-    """Groups up to the query tile's rows (128, or 192 where d 64 takes three
-    consumers: prefill.cu's prefill_three_consumers, which these steps reach
-    at d 64 for groups 64-256 on a GPU of up to ~200 SMs): the query box then
-    holds rows / group tokens (128 rows: 4, 2 and 1; 192: 3), so a tile's rows
-    span a few queries, each consumer warpgroup's rows one query or part of
-    one; one KV head. A group that does not divide the rows (256; 128 with 192
-    rows) takes an item per query head."""
+    """Groups up to the 128-row query tile: the query box then holds 128 /
+    group tokens (4, 2 and 1), so a tile's rows span a few queries, each
+    consumer warpgroup's 64 rows two queries, one or part of one; one KV
+    head. A group past the tile (256) takes an item per query head. (At d 64
+    a step with enough items takes 192-row items instead, prefill.cu's
+    prefill_three_consumers; these steps have few tokens, so few items.)"""
     seq_lens = [1, page + 1, 3 * page + 7, 300]
     q_lens = [1, page + 1, 5, 300]
     p = make_problem(seq_lens, q_lens, group, 1, D, page, device=DEV, seed=seed)
@@ -209,13 +208,14 @@ def test_hopper_prefill_long(D, dtype, causal, group, seed):
     check_all(p, causal, dtype, f"Hopper prefill long group {group} causal={causal}")
 
 
-def three_consumers(num_seqs, hq, hkv, max_q_len):
+def three_consumers(num_seqs, hq, hkv, max_q_len, num_tokens):
     """prefill.cu's prefill_three_consumers for a d 64 prefill (not batch-
-    invariant, not a mixed step): 192-row items where there are at least
-    two per SM."""
+    invariant): 192-row items where there are at least two per SM, counting
+    every sequence at max_q_len but no more than the tokens fill."""
     group = hq // hkv
     item_group = group if group & (group - 1) == 0 and 192 % group == 0 else 1
-    items = num_seqs * (hq // item_group) * -(-item_group * max_q_len // 192)
+    row_tiles = min(num_seqs * -(-item_group * max_q_len // 192), -(-item_group * num_tokens // 192))
+    items = (hq // item_group) * row_tiles
     return items >= 2 * torch.cuda.get_device_properties(0).multi_processor_count
 
 
@@ -225,10 +225,9 @@ def three_consumers(num_seqs, hq, hkv, max_q_len):
 def test_d64_item_rows(dtype, causal, q_len, seed):
     """d 64 takes 192-row items (three consumer warpgroups) where a step has
     at least two per SM, 128-row items (two) below: a prompt of 512 and one
-    of 2048 tokens beside one of 40, 32 / 8 heads (176 and 688 items of 192
-    rows, each sequence counted at max_q_len), each against
-    float64, and the kernel that ran, from its name's PrefillTile<...,
-    consumers>."""
+    of 2048 tokens beside one of 40, 32 / 8 heads (96 and 352 items of 192
+    rows as the rule counts them), each against float64, and the kernel that
+    ran, from its name's PrefillTile<..., consumers>."""
     if not (has_cuda_kernel("prefill") and hopper()):
         pytest.skip("the Hopper prefill kernel needs a compute-capability 9.0 device and a CUDA build")
     page = 128 if dtype == torch.bfloat16 else 16
@@ -241,7 +240,7 @@ def test_d64_item_rows(dtype, causal, q_len, seed):
     check_lse(lse, exact_lse, dtype, what + " lse")
     tiles = [m.group(1) for n in names if WARP_SPECIALIZED in n
              for m in [re.search(r"PrefillTile<[^<>]*, (\d)>", n)] if m]
-    expected = "3" if three_consumers(2, 32, 8, q_len) else "2"
+    expected = "3" if three_consumers(2, 32, 8, q_len, q_len + 40) else "2"
     assert tiles == [expected], f"{what}: consumer warpgroups {tiles}, expected {expected}; kernels {set(names)}"
 
 

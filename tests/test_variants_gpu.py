@@ -206,8 +206,8 @@ def test_fp32_kernel(head_dim, variant, causal, seed):
 @pytest.mark.parametrize("n,group", [(1, 4), (4, 8), (16, 4), (16, 16)])
 @pytest.mark.parametrize("head_dim", [128, 256])
 def test_decode_kernels(head_dim, n, group, variant, window, causal, seed):
-    """Steps of n queries (up to 16 rows: the small decode tile; more: the
-    large one, whose keys d 256 halves to 32 a tile), split counts 1, 3 and 32
+    """Steps of n queries (up to 32 rows: the small decode tile, a block per
+    16 rows; more: the large one, whose keys d 256 halves to 32 a tile), split counts 1, 3 and 32
     over lengths around the window and the pages (64), with bf16 and fp16."""
     need("decode", "combine", "prefill")
     window = max(window, 0)
@@ -253,10 +253,11 @@ def test_int8_decode(quant, n, head_dim, variant, seed):
 
 
 @pytest.mark.parametrize("cache", ["fp16", *CACHE_KINDS])
-@pytest.mark.parametrize("n,group", [(1, 4), (4, 8), (2, 3), (1, 16)])
+@pytest.mark.parametrize("n,group", [(1, 4), (4, 8), (8, 8), (2, 3), (1, 16)])
 def test_decode_far_sinks(n, group, cache, seed):
     """Sinks tens above every score of their rows, and far below: each
-    decode tile (small, large, quantized) and every prefill kernel (an
+    decode tile (small, with one row tile and with two at 32 rows; large at
+    64; quantized) and every prefill kernel (an
     item per query head on Hopper for group 3) joins the sink after the keys, so
     that the probabilities rounded to 16 bits stay relative to the keys'
     maximum rather than fall toward fp16's subnormals (a model of rows

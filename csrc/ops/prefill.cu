@@ -5,6 +5,7 @@
 //                               converter warps
 //   other quantized cases, other GPUs  the mma.sync tile kernel (attention_kernel.cuh)
 //   fp32                        the CUDA-core kernel (attention_fp32.cuh)
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <optional>
@@ -92,19 +93,20 @@ int prefill_item_group(int group, int block_m) {
 
 // d 64 over a cache of the queries' type: work items of 192 rows for three
 // consumer warpgroups (sm90/prefill_tile.h) where the step has at least two
-// of them per SM, from shapes only (every sequence counted at max_q_len).
-// Fewer and larger items leave SMs idle on short prompts: on one H100, 1 x
-// 512 (88 items of 192 rows, 128 of 128) took 11.2-11.4 -> 13.4-13.6 us, 1 x
-// 2k (344 items) 52.9-53.2 -> 52.3-52.7, 1 x 8k 633-639 -> 608, 1 x 16k
-// 2546-2571 -> 2355-2375 (32 / 8 heads, causal). A batch-invariant step keeps
-// two consumers, so that its rows' bits do not follow the batch's item count,
-// and so does a mixed step, whose count from shapes takes every decode for a
-// prompt (its chunks are mostly one or two).
+// of them per SM. Counted from shapes: every sequence at max_q_len, but no
+// more row tiles than the step's tokens fill (a mixed step of `attention`
+// counts its decodes' tokens, not a prompt each). Fewer and larger items
+// leave SMs idle on short prompts: on one H100, 1 x 512 (88 items of 192
+// rows, 128 of 128) took 11.2-11.4 -> 13.4-13.6 us, 1 x 2k (344 items)
+// 52.9-53.2 -> 52.3-52.7, 1 x 8k 633-639 -> 608, 1 x 16k 2546-2571 ->
+// 2355-2375 (32 / 8 heads, causal). A batch-invariant step keeps two
+// consumers, so that its item rows do not follow the batch.
 bool prefill_three_consumers(const AttentionParams& a, bool batch_invariant, int sms) {
-  if (batch_invariant || a.mixed_queries > 0) return false;
+  if (batch_invariant) return false;
   const int group = prefill_item_group(a.group_size, 192);
-  const int64_t row_tiles = ceil_div<int64_t>(int64_t(group) * a.max_q_len, 192);
-  return int64_t(a.kv.num_seqs) * (a.num_q_heads / group) * row_tiles >= 2 * int64_t(sms);
+  const int64_t by_seqs = int64_t(a.kv.num_seqs) * ceil_div<int64_t>(int64_t(group) * a.max_q_len, 192);
+  const int64_t by_tokens = ceil_div<int64_t>(int64_t(group) * a.num_tokens, 192);
+  return (a.num_q_heads / group) * std::min(by_seqs, by_tokens) >= 2 * int64_t(sms);
 }
 
 // TILEINFER_PREFILL_KERNEL=tile runs the mma.sync tile kernel wherever the
@@ -364,8 +366,9 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   // On max_q_len, not on the packed rows (group x max_q_len): the crossover
   // below was measured in blocks, and packing keeps the block count. The two
   // tiles give a row different bits, and max_q_len is the batch's: a
-  // batch-invariant step keeps the small tile. (The Hopper kernel has one
-  // tile, and every work item holds all of its rows' keys.)
+  // batch-invariant step keeps the small tile. (The Hopper kernel's items
+  // hold all of their rows' keys; it keeps 128-row items for a
+  // batch-invariant step: prefill_three_consumers.)
   const bool large = !batch_invariant && use_large_prefill_tile(max_q_len, s.head_dim);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (hopper) {

@@ -460,7 +460,9 @@ struct DecodeWork {
 // Decode under a batch-invariant plan (decode_splits.h; p.split_slots > 0):
 // block x walks splits x, x + gridDim.x, ... below split_slots, each a work
 // item of its own (prologue, keys, epilogue, partial), so the grid needs no
-// block for each of the 32 splits a wide block table allows. A kernel of its
+// block for each of the 32 splits a wide block table allows; a block that
+// walks all of them and merges them itself may take them as one key range
+// (walk_through). A kernel of its
 // own: the loop keeps state live across items, which costs the one-split
 // kernels registers (and spills in the quantized and head-dim-256 tiles).
 struct DecodeWalkWork : DecodeWork {

@@ -14,7 +14,7 @@ namespace tileinfer {
 #define TILEINFER_DECODE_TILE(T, D, CacheT, S) \
   TileConfig<TileElement<T, CacheT>, D, S.warps_m, S.warps_n, S.row_tiles, S.block_n, S.stages, CacheT, T>
 
-// Up to 16 packed rows (group x queries).
+// Up to 16 packed rows (group x queries) a block; up to 32 a launch (decode.cu).
 template <typename T, int D, typename CacheT = T>
 using DecodeTileSmall = TILEINFER_DECODE_TILE(T, D, CacheT, decode_tile_small(D));
 // A quantized (int8 or fp8) cache whose launch fits two blocks per SM (d <= 128).

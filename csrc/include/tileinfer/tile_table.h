@@ -121,7 +121,8 @@ struct TileShape {
 };
 
 // Decode, up to 16 packed rows (group x queries: plain decode of any group <= 16,
-// or a few verify queries): one 16-row tile, the 4 warps split each 64-key tile
+// or a few verify queries), or up to 32 with a block per 16 rows (MQA's 32
+// heads: csrc/ops/decode.cu): one 16-row tile, the 4 warps split each 64-key tile
 // into 16-key slices. Decode is a stream over the cache, so three stages keep
 // two tiles of copies in flight per block (d = 128: 100 KB, two blocks per SM);
 // d = 256 keeps two stages (one block per SM, 138 KB; three would not fit). An
@@ -138,9 +139,9 @@ constexpr TileShape decode_tile_small(int64_t d) { return {1, 4, 1, 64, d >= 256
 // it (half of a 128-key tile is empty when a split holds one 64-key page). For d <= 128.
 constexpr TileShape decode_tile_quant_wide(int64_t) { return {1, 4, 1, 128, 3}; }
 
-// Decode of more packed rows (verify steps with large groups): 64-row tiles as
-// prefill's; the grid adds a row-tile dimension and row tiles share the pages
-// through L2. d = 256 halves the key tile to keep two stages in shared memory.
+// Decode of more than 32 packed rows (verify steps with large groups): 64-row
+// tiles as prefill's; the grid adds a row-tile dimension and row tiles share the
+// pages through L2. d = 256 halves the key tile to keep two stages in shared memory.
 constexpr TileShape decode_tile_large(int64_t d) { return {4, 1, 1, d >= 256 ? 32 : 64, 2}; }
 
 }  // namespace tileinfer
