@@ -27,8 +27,8 @@ namespace tileinfer {
 
 // Decode packs group_size * max_q_len query rows of one KV head into a tile
 // (any group: 7 heads of one query fill 7 of a 16-row tile, 32 heads two of
-// them, 64 rows the larger tile); beyond 16 queries per sequence the prefill kernel is the
-// better (and the supported) path.
+// them, 64 rows the larger tile); beyond 16 queries per sequence the prefill
+// kernel is the better (and the supported) path.
 bool use_decode_path(int64_t max_q_len) { return max_q_len >= 1 && max_q_len <= kMaxDecodeQueries; }
 
 int64_t sm_count(const at::Device& device) {
