@@ -130,16 +130,29 @@ def ours_prefill(p: Problem, causal: bool = True):
     return fn, (out, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
 
 
-def ours_prefill_per_head(p: Problem, causal: bool = True):
-    """ours_prefill with TILEINFER_PREFILL_PER_HEAD=1 around every call (a
-    graph's capture included): the warp-specialized kernel with an item per
-    query head, whatever the group."""
-    fn, args = ours_prefill(p, causal)
+def with_environment(name: str, value: str, made: tuple) -> tuple:
+    """made = (fn, args) of one of ours, with the environment variable
+    name=value around every call (a graph's capture included): a launch
+    switch that the extension reads at each call."""
+    fn, args = made
 
     def run(*xs):
-        with common.environment_variable("TILEINFER_PREFILL_PER_HEAD", "1"):
+        with common.environment_variable(name, value):
             return fn(*xs)
     return run, args
+
+
+def on_decode_row_tile_64(made: tuple) -> tuple:
+    """made = (fn, args) of an attention call whose decode launch has 17-32
+    packed rows (group x queries), on the 64-row decode tile instead of the
+    16-row one the launch takes (decode.cu, decode_small_tile_rows)."""
+    return with_environment("TILEINFER_DECODE_ROW_TILE", "64", made)
+
+
+def ours_prefill_per_head(p: Problem, causal: bool = True):
+    """ours_prefill with TILEINFER_PREFILL_PER_HEAD=1: the warp-specialized
+    kernel with an item per query head, whatever the group."""
+    return with_environment("TILEINFER_PREFILL_PER_HEAD", "1", ours_prefill(p, causal))
 
 
 def ours_attention(p: Problem, causal: bool = True, batch_invariant: bool = False, table_positions: int = 0):

@@ -16,7 +16,9 @@ can be captured; the `mode` column says which.
 Peers: torch SDPA with the cuDNN and the flash backend on a contiguous cache,
 gather-pages-then-SDPA(flash), the eager reference (small sizes only),
 FlashInfer's paged decode if it imports. The verify grid's rows are internal
-(role "dev": our decode path, other split counts, our prefill op).
+(role "dev": our decode path, other split counts, our prefill op), as are
+the rows of steps of 17-32 packed rows (MQA; 8-query verify steps of group
+4) on the 64-row decode tile instead of the 16-row one their launch takes.
 
 Writes benchmarks/results/decode.json and decode.png.
 
@@ -84,6 +86,16 @@ BASE = ["sdpa flash (contiguous)", "sdpa cudnn (contiguous)", "eager reference"]
 VERIFY_DECODE = "decode path (attention op)"
 VERIFY_SPLITS = [8, 16]  # split counts tried for 9-16-query steps besides the dispatcher's (32 for one sequence)
 VERIFY_PREFILL = "prefill op"
+# Launches of 17-32 packed rows (group x queries) take the 16-row decode tile,
+# a block per 16 rows; this dev row times the same step on the 64-row tile,
+# which reads the pages once for all rows.
+ROW_TILE_64 = "decode on the 64-row tile"
+
+
+def small_tile_rows(cfg, n):
+    """Whether a step of n queries per sequence takes the 16-row tile with
+    more than one block per 16 rows (17-32 packed rows)."""
+    return 16 < cfg["hq"] // cfg["hkv"] * n <= 32
 
 
 def sets_of(batch, ctx, n, cfg, cap=64):
@@ -108,6 +120,8 @@ def run_case(label, batch, ctx, cfg, args, ceil, errors, status):
     # Ours last: a kernel that breaks the CUDA context then costs no peer of this case.
     if status["decode"][0]:
         impls.append((OURS, lambda p: ap.ours_attention(p), True))
+        if small_tile_rows(cfg, 1):
+            impls.append((ROW_TILE_64, lambda p: ap.on_decode_row_tile_64(ap.ours_attention(p)), True, "dev"))
 
     def metrics(t):
         gbps = nbytes / t.seconds / 1e9
@@ -130,6 +144,8 @@ def run_verify(n, ctx, args, ceil, errors, status):
     impls = []
     if status["decode"][0]:
         impls.append((VERIFY_DECODE, lambda p: ap.ours_attention(p), True, "dev"))
+        if small_tile_rows(QWEN3, n):
+            impls.append((ROW_TILE_64, lambda p: ap.on_decode_row_tile_64(ap.ours_attention(p)), True, "dev"))
         # Split counts other than the dispatcher's for 9-16-query steps: does its choice hold?
         if n > 8:
             for splits in VERIFY_SPLITS:

@@ -4,7 +4,9 @@ cache in the same run, and the accuracy each costs.
 
 Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, page 64).
 - Decode, one query per sequence, batch x context (1,1k) (1,4k) (1,8k) (1,16k)
-  (1,32k) (8,32k) (32,4k) (128,2k): the `attention` op (decode + combine, as
+  (1,32k) (8,32k) (32,4k) (128,2k), and MQA (32/1 heads) at (1,4k) (1,32k),
+  whose 32 packed rows take the 16-row decode tile (dev rows: each quantized
+  cache on the 64-row tile): the `attention` op (decode + combine, as
   bench_decode.py times bf16) on the int8, fp8 per-tensor and fp8 per-vector
   caches and on the bf16 cache holding the same data, all as CUDA-graph
   replays. Reported: us, speedup (t_bf16 / t of the cache; a quantized cache
@@ -58,20 +60,24 @@ NAME = "int8"
 QWEN3 = dict(hq=32, hkv=8, d=128)
 PAGE = 64
 
-# (label, batch, context)
+MQA = dict(hq=32, hkv=1, d=128)
+
+# (label, batch, context, heads)
 DECODE_CASES = [
-    ("1x1k", 1, 1024),
-    ("1x4k", 1, 4096),
-    ("1x8k", 1, 8192),
-    ("1x16k", 1, 16384),
-    ("1x32k", 1, 32768),
-    ("8x32k", 8, 32768),
-    ("32x4k", 32, 4096),
-    ("128x2k", 128, 2048),
+    ("1x1k", 1, 1024, QWEN3),
+    ("1x4k", 1, 4096, QWEN3),
+    ("1x8k", 1, 8192, QWEN3),
+    ("1x16k", 1, 16384, QWEN3),
+    ("1x32k", 1, 32768, QWEN3),
+    ("8x32k", 8, 32768, QWEN3),
+    ("32x4k", 32, 4096, QWEN3),
+    ("128x2k", 128, 2048, QWEN3),
+    ("MQA 32/1 1x4k", 1, 4096, MQA),
+    ("MQA 32/1 1x32k", 1, 32768, MQA),
 ]
 PREFILL_CASES = [("1x2k", 2048), ("1x8k", 8192), ("1x16k", 16384)]
 # CPU smoke run (no CUDA device): the same code paths on tiny sizes.
-SMOKE_DECODE = [("1x256", 1, 256), ("2x512", 2, 512)]
+SMOKE_DECODE = [("1x256", 1, 256, QWEN3), ("2x512", 2, 512, QWEN3)]
 SMOKE_PREFILL = [("1x128", 128)]
 
 INT8 = "tileinfer int8 (attention op)"
@@ -108,18 +114,20 @@ def quant_bytes(p: ap.Problem, per_tensor=False) -> int:
     return 2 * sum(p.lens) * p.hkv * (p.d + (0 if per_tensor else 4))
 
 
-def make_pair(lens, q_lens, cap):
-    """Input sets of one case with the bf16 pools and, attached as p.int8, the
-    same data quantized (shared by all sets, like the pools). Enough sets that
-    the int8 ones alone exceed 3 x L2 (the bf16 ones are larger)."""
-    one = ap.make_sets(lens, q_lens, QWEN3["hq"], QWEN3["hkv"], QWEN3["d"], page=PAGE, n_sets=1)[0]
+def make_pair(lens, q_lens, cap, heads=QWEN3):
+    """Input sets of one case with the bf16 pools and, attached as p.int8,
+    p.fp8_tensor and p.fp8_vector, the same data quantized (shared by all
+    sets, like the pools). Enough sets that the quantized ones alone exceed
+    3 x L2 (the bf16 ones are larger)."""
+    hq, hkv, d = heads["hq"], heads["hkv"], heads["d"]
+    one = ap.make_sets(lens, q_lens, hq, hkv, d, page=PAGE, n_sets=1)[0]
     n_sets = common.sets_for(quant_bytes(one) + 2 * one.q.numel() * one.q.element_size(), cap=cap)
     if n_sets > 1:
         del one
-        sets = ap.make_sets(lens, q_lens, QWEN3["hq"], QWEN3["hkv"], QWEN3["d"], page=PAGE, n_sets=n_sets)
+        sets = ap.make_sets(lens, q_lens, hq, hkv, d, page=PAGE, n_sets=n_sets)
     else:
         sets = [one]
-    smooth = torch.ones(QWEN3["hkv"], QWEN3["d"], dtype=torch.float32, device=sets[0].k_cache.device)
+    smooth = torch.ones(hkv, d, dtype=torch.float32, device=sets[0].k_cache.device)
     for attr, dtype, per_tensor in (("int8", torch.int8, False), ("fp8_tensor", torch.float8_e4m3fn, True),
                                     ("fp8_vector", torch.float8_e4m3fn, False)):
         k8, ks = quantize(sets[0].k_cache, dtype, per_tensor)
@@ -158,8 +166,8 @@ def free_memory():
 
 # ----------------------------------------------------------------------------- decode and prefill
 
-def run_decode(label, batch, ctx, args, ceil, errors):
-    sets = make_pair([ctx] * batch, [1] * batch, cap=64)
+def run_decode(label, batch, ctx, heads, args, ceil, errors):
+    sets = make_pair([ctx] * batch, [1] * batch, cap=64, heads=heads)
     nbytes = {BF16: ap.kv_bytes(sets[0]), **{name: quant_bytes(sets[0], attr == "fp8_tensor")
                                              for name, (attr, _) in QUANT.items()}}
     kw = dict(rep_ms=60 if args.quick else 200, warmup_ms=20)
@@ -169,12 +177,16 @@ def run_decode(label, batch, ctx, args, ceil, errors):
     fi, _ = ap.load_flashinfer()
     if fi is not None and ap.flashinfer_allowed("decode_fp8"):  # the same fp8 pools, per-tensor scales
         impls.append((FI_FP8, lambda p: ap.flashinfer_decode(p, fp8=p.fp8_tensor), True))
-    if batch == 1:  # more blocks than the split rule's 32 (the int8 loop is latency-bound at 2 blocks per SM)
+    if batch == 1 and heads == QWEN3:  # more blocks than the split rule's 32 (the int8 loop is latency-bound)
         for splits in INT8_SPLITS:
             impls.append((f"int8 decode+combine, {splits} splits",
                           lambda p, s=splits: ap.ours_decode_combine(p, s, int8=p.int8), True, "dev"))
+    if 16 < heads["hq"] // heads["hkv"] <= 32:  # launches on the 16-row tile: each cache on the 64-row one too
+        for name, (attr, _) in QUANT.items():
+            impls.append((f"{name.split(' (')[0]} on the 64-row tile",
+                          lambda p, a=attr: ap.on_decode_row_tile_64(ours_quant(p, "attention", a)), True, "dev"))
     rows = ap.time_impls(label, impls, sets, errors, ours=INT8, base=[BF16], metrics=lambda t: {},
-                         extra=dict(batch=batch, ctx=ctx, n=1, page=PAGE, **QWEN3), **kw)
+                         extra=dict(batch=batch, ctx=ctx, n=1, page=PAGE, **heads), **kw)
     for r in rows:  # every cache is ours
         if r["impl"] == BF16 or r["impl"] in QUANT:
             r["role"] = "ours"
@@ -327,11 +339,13 @@ def main():
     if not ours[0]:
         errors.append(dict(label="tileinfer", error=ours[1]))
     else:
-        for label, batch, ctx in (DECODE_CASES if cuda else SMOKE_DECODE):
+        for label, batch, ctx, heads in (DECODE_CASES if cuda else SMOKE_DECODE):
             if args.only and args.only not in label:
                 continue
-            print(f"-- decode {label}: {batch} x {ctx} positions, 32/8 heads, d 128, page {PAGE}")
-            rows += common.attempt(f"decode {label}", lambda a=(label, batch, ctx): run_decode(*a, args, ceil, errors),
+            print(f"-- decode {label}: {batch} x {ctx} positions, {heads['hq']}/{heads['hkv']} heads, "
+                  f"d {heads['d']}, page {PAGE}")
+            rows += common.attempt(f"decode {label}",
+                                   lambda a=(label, batch, ctx, heads): run_decode(*a, args, ceil, errors),
                                    errors) or []
         if not args.no_prefill:
             for label, length in (PREFILL_CASES if cuda else SMOKE_PREFILL):
