@@ -69,10 +69,10 @@ void launch_decode_tile(const char* op, const AttentionParams& p, const PagedSha
 // takes the 16-row tile: up to 32, a block per 16 rows, all four warps on key
 // slices, the blocks of a split reading its pages twice (the second time
 // through L2); past 32 the 64-row tile, one warp per 16 rows, which reads
-// them once. For MQA's 32 rows the 64-row tile left two of its four warps
-// idle: 1 x 4k 8.8 -> 8.3-8.4 us, 1 x 32k 15.8 -> 15.2-15.3 on the 16-row
-// tile; a 16-query verify of group 4 (64 rows) took twice as long on it
-// (H100, docs/PERFORMANCE.md). TILEINFER_DECODE_ROW_TILE=16 or 64 (read at
+// them once. For MQA's 32 rows the 64-row tile leaves two of its four warps
+// idle: one sequence at 4k / 32k positions runs 3-5% faster on the 16-row
+// tile, but a 16-query verify of group 4 (64 rows) takes twice as long on
+// it (H100, docs/PERFORMANCE.md). TILEINFER_DECODE_ROW_TILE=16 or 64 (read at
 // each call: a captured graph keeps the tile of its capture) puts every such
 // launch of more than 16 rows on that tile instead, for a measurement.
 int64_t decode_small_tile_rows() {

@@ -96,11 +96,11 @@ int prefill_item_group(int group, int block_m) {
 // of them per SM. Counted from shapes: every sequence at max_q_len, but no
 // more row tiles than the step's tokens fill (a mixed step of `attention`
 // counts its decodes' tokens, not a prompt each). Fewer and larger items
-// leave SMs idle on short prompts: on one H100, 1 x 512 (88 items of 192
-// rows, 128 of 128) took 11.2-11.4 -> 13.4-13.6 us, 1 x 2k (344 items)
-// 52.9-53.2 -> 52.3-52.7, 1 x 8k 633-639 -> 608, 1 x 16k 2546-2571 ->
-// 2355-2375 (32 / 8 heads, causal). A batch-invariant step keeps two
-// consumers, so that its item rows do not follow the batch.
+// leave SMs idle on short prompts: 1 x 512 at 32 / 8 heads has 88 items of
+// 192 rows for 132 SMs (128 of 128 rows) and takes ~1.2x the two-consumer
+// time, while 1 x 8k and 1 x 16k gain 4-8% (H100, docs/PERFORMANCE.md,
+// "Prefill"). A batch-invariant step keeps two consumers, so that its item
+// rows do not follow the batch.
 bool prefill_three_consumers(const AttentionParams& a, bool batch_invariant, int sms) {
   if (batch_invariant) return false;
   const int group = prefill_item_group(a.group_size, 192);
