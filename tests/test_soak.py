@@ -1,6 +1,8 @@
 """Serving soak: seeded random schedules of a few thousand steps, as
-a serving engine sends them, over PagedKVCache (4 configurations x 500 steps)
-and over the model runner (2 x 200 steps). Each case also asserts that its
+a serving engine sends them, over PagedKVCache (8 configurations x 500 steps:
+bf16 and fp32 caches, int8 and fp8 caches with per-vector scales, and the
+per-layer variants over a bf16 and an fp8 per-tensor cache) and over the
+model runner (2 x 200 steps). Each case also asserts that its
 schedule reached what it is meant to exercise (refusals, forks, mixed steps,
 padded steps, verifies with rejected drafts, ...), so a change that quietly
 stops them fails.
@@ -23,20 +25,25 @@ with verifies, ``reserve`` + metadata built from the cache's device rows +
 ``append`` of the accepted prefix only: PagedKVCache has no rollback, so a
 verify reserves the pages of its drafts and commits what is accepted (the
 rejected positions stay reserved and are overwritten by the next step).
-Every step writes k/v into both layers (cache_write) and runs ``attention``
-on one; its output is compared with reference.paged_attention(exact=True) on
-the same cache (bounds of op_helpers.check_out: 4 ulps bf16, 1e-5 relative
-fp32), NaN-free, padding rows 0 or untouched; a quarter of the steps run again
-with ``batch_invariant=True``, and one of their sequences alone must give its
-rows' bits. After every step the allocator
+Every step writes k/v into both layers (cache_write; a quantized cache with
+random key smoothing factors, per tensor with fixed scales that some keys
+saturate) and runs ``attention`` on one, in the variant cases with a window,
+a soft-cap and sinks drawn per step; its output is compared with
+reference.paged_attention(exact=True) on the same cache and variants (bounds
+of op_helpers.check_out: 4 ulps bf16, 6 over a quantized cache on the GPU,
+as tests/test_int8_gpu.py, 1e-5 relative fp32), NaN-free, padding rows 0 or
+untouched; a quarter of the steps run again with ``batch_invariant=True``,
+and one of their sequences alone must give its rows' bits. After every step the allocator
 invariants are checked: each page's refcount is its number of owners, a page
 has two owners only when fork shared it (the same full page index in each,
 never written again), free count = pages owned by nobody, each sequence
 holds ceil(max(length, reserved) / page) pages, device block_tables /
 seq_lens rows equal the host's (unused entries page 0, free slots all 0),
 and the cached k/v of every live sequence equals a host shadow of what was
-written at its committed positions (so a page shared or reused by mistake
-shows even where the reference, reading the same pages, would agree).
+written at its committed positions (a quantized cache's bytes and per-vector
+scales as reference.quantize gives them), so a page shared or reused by
+mistake, or a fork that copies a page without its scales, shows even where
+the reference, reading the same pages, would agree.
 
 The soak found one bug: prepare_step checked max_pages_per_seq only while
 appending, after the sequences before the offending one had been extended
@@ -67,9 +74,11 @@ eagerly (padded tokens and slots, max_q_len at the budget). The cache soak
 runs eagerly. The CUDA cases skip where there is no CUDA device.
 """
 import copy
+import dataclasses
 import random
 from collections import Counter
 from dataclasses import dataclass
+from typing import Optional
 
 import pytest
 import torch
@@ -99,16 +108,38 @@ class Seq:
     target: int         # freed when length reaches it (may exceed what max_pages_per_seq allows)
     reserved: int       # positions with pages (>= length: a verify reserves its drafts)
     shared: int         # its pages [0, shared) may be shared by fork
-    kv: torch.Tensor    # [max positions, 2 (k, v), layers, kv heads, head_dim]: what was written (host)
+    kv: torch.Tensor    # [max positions, 2 (k, v), layers, kv heads, head_dim]: what the cache must
+    #                     hold (host): the elements written, or a quantized cache's bytes as uint8
+    scales: Optional[torch.Tensor] = None  # [max positions, 2, layers, kv heads]: per-vector scales
+
+    def clone(self, **change):
+        return dataclasses.replace(self, kv=self.kv.clone(),
+                                   scales=None if self.scales is None else self.scales.clone(), **change)
 
 
 class CacheSoak:
+    """dtype: the queries' and written keys' / values' type; cache: the
+    cache's element type (dtype by default) and scale kind; variants: each
+    step draws a window, a soft-cap and sinks (each some of the time)."""
+
     def __init__(self, device, dtype, num_q_heads, num_kv_heads, seed, num_pages=80, max_seqs=12,
-                 max_pages_per_seq=16):
+                 max_pages_per_seq=16, cache=None, scale="vector", variants=False):
         self.device, self.dtype, self.seed = torch.device(device), dtype, seed
         self.hq, self.hkv = num_q_heads, num_kv_heads
-        self.cache = PagedKVCache(LAYERS, num_pages, num_kv_heads, HEAD_DIM, PAGE, dtype, device, max_seqs,
-                                  max_pages_per_seq)
+        self.cache = PagedKVCache(LAYERS, num_pages, num_kv_heads, HEAD_DIM, PAGE, cache or dtype, device, max_seqs,
+                                  max_pages_per_seq, scale=scale)
+        self.variants = variants
+        c = self.cache
+        if c.quantized:
+            gen = torch.Generator().manual_seed(seed + 1000)
+            c.k_smooth.copy_(torch.rand(c.k_smooth.shape, generator=gen) * 1.5 + 0.5)
+            if scale == "tensor":  # the caller's scales (vLLM's k_scale / v_scale): keys up to ~5.6
+                c.k_scales.fill_(0.0125)
+                c.v_scales.fill_(0.01)
+        # ulps of bf16 against float64 (op_helpers.ULPS); the CUDA kernels over a
+        # quantized cache also round q * k_smooth and p * v_scale: 6
+        # (tests/test_int8_gpu.py says why).
+        self.ulps = 6 if c.quantized and self.device.type == "cuda" else 4
         self.max_pos = max_pages_per_seq * PAGE
         self.rng = random.Random(seed)
         self.gen = torch.Generator().manual_seed(seed)
@@ -156,8 +187,10 @@ class CacheSoak:
         else:
             prompt = r.choice([r.randint(1, 24), r.randint(24, 200), r.randint(200, self.max_pos - 40)])
         target = prompt + (r.randint(1, 100) if r.random() < 0.9 else self.max_pos)
-        kv = torch.zeros(self.max_pos, 2, LAYERS, self.hkv, HEAD_DIM, dtype=self.dtype)
-        self.seqs[s] = Seq(0, prompt, target, 0, 0, kv)
+        quant, per_vector = self.cache.quantized, self.cache.scale == "vector"
+        kv = torch.zeros(self.max_pos, 2, LAYERS, self.hkv, HEAD_DIM, dtype=torch.uint8 if quant else self.dtype)
+        scales = torch.zeros(self.max_pos, 2, LAYERS, self.hkv) if quant and per_vector else None
+        self.seqs[s] = Seq(0, prompt, target, 0, 0, kv, scales)
         self.stats["add"] += 1
 
     def try_fork(self):
@@ -183,7 +216,7 @@ class CacheSoak:
         if partial:
             assert c.pages(child)[full] != c.pages(s)[full], f"{self.where()}: fork shared a partial page"
         q.shared = max(q.shared, full)
-        self.seqs[child] = Seq(q.length, q.prompt, q.length + r.randint(1, 80), q.length, full, q.kv.clone())
+        self.seqs[child] = q.clone(target=q.length + r.randint(1, 80), reserved=q.length, shared=full)
         self.stats["fork"] += 1
 
     def free(self, s, why):
@@ -358,27 +391,33 @@ class CacheSoak:
         k = self.randn(LAYERS, tokens + pad, self.hkv, HEAD_DIM)
         v = self.randn(LAYERS, tokens + pad, self.hkv, HEAD_DIM)
         for layer in range(LAYERS):
-            kc, vc = c.layer_cache(layer)
-            ti.cache_write(kc, vc, k[layer].to(dev), v[layer].to(dev), bt, sl, cu)
+            kc, vc = c.layer_cache(layer)[:2]
+            ti.cache_write(kc, vc, k[layer].to(dev), v[layer].to(dev), bt, sl, cu, **c.quant_kwargs(layer))
         layer = r.randrange(LAYERS)
-        kc, vc = c.layer_cache(layer)
+        kc, vc = c.layer_cache(layer)[:2]
+        kw = dict(**c.quant_kwargs(layer), **self.draw_variants())
         q = self.randn(tokens + pad, self.hq, HEAD_DIM).to(dev)
         out = poison_(torch.empty_like(q))
-        ops.attention(out, q, kc, vc, bt, sl, cu, md.max_q_len, SCALE, causal)
-        exact = R.paged_attention(q, kc, vc, bt, sl, cu, md.max_q_len, SCALE, causal, exact=True)
-        what = f"{self.where()}: attention, q_lens {ns}, causal {causal}, max_q_len {md.max_q_len}, pad {pad}"
+        ops.attention(out, q, kc, vc, bt, sl, cu, md.max_q_len, SCALE, causal, **kw)
+        exact = R.paged_attention(q, kc, vc, bt, sl, cu, md.max_q_len, SCALE, causal, exact=True, **kw)
+        what = (f"{self.where()}: attention, q_lens {ns}, causal {causal}, max_q_len {md.max_q_len}, pad {pad}, "
+                f"window_left {kw.get('window_left', -1)}, soft-cap {kw.get('logits_soft_cap', 0.0)}, "
+                f"sinks {kw.get('sinks') is not None}")
         if tokens:
-            check_out(out[:tokens], exact[:tokens], self.dtype, what)
+            check_out(out[:tokens], exact[:tokens], self.dtype, what, self.ulps)
         rest = out[tokens:]
         assert torch.all(rest == 0) or torch.all(torch.isnan(rest)), f"{what}: padding rows neither 0 nor untouched"
         if tokens and r.random() < 0.25:
-            self.check_batch_invariant(q, kc, vc, md, plan, causal, exact, what)
+            self.check_batch_invariant(q, kc, vc, md, plan, causal, exact, what, kw)
         # Commit: the accepted prefix of each sequence's tokens.
         start = 0
         for s, n, acc in plan:
             q_ = self.seqs[s]
-            q_.kv[q_.length:q_.length + acc, 0] = k[:, start:start + acc].transpose(0, 1)
-            q_.kv[q_.length:q_.length + acc, 1] = v[:, start:start + acc].transpose(0, 1)
+            for i, x in enumerate((k, v)):
+                stored, scales = self.stored(x[:, start:start + acc], key=i == 0)
+                q_.kv[q_.length:q_.length + acc, i] = stored
+                if q_.scales is not None:
+                    q_.scales[q_.length:q_.length + acc, i] = scales
             start += n
             if route == "reserve":  # the pages were reserved: committing allocates none
                 free = c.num_free_pages
@@ -387,14 +426,49 @@ class CacheSoak:
             q_.length += acc
             q_.reserved = max(q_.reserved, q_.length)
 
-    def check_batch_invariant(self, q, kc, vc, md, plan, causal, exact, what):
+    def draw_variants(self):
+        """This step's per-layer variants (none unless the case has them):
+        a window, a soft-cap and sinks, each in some of the steps."""
+        r = self.rng
+        if not self.variants:
+            return {}
+        kw = {}
+        if r.random() < 0.4:
+            kw["window_left"] = r.choice([0, r.randint(1, PAGE), r.randint(PAGE, 200)])
+            self.stats["windowed"] += 1
+        if r.random() < 0.3:
+            kw["logits_soft_cap"] = r.choice([5.0, 30.0])
+            self.stats["soft_capped"] += 1
+        if r.random() < 0.3:
+            kw["sinks"] = (torch.randn(self.hq, generator=self.gen) * 3).to(self.device)
+            self.stats["sinks"] += 1
+        return kw
+
+    def stored(self, x, key):
+        """What the cache holds after writing x ([layers, n, kv heads, head_dim],
+        the step's keys (key) or values of n positions), as [n, layers, ...]:
+        the elements, or a quantized cache's bytes (uint8) and per-vector
+        scales ([n, layers, kv heads]; None per tensor), as cache_write
+        quantizes (reference.quantize, keys divided by k_smooth first)."""
+        c = self.cache
+        x = x.transpose(0, 1)
+        if not c.quantized:
+            return x, None
+        x = x.float()
+        if key:
+            x = x / c.k_smooth.cpu()
+        per_tensor = (c.k_scales if key else c.v_scales).cpu() if c.scale == "tensor" else None
+        qx, scales = R.quantize(x, c.dtype, None if per_tensor is None else per_tensor[0])
+        return qx.view(torch.uint8), None if per_tensor is not None else scales
+
+    def check_batch_invariant(self, q, kc, vc, md, plan, causal, exact, what, kw):
         """The step again with batch_invariant=True (within the bounds of
         float64), and one of its sequences alone: the same bits."""
         bt, sl, cu = md.block_tables, md.seq_lens, md.cu_seqlens_q
         tokens = sum(n for _, n, _ in plan)
         out = poison_(torch.empty_like(q))
-        ops.attention(out, q, kc, vc, bt, sl, cu, md.max_q_len, SCALE, causal, batch_invariant=True)
-        check_out(out[:tokens], exact[:tokens], self.dtype, f"{what}, batch_invariant")
+        ops.attention(out, q, kc, vc, bt, sl, cu, md.max_q_len, SCALE, causal, batch_invariant=True, **kw)
+        check_out(out[:tokens], exact[:tokens], self.dtype, f"{what}, batch_invariant", self.ulps)
         rest = out[tokens:]
         assert torch.all(rest == 0) or torch.all(torch.isnan(rest)), f"{what}: batch_invariant padding rows"
         i = self.rng.choice([j for j, (_, n, _) in enumerate(plan) if n > 0])
@@ -402,7 +476,7 @@ class CacheSoak:
         alone = poison_(torch.empty_like(q[b:b + n]))
         one = torch.tensor([0, n], dtype=torch.int32, device=q.device)
         ops.attention(alone, q[b:b + n].contiguous(), kc, vc, bt[i:i + 1], sl[i:i + 1], one, n, SCALE, causal,
-                      batch_invariant=True)
+                      batch_invariant=True, **kw)
         assert torch.equal(bits(alone), bits(out[b:b + n])), \
             f"{what}: sequence {i} ({n} queries) alone differs from its rows in the batch-invariant step"
         self.stats["batch_invariant"] += 1
@@ -446,34 +520,45 @@ class CacheSoak:
         page = torch.cat([torch.tensor(c.pages(s), dtype=torch.long)[p // PAGE] for s, p in zip(self.seqs, pos)])
         slot = torch.cat(pos) % PAGE
         page, slot = page.to(self.device), slot.to(self.device)
-        got = torch.stack([c.k_pools[:, page, :, slot], c.v_pools[:, page, :, slot]], 1).cpu()  # [N, 2, layers, ...]
+        pools = [x.view(torch.uint8) if c.quantized else x for x in (c.k_pools, c.v_pools)]
+        got = torch.stack([x[:, page, :, slot] for x in pools], 1).cpu()  # [N, 2, layers, ...]
         want = torch.cat([q.kv[:q.length] for q in self.seqs.values()])
-        if not torch.equal(got, want):
-            start = 0
-            for s, q in self.seqs.items():
-                bad = (got[start:start + q.length] != q.kv[:q.length]).flatten(1).any(-1)
-                assert not bad.any(), \
-                    f"{w}: sequence {s}'s cached k/v differ from what was written at positions " \
-                    f"{bad.nonzero().flatten()[:8].tolist()} (pages {c.pages(s)})"
-                start += q.length
+        bad = (got != want).flatten(1).any(-1)
+        if c.quantized and c.scale == "vector":  # and the scales, bit for bit
+            got = torch.stack([x[:, page, :, slot] for x in (c.k_scales, c.v_scales)], 1).cpu()
+            want = torch.cat([q.scales[:q.length] for q in self.seqs.values()])
+            bad |= (got.view(torch.int32) != want.view(torch.int32)).flatten(1).any(-1)
+        start = 0
+        for s, q in self.seqs.items():
+            wrong = bad[start:start + q.length]
+            assert not wrong.any(), \
+                f"{w}: sequence {s}'s cached k/v differ from what was written at positions " \
+                f"{wrong.nonzero().flatten()[:8].tolist()} (pages {c.pages(s)})"
+            start += q.length
 
 
-# (dtype, query heads, KV heads, seed, steps): groups 4 and 3 (the decode path
-# for <= 16 queries either way; 3 rows of a 16-row tile).
+# (dtype, query heads, KV heads, seed, steps, CacheSoak options): groups 4 and
+# 3 (the decode path for <= 16 queries either way; 3 rows of a 16-row tile);
+# the quantized caches, and the per-layer variants on a bf16 and an fp8 cache.
 CACHE_CASES = [
-    pytest.param(torch.float32, 8, 2, 1, 500, id="fp32-8q2kv"),
-    pytest.param(torch.bfloat16, 8, 2, 2, 500, id="bf16-8q2kv"),
-    pytest.param(torch.bfloat16, 12, 4, 3, 500, id="bf16-12q4kv"),
-    pytest.param(torch.float32, 16, 4, 4, 500, id="fp32-16q4kv"),
+    pytest.param(torch.float32, 8, 2, 1, 500, {}, id="fp32-8q2kv"),
+    pytest.param(torch.bfloat16, 8, 2, 2, 500, {}, id="bf16-8q2kv"),
+    pytest.param(torch.bfloat16, 12, 4, 3, 500, {}, id="bf16-12q4kv"),
+    pytest.param(torch.float32, 16, 4, 4, 500, {}, id="fp32-16q4kv"),
+    pytest.param(torch.bfloat16, 8, 2, 5, 500, dict(cache=torch.int8), id="int8-8q2kv"),
+    pytest.param(torch.bfloat16, 12, 4, 6, 500, dict(cache=torch.float8_e4m3fn), id="fp8-vector-12q4kv"),
+    pytest.param(torch.bfloat16, 8, 2, 7, 500, dict(variants=True), id="bf16-8q2kv-variants"),
+    pytest.param(torch.bfloat16, 8, 2, 8, 500, dict(cache=torch.float8_e4m3fn, scale="tensor", variants=True),
+                 id="fp8-tensor-8q2kv-variants"),
 ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype,num_q_heads,num_kv_heads,seed,steps", CACHE_CASES)
-def test_cache_soak(device, dtype, num_q_heads, num_kv_heads, seed, steps):
+@pytest.mark.parametrize("dtype,num_q_heads,num_kv_heads,seed,steps,options", CACHE_CASES)
+def test_cache_soak(device, dtype, num_q_heads, num_kv_heads, seed, steps, options):
     if device == "cuda":
         need("cache_write", "attention", "prefill", "decode", "combine")
-    soak = CacheSoak(device, dtype, num_q_heads, num_kv_heads, seed)
+    soak = CacheSoak(device, dtype, num_q_heads, num_kv_heads, seed, **options)
     for _ in range(steps):
         soak.step()
     while soak.seqs:  # drain: every page comes back
@@ -487,7 +572,8 @@ def test_cache_soak(device, dtype, num_q_heads, num_kv_heads, seed, steps):
     st = soak.stats
     for key in ("add", "fork", "finished", "preempted", "step_refused", "reserve_refused", "add_refused",
                 "freed_at_length_limit", "mixed", "decode_verify_only", "padded", "verify",
-                "route_prepare", "route_append", "route_reserve", "batch_invariant"):
+                "route_prepare", "route_append", "route_reserve", "batch_invariant") + \
+            (("windowed", "soft_capped", "sinks") if options.get("variants") else ()):
         assert st[key] > 0, f"seed {seed}: the schedule never did {key!r}: {dict(st)}"
 
 
