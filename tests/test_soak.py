@@ -2,7 +2,8 @@
 a serving engine sends them, over PagedKVCache (8 configurations x 500 steps:
 bf16 and fp32 caches, int8 and fp8 caches with per-vector scales, and the
 per-layer variants over a bf16 and an fp8 per-tensor cache) and over the
-model runner (2 x 200 steps). Each case also asserts that its
+model runner (4 x 200 steps: fp32, bf16, and bf16 over an int8 and an fp8
+per-tensor cache). Each case also asserts that its
 schedule reached what it is meant to exercise (refusals, forks, mixed steps,
 padded steps, verifies with rejected drafts, ...), so a change that quietly
 stops them fails.
@@ -51,7 +52,8 @@ appending, after the sequences before the offending one had been extended
 test_prepare_step_past_max_pages_per_seq_changes_nothing below.
 
 Runner soak (test_runner_soak): a Qwen3-style model on our ops against the
-same weights on the eager reference backend (logits every step), over random
+same weights on the eager reference backend (logits every step; a quantized
+cache on both sides), over random
 prefill chunks, decodes, verifies (accepting a random prefix: PagedRunner has
 no accept call, so the test advances ``runner.lens``, which
 ``step(commit=False)`` leaves alone), non-causal drafting steps (nothing
@@ -604,10 +606,14 @@ def _close(a, b, dtype, what):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype,seed,steps", [pytest.param(torch.float32, 11, 200, id="fp32"),
-                                              pytest.param(torch.bfloat16, 12, 200, id="bf16")])
+@pytest.mark.parametrize("dtype,seed,steps,kv", [
+    pytest.param(torch.float32, 11, 200, {}, id="fp32"),
+    pytest.param(torch.bfloat16, 12, 200, {}, id="bf16"),
+    pytest.param(torch.bfloat16, 13, 200, dict(kv_dtype=torch.int8), id="bf16-int8-cache"),
+    pytest.param(torch.bfloat16, 14, 200, dict(kv_dtype=torch.float8_e4m3fn, kv_scale="tensor"),
+                 id="bf16-fp8-tensor-cache")])
 @torch.no_grad()
-def test_runner_soak(device, dtype, seed, steps):
+def test_runner_soak(device, dtype, seed, steps, kv):
     """Every step: our model's logits against the reference model's. When a
     sequence finishes, the logits of its last committed token against one
     prefill of its whole committed history on a fresh runner (our ops): what was
@@ -620,8 +626,8 @@ def test_runner_soak(device, dtype, seed, steps):
     max_seqs, max_len = 4, 256
     ours_model = Qwen3Model(RUNNER_CFG).randomize_(seed).to(device=device, dtype=dtype).eval()
     ref_model = copy.deepcopy(ours_model).set_backend("reference")
-    ours = PagedRunner(ours_model, max_seqs, max_len, PAGE, seed=seed)
-    ref = PagedRunner(ref_model, max_seqs, max_len, PAGE, seed=seed)
+    ours = PagedRunner(ours_model, max_seqs, max_len, PAGE, seed=seed, **kv)
+    ref = PagedRunner(ref_model, max_seqs, max_len, PAGE, seed=seed, **kv)
     chunk_max = 48  # the schedule's longest prompt chunk (its verifies take at most 16)
     any_mix = ours.capture(token_budget=max_seqs * chunk_max, max_q_len=chunk_max)
     ours.capture_decode()
@@ -633,7 +639,7 @@ def test_runner_soak(device, dtype, seed, steps):
     stats = Counter()
 
     def check_history(i, what):
-        fresh = PagedRunner(ours_model, 1, max_len, PAGE, seed=seed + 1)
+        fresh = PagedRunner(ours_model, 1, max_len, PAGE, seed=seed + 1, **kv)
         _close(last[i], fresh.step([history[i]])[0][-1], dtype, f"{what}: slot {i} against a prefill of its history")
         stats["history_checked"] += 1
 
