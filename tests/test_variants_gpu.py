@@ -217,22 +217,27 @@ def test_decode_kernels(head_dim, n, group, variant, window, causal, seed):
     run_all(p, causal, kwargs(variant, window, 2 * group, seed), dtype, f"n={n} {variant} window {window}")
 
 
-@pytest.mark.parametrize("cache", ["bf16", "fp32", *QUANT_KINDS])
+@pytest.mark.parametrize("cache,negative", [*((c, "scale") for c in ["bf16", "fp32", *QUANT_KINDS]),
+                                            ("fp8-tensor", "k_scale"), ("fp8-tensor", "both")])
 @pytest.mark.parametrize("n", [1, 16])
-def test_negative_scale(cache, n, seed):
+def test_negative_scale(cache, negative, n, seed):
     """scale <= 0, which the kernels multiply into the scores before the
     softmax instead of folding it into exp2 (softmax.cuh, ScoreMap): prefill,
     attention and decode + combine over a bf16, an fp32, an int8 and both fp8
-    caches, on the small and the large decode tiles. The Hopper prefill over
-    a quantized cache folds each row's factor into its softmax, so that
-    factor must stay positive: the converted query rows take the scale's
-    sign (prefill_convert.cuh)."""
+    caches, on the small and the large decode tiles; and a negative
+    per-tensor k_scale, alone and with scale < 0. The Hopper prefill over
+    a quantized cache folds each row's factor (scale times a per-tensor
+    k_scale) into its softmax, so that factor must stay positive: the
+    converted query rows take its sign (prefill_convert.cuh)."""
     need("decode", "combine", "prefill")
     dtype = torch.float32 if cache == "fp32" else torch.bfloat16
     p = make_problem([n, 150, 700], [n] * 3, 8, 2, 128, 16, dtype=dtype, device=DEV, seed=seed,
                      **QUANT_KINDS.get(cache, {}))
-    p = dataclasses.replace(p, scale=-0.05)
-    run_all(p, True, {}, dtype, f"{cache} n={n} scale -0.05", ulps=6.0 if cache in QUANT_KINDS else 4.0)
+    if negative in ("scale", "both"):
+        p = dataclasses.replace(p, scale=-0.05)
+    if negative in ("k_scale", "both"):
+        p = dataclasses.replace(p, k_scale=-p.k_scale)
+    run_all(p, True, {}, dtype, f"{cache} n={n} negative {negative}", ulps=6.0 if cache in QUANT_KINDS else 4.0)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -19,7 +19,8 @@ namespace tileinfer {
 // tile_table.h) even for a single sequence, rounded down so that the blocks
 // never spill a fraction of a wave past those slots (on the H200, 132 SMs, 8
 // sequences at 32k positions with 5 splits launch 320 blocks for 264 slots, 1.2
-// waves, and take longer than with 4 splits, one wave). At most 32 splits: more
+// waves, and take longer than with 4 splits, one wave). Row tiles are not
+// counted: a launch of 17-32 packed rows has two blocks a split (decode.cu). At most 32 splits: more
 // speed up a single long sequence by a few percent but slow short ones (1k-4k
 // positions) by 10-15%, and combine's cost grows with them. Fewer than 8
 // (sequence, KV head) pairs (one sequence of an MQA model, or of 2-4 KV heads)

@@ -218,8 +218,8 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
 // 2^14) (quant.cuh). The row's quad converts it (a quarter of its chunks
 // each), so its 2^e stays in the registers that need it. Returns per row
 // what its scores are multiplied by (`pre`, the score map's factor, times
-// k_scale / 2^e, never negative: the rows take pre's sign; per-vector k
-// scales go on each column instead) and whether
+// k_scale / 2^e, never negative: the rows take the sign of pre * k_scale;
+// per-vector k scales go on each column instead) and whether
 // the row held a non-finite value. The caller makes the writes visible to
 // the tensor cores.
 //
@@ -274,10 +274,11 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t*
         amax = isfinite(x) ? fmaxf(amax, fabsf(x)) : INFINITY;
       }
     amax = warp_max<4>(amax);
-    // A negative pre (scale < 0, uncapped) goes into the row, so that the
-    // factor the softmax folds into its multiplier stays >= 0 (folding a
-    // negative one would turn the row's maximum into its minimum).
-    const float qs = pre < 0.f ? -query_row_scale(amax) : query_row_scale(amax);
+    // A negative pre (scale < 0, uncapped) or per-tensor k_scale goes into
+    // the row, so that the factor the softmax folds into its multiplier
+    // stays >= 0 (folding a negative one would turn the row's maximum into
+    // its minimum).
+    const float qs = (pre < 0.f) != (k_scale < 0.f) ? -query_row_scale(amax) : query_row_scale(amax);
     bad[R] = isinf(amax);
     unscale[R] = pre / qs * k_scale;
 #pragma unroll
