@@ -190,8 +190,9 @@ def test_warp_specialized_large_groups(D, page, causal, group, seed):
     group tokens (4, 2 and 1), so a tile's rows span a few queries, each
     consumer warpgroup's 64 rows two queries, one or part of one; one KV
     head. A group past the tile (256) takes an item per query head. (At d 64
-    a step with enough items takes 192-row items instead, prefill.cu's
-    prefill_three_consumers; these steps have few tokens, so few items.)"""
+    a step with at least two 192-row items per SM takes those instead,
+    prefill.cu's prefill_three_consumers: on 132 SMs, group 128 at page 128
+    and group 256 here.)"""
     seq_lens = [1, page + 1, 3 * page + 7, 300]
     q_lens = [1, page + 1, 5, 300]
     p = make_problem(seq_lens, q_lens, group, 1, D, page, device=DEV, seed=seed)
@@ -244,6 +245,44 @@ def test_d64_item_rows(dtype, causal, q_len, seed):
     assert tiles == [expected], f"{what}: consumer warpgroups {tiles}, expected {expected}; kernels {set(names)}"
 
 
+# The d 64 kernels of three consumer warpgroups with each variant's code:
+# gpt-oss's 128-key window with sinks (masked tiles throughout), a soft-cap
+# on bf16's fixed-offset softmax and on fp16's running maximum, Gemma 2's
+# window with a cap, and scale < 0. (name, variants, q's dtype)
+THREE_CONSUMER_CASES = [
+    ("window 128 + sinks", dict(window_left=127, sinks=True), torch.bfloat16),
+    ("soft-cap 30", dict(logits_soft_cap=30.0), torch.bfloat16),
+    ("soft-cap 30 + sinks", dict(logits_soft_cap=30.0, sinks=True), torch.float16),
+    ("soft-cap 4 + window 300", dict(logits_soft_cap=4.0, window_left=300), torch.bfloat16),
+    ("scale -0.05", dict(scale=-0.05), torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("name,variants,dtype", THREE_CONSUMER_CASES, ids=[c[0] for c in THREE_CONSUMER_CASES])
+def test_d64_three_consumers_variants(name, variants, dtype, seed):
+    """A 2048-token prompt beside one of 40 (64 / 8 heads, page 16: 696
+    items of 192 rows as prefill_three_consumers counts them) with each of
+    THREE_CONSUMER_CASES, against float64 with the same variants, and the
+    kernel that ran (PrefillTile<..., 3>)."""
+    if not (has_cuda_kernel("prefill") and hopper()):
+        pytest.skip("the Hopper prefill kernel needs a compute-capability 9.0 device and a CUDA build")
+    p = make_problem([2048 + 5, 40], [2048, 40], 64, 8, 64, 16, dtype=dtype, device=DEV, seed=seed)
+    kw = dict(variants)
+    if kw.pop("sinks", False):
+        kw["sinks"] = (torch.randn(64, generator=torch.Generator().manual_seed(seed)) * 2).to(DEV)
+    if "scale" in kw:
+        p.scale = kw.pop("scale")
+    assert three_consumers(2, 64, 8, 2048, 2048 + 40)
+    exact, exact_lse = exact_attention(p, True, **kw)
+    poison_unowned_(p, kw.get("window_left", -1))
+    names, (out, lse) = kernels_run(lambda: run_prefill(p, True, with_lse=True, **kw))
+    check_out(out, exact, dtype, f"d 64, three consumers, {name}")
+    check_lse(lse, exact_lse, dtype, f"d 64, three consumers, {name} lse")
+    tiles = [m.group(1) for n in names if WARP_SPECIALIZED in n
+             for m in [re.search(r"PrefillTile<[^<>]*, (\d)>", n)] if m]
+    assert tiles == ["3"], f"{name}: consumer warpgroups {tiles}, expected 3; kernels {set(names)}"
+
+
 @pytest.mark.parametrize("page", [16, 128])
 def test_hopper_prefill_long_pages(D, page, seed):
     p = make_problem([2500, 129], [2500, 129], 8, 2, D, page, device=DEV, seed=seed)
@@ -279,8 +318,8 @@ def test_hopper_prefill_strided_out(D, group, seed):
     """out as a view of some heads and columns of a larger buffer (token and
     head strides past the rows, columns past the head dim): rows right, and
     every element outside the view still the poison. Group 128 packs 128
-    heads of one token into a row tile (where d 64 takes 192-row items, which
-    128 heads do not divide, an item per query head)."""
+    heads of one token into a row tile (at d 64 too: this step has fewer
+    than two 192-row items per SM, so it keeps 128-row items)."""
     hkv = 2 if group == 4 else 1
     p = make_problem([300, 77], [300, 5], group * hkv, hkv, D, 64, device=DEV, seed=seed)
     t, h, d = p.q.shape

@@ -187,8 +187,8 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
 // The producer warp: the scheduler's order, or (kHandOut: a mixed step beside
 // its decodes) the run-time hand-out (prefill_scheduler.cuh). The hand-out is
 // a kernel of its own: its state beside the copy loop would take registers
-// that the order's loop needs (the warp's 40 are all in use there; with both
-// loops in one kernel, both spilled).
+// that the order's loop needs (with both loops in one kernel, at 40
+// registers a thread, both spilled).
 template <class Cfg, bool kHandOut>
 __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
                                                 const PrefillScheduler& sched) {
