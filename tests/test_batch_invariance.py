@@ -10,10 +10,12 @@ match bit for bit across all of them and stay within the usual bounds of
 float64. A control runs the same steps without the flag (fp32, where a
 different split count shows in the bits), so the comparison can fail.
 """
+import re
+
 import pytest
 import torch
 
-from op_helpers import DEVICES, ULPS, bits, check_out, exact_attention, kernels_run, need_path
+from op_helpers import DEVICES, ULPS, bits, check_out, exact_attention, hopper, kernels_run, need_path
 from tileinfer_attn.testing import PagedProblem, make_problem, poison_
 
 ops = torch.ops.tileinfer_attn
@@ -207,6 +209,41 @@ def test_batch_invariant_quantized_gpu(cache, seed):
     p, q_lens = universe(5000, 1, torch.bfloat16, "cuda", seed, head_dim=128, page=64, cache_dtype=cache_dtype,
                          scale_kind=kind)
     check_invariant(p, q_lens, seed, torch.bfloat16)
+
+
+@gpu
+def test_batch_invariant_d64_keeps_two_consumers(seed, monkeypatch):
+    """At head dim 64 the Hopper prefill takes 192-row items (three consumer
+    warpgroups) where a step has at least two per SM, counted from its shapes
+    (prefill.cu, prefill_three_consumers): the target alone, a 1024-token
+    prompt (32 / 8 heads: 176 such items), would not, the same step with a
+    2048-token prompt and 8 decodes (520) would. With batch_invariant=True
+    both keep 128-row items, and the target's rows have the bits of the
+    target alone; without it that step takes the three-consumer kernel (the
+    control: the rule is what the flag overrides)."""
+    need_path("attention")
+    if not hopper():
+        pytest.skip("the three-consumer kernel is the Hopper prefill's")
+    monkeypatch.delenv("TILEINFER_MIXED_DECODE_SMS", raising=False)
+    q_lens = [1024, 2048] + [1] * 8
+    lens = [1024, 2048 + 7] + [300 + 17 * i for i in range(8)]
+    p = make_problem(lens, q_lens, 32, 8, 64, 16, dtype=torch.bfloat16, device="cuda", seed=seed)
+
+    def run(seqs, invariant):
+        names, rows = kernels_run(lambda: target_rows(p, q_lens, seqs, invariant))
+        tiles = sorted({m.group(1) for n in names if "sm90::prefill_kernel" in n
+                        for m in [re.search(r"PrefillTile<[^<>]*, (\d)>", n)] if m})
+        return tiles, rows
+
+    tiles, alone = run([0], True)
+    assert tiles == ["2"], f"the target alone: consumer warpgroups {tiles}"
+    check_out(alone, exact_attention(sub_step(p, q_lens, [0]), True)[0], torch.bfloat16, "the target alone")
+    everyone = [1, 0] + list(range(2, 10))
+    tiles, rows = run(everyone, True)
+    assert tiles == ["2"], f"batch_invariant beside a 2048-token prompt: consumer warpgroups {tiles}"
+    assert torch.equal(bits(rows), bits(alone)), "the target's bits differ beside a 2048-token prompt"
+    tiles, _ = run(everyone, False)
+    assert tiles == ["3"], f"without batch_invariant: consumer warpgroups {tiles}, expected 3"
 
 
 # Shapes of quantized caches' batch-invariant walks: (target_len, target_q,
