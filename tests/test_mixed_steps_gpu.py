@@ -7,6 +7,7 @@ counts (few sequences: partials indexed by slots and combine; many: decode
 writes the output itself); and one captured CUDA graph replayed over steps
 whose mix changes, bit for bit against eager calls."""
 import math
+import re
 
 import pytest
 import torch
@@ -121,6 +122,32 @@ def test_mixed_step_beside_decodes_same_bits(dtype, head_dim, decode_sms, seed, 
     check_out(default, exact_attention(p, True)[0], dtype, f"mixed step, the parts in turn, {dtype} d {head_dim}")
     check_prefill_launches(names, "0")
     check_prefill_launches(beside_names, decode_sms)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_mixed_step_beside_decodes_three_consumers(dtype, seed, monkeypatch):
+    """A 2048-token chunk among 40 decodes at head dim 64 (32 / 8 heads: 352
+    items of 192 rows as prefill.cu's prefill_three_consumers counts the
+    step's tokens) takes the three-consumer kernel in turn and beside the
+    decodes (33 SMs), with the same bits, which float64 bounds."""
+    need_path("attention")
+    monkeypatch.delenv("TILEINFER_MIXED_DECODE_SMS", raising=False)
+    q_lens = [1] * 20 + [2048] + [1] * 20
+    lens = [300 + 29 * i for i in range(20)] + [2048 + 100] + [500 + 13 * i for i in range(20)]
+    p = make_problem(lens, q_lens, 32, 8, 64, 16, dtype=dtype, device=DEV, seed=seed)
+    names, default = kernels_run(lambda: run_attention(p, True))
+    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "33")
+    run_attention(p, True)  # warm-up outside the profile
+    beside_names, beside = kernels_run(lambda: run_attention(p, True))
+    assert torch.equal(beside, default), "33 SMs for the decodes"
+    check_out(default, exact_attention(p, True)[0], dtype, f"2048-token chunk among 40 decodes, {dtype} d 64")
+    check_prefill_launches(names, "0")
+    check_prefill_launches(beside_names, "33")
+    if hopper():
+        for what, ran in (("in turn", names), ("beside", beside_names)):
+            tiles = {m.group(1) for n in ran if PREFILL_KERNEL in n
+                     for m in [re.search(r"PrefillTile<[^<>]*, (\d)>", n)] if m}
+            assert tiles == {"3"}, f"{what}: consumer warpgroups {tiles}, expected 3"
 
 
 @pytest.mark.parametrize("decode_sms", ["0", "33"])
