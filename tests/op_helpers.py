@@ -12,6 +12,7 @@ scores come from tensor cores, whose fp32 accumulation is not IEEE-rounded.
 """
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -155,6 +156,16 @@ def kernels_run(fn):
         result = fn()
         torch.cuda.synchronize()
     return [e.name for e in prof.events()], result
+
+
+def prefill_consumers(names):
+    """The consumer warpgroup counts ("2", "3") of the warp-specialized
+    Hopper prefill kernels among kernel names (kernels_run's), from each
+    name's PrefillTile<QT, D, CacheT, vector scales, consumers> (a name
+    without the last argument, its default, is "2"); sorted, each once."""
+    tiles = [m.group(1).split(", ") for n in names if "sm90::prefill_kernel" in n
+             for m in [re.search(r"PrefillTile<([^<>]*)>", n)] if m]
+    return sorted({args[4] if len(args) > 4 else "2" for args in tiles})
 
 
 def hopper_quantized_prefill(p):

@@ -10,12 +10,11 @@ match bit for bit across all of them and stay within the usual bounds of
 float64. A control runs the same steps without the flag (fp32, where a
 different split count shows in the bits), so the comparison can fail.
 """
-import re
-
 import pytest
 import torch
 
-from op_helpers import DEVICES, ULPS, bits, check_out, exact_attention, hopper, kernels_run, need_path
+from op_helpers import (DEVICES, ULPS, bits, check_out, exact_attention, hopper, kernels_run, need_path,
+                        prefill_consumers)
 from tileinfer_attn.testing import PagedProblem, make_problem, poison_
 
 ops = torch.ops.tileinfer_attn
@@ -231,9 +230,7 @@ def test_batch_invariant_d64_keeps_two_consumers(seed, monkeypatch):
 
     def run(seqs, invariant):
         names, rows = kernels_run(lambda: target_rows(p, q_lens, seqs, invariant))
-        tiles = sorted({m.group(1) for n in names if "sm90::prefill_kernel" in n
-                        for m in [re.search(r"PrefillTile<[^<>]*, (\d)>", n)] if m})
-        return tiles, rows
+        return prefill_consumers(names), rows
 
     tiles, alone = run([0], True)
     assert tiles == ["2"], f"the target alone: consumer warpgroups {tiles}"

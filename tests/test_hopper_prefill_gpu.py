@@ -16,13 +16,12 @@ hold NaN. Every head dim (the D fixture:
 The first test checks (with the torch profiler) which kernel runs, so that a
 build or a device without them cannot pass the rest on the tile kernel.
 """
-import re
 
 import pytest
 import torch
 
 from op_helpers import (QUANT_KINDS, check_lse, check_out, exact_attention, has_cuda_kernel, hopper, kernels_run,
-                        misalign_scales_, ops, poison_, poison_unowned_, run_prefill)
+                        misalign_scales_, ops, poison_, poison_unowned_, prefill_consumers, run_prefill)
 from tileinfer_attn.testing import make_problem
 
 pytestmark = pytest.mark.gpu
@@ -239,8 +238,7 @@ def test_d64_item_rows(dtype, causal, q_len, seed):
     what = f"d 64 prompt of {q_len} causal={causal}"
     check_out(out, exact, dtype, what)
     check_lse(lse, exact_lse, dtype, what + " lse")
-    tiles = [m.group(1) for n in names if WARP_SPECIALIZED in n
-             for m in [re.search(r"PrefillTile<[^<>]*, (\d)>", n)] if m]
+    tiles = prefill_consumers(names)
     expected = "3" if three_consumers(2, 32, 8, q_len, q_len + 40) else "2"
     assert tiles == [expected], f"{what}: consumer warpgroups {tiles}, expected {expected}; kernels {set(names)}"
 
@@ -278,8 +276,7 @@ def test_d64_three_consumers_variants(name, variants, dtype, seed):
     names, (out, lse) = kernels_run(lambda: run_prefill(p, True, with_lse=True, **kw))
     check_out(out, exact, dtype, f"d 64, three consumers, {name}")
     check_lse(lse, exact_lse, dtype, f"d 64, three consumers, {name} lse")
-    tiles = [m.group(1) for n in names if WARP_SPECIALIZED in n
-             for m in [re.search(r"PrefillTile<[^<>]*, (\d)>", n)] if m]
+    tiles = prefill_consumers(names)
     assert tiles == ["3"], f"{name}: consumer warpgroups {tiles}, expected 3; kernels {set(names)}"
 
 

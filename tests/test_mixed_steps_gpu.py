@@ -7,12 +7,11 @@ counts (few sequences: partials indexed by slots and combine; many: decode
 writes the output itself); and one captured CUDA graph replayed over steps
 whose mix changes, bit for bit against eager calls."""
 import math
-import re
 
 import pytest
 import torch
 
-from op_helpers import check_out, exact_attention, hopper, kernels_run, need_path, run_attention
+from op_helpers import check_out, exact_attention, hopper, kernels_run, need_path, prefill_consumers, run_attention
 from tileinfer_attn.testing import PagedProblem, make_problem, poison_
 
 pytestmark = [
@@ -145,9 +144,8 @@ def test_mixed_step_beside_decodes_three_consumers(dtype, seed, monkeypatch):
     check_prefill_launches(beside_names, "33")
     if hopper():
         for what, ran in (("in turn", names), ("beside", beside_names)):
-            tiles = {m.group(1) for n in ran if PREFILL_KERNEL in n
-                     for m in [re.search(r"PrefillTile<[^<>]*, (\d)>", n)] if m}
-            assert tiles == {"3"}, f"{what}: consumer warpgroups {tiles}, expected 3"
+            tiles = prefill_consumers(ran)
+            assert tiles == ["3"], f"{what}: consumer warpgroups {tiles}, expected 3"
 
 
 @pytest.mark.parametrize("decode_sms", ["0", "33"])
