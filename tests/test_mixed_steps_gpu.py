@@ -37,6 +37,20 @@ def check_prefill_launches(names, decode_sms):
     assert launches == (2 if beside else 1), f"{launches} prefill launches with {decode_sms} SMs for the decodes"
 
 
+def in_turn_and_beside(p, decode_sms, monkeypatch):
+    """The attention op on p with the parts in turn (the default) and with
+    decode_sms SMs for the decodes beside the prefill
+    (TILEINFER_MIXED_DECODE_SMS), which must give the same bits: the kernel
+    names of each run (kernels_run's) and the output."""
+    monkeypatch.delenv("TILEINFER_MIXED_DECODE_SMS", raising=False)
+    names, in_turn = kernels_run(lambda: run_attention(p, True))
+    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", decode_sms)
+    run_attention(p, True)  # warm-up outside the profile
+    beside_names, beside = kernels_run(lambda: run_attention(p, True))
+    assert torch.equal(beside, in_turn), f"{decode_sms} SMs for the decodes: other bits than the parts in turn"
+    return names, beside_names, in_turn
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("group", [1, 4, 7])
@@ -83,16 +97,11 @@ def test_mixed_step_chunks_among_many_decodes(dtype, head_dim, seed, monkeypatch
     other, which float64 bounds; on Hopper two launches of the prefill kernel
     (8000 items fill every SM)."""
     need_path("attention")
-    monkeypatch.delenv("TILEINFER_MIXED_DECODE_SMS", raising=False)
     chunks = {0: 300, 35: 120, 70: 64, 99: 200}
     q_lens = [chunks.get(i, 1 if i % 7 else 16) for i in range(100)]
     lens = [q + (37 * i) % 200 for i, q in enumerate(q_lens)]
     p = make_problem(lens, q_lens, 32, 8, head_dim, 64, dtype=dtype, device=DEV, seed=seed)
-    in_turn = run_attention(p, True)
-    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "33")
-    run_attention(p, True)  # warm-up outside the profile
-    names, out = kernels_run(lambda: run_attention(p, True))
-    assert torch.equal(out, in_turn), "beside the decodes: other bits than the parts in turn"
+    _, names, out = in_turn_and_beside(p, "33", monkeypatch)
     check_out(out, exact_attention(p, True)[0], dtype, f"chunks among 100 sequences, {dtype} d {head_dim}")
     check_prefill_launches(names, "33")
 
@@ -109,15 +118,10 @@ def test_mixed_step_beside_decodes_same_bits(dtype, head_dim, decode_sms, seed, 
     prefill kernel (one on the SMs the decodes leave, one after them),
     against one."""
     need_path("attention")
-    monkeypatch.delenv("TILEINFER_MIXED_DECODE_SMS", raising=False)
     q_lens = [1] * 40 + [700] + [16] * 3 + [250]
     lens = [200 + 31 * i for i in range(40)] + [1500, 300, 40, 900, 250]
     p = make_problem(lens, q_lens, 32, 8, head_dim, 64, dtype=dtype, device=DEV, seed=seed)
-    names, default = kernels_run(lambda: run_attention(p, True))
-    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", decode_sms)
-    run_attention(p, True)  # warm-up outside the profile
-    beside_names, beside = kernels_run(lambda: run_attention(p, True))
-    assert torch.equal(beside, default), f"{decode_sms} SMs for the decodes"
+    names, beside_names, default = in_turn_and_beside(p, decode_sms, monkeypatch)
     check_out(default, exact_attention(p, True)[0], dtype, f"mixed step, the parts in turn, {dtype} d {head_dim}")
     check_prefill_launches(names, "0")
     check_prefill_launches(beside_names, decode_sms)
@@ -130,15 +134,10 @@ def test_mixed_step_beside_decodes_three_consumers(dtype, seed, monkeypatch):
     step's tokens) takes the three-consumer kernel in turn and beside the
     decodes (33 SMs), with the same bits, which float64 bounds."""
     need_path("attention")
-    monkeypatch.delenv("TILEINFER_MIXED_DECODE_SMS", raising=False)
     q_lens = [1] * 20 + [2048] + [1] * 20
     lens = [300 + 29 * i for i in range(20)] + [2048 + 100] + [500 + 13 * i for i in range(20)]
     p = make_problem(lens, q_lens, 32, 8, 64, 16, dtype=dtype, device=DEV, seed=seed)
-    names, default = kernels_run(lambda: run_attention(p, True))
-    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "33")
-    run_attention(p, True)  # warm-up outside the profile
-    beside_names, beside = kernels_run(lambda: run_attention(p, True))
-    assert torch.equal(beside, default), "33 SMs for the decodes"
+    names, beside_names, default = in_turn_and_beside(p, "33", monkeypatch)
     check_out(default, exact_attention(p, True)[0], dtype, f"2048-token chunk among 40 decodes, {dtype} d 64")
     check_prefill_launches(names, "0")
     check_prefill_launches(beside_names, "33")

@@ -20,9 +20,10 @@ namespace tileinfer {
 // never spill a fraction of a wave past those slots (on the H200, 132 SMs, 8
 // sequences at 32k positions with 5 splits launch 320 blocks for 264 slots, 1.2
 // waves, and take longer than with 4 splits, one wave). Row tiles are not
-// counted: a launch of 17-32 packed rows has two blocks a split (decode.cu). At most 32 splits: more
-// speed up a single long sequence by a few percent but slow short ones (1k-4k
-// positions) by 10-15%, and combine's cost grows with them. Fewer than 8
+// counted: a launch of 17-32 packed rows has two blocks a split (decode.cu).
+// At most 32 splits: more speed up a single long sequence by a few percent
+// but slow short ones (1k-4k positions) by 10-15%, and combine's cost grows
+// with them. Fewer than 8
 // (sequence, KV head) pairs (one sequence of an MQA model, or of 2-4 KV heads)
 // raise that cap to 256 / pairs, at most 128, so the step still fills the SMs
 // about once: one sequence of one KV head (32 query heads) at 32k positions
