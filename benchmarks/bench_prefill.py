@@ -174,35 +174,50 @@ def run_mixed(label, chunks, decodes, args, errors):
 
 
 # Per-layer variants against plain prefill of the same prompt: (label, prompt
-# length, window_left, soft-cap, sinks). Through the attention op.
+# length, window_left, soft-cap, sinks, heads). Through the attention op. The
+# gpt-oss cases (64 / 8 heads of 64: a 128-key window plus sinks, sinks alone)
+# take the three-consumer d 64 kernel (prefill.cu, prefill_three_consumers)
+# and are timed on two consumers too (batch_invariant=True, which changes
+# nothing else on this path): a window's items see two or three key tiles, so
+# the rule's gain on long prompts need not hold for them.
+GPT_OSS = dict(hq=64, hkv=8, d=64)
 VARIANTS = [
-    ("1x8k, window 4k", 8192, 4095, 0.0, False),
-    ("1x8k, soft-cap 50", 8192, -1, 50.0, False),
-    ("1x8k, window 4k + soft-cap 50", 8192, 4095, 50.0, False),
-    ("1x8k, sinks", 8192, -1, 0.0, True),
-    ("1x8k, window 4k + sinks", 8192, 4095, 0.0, True),
+    ("1x8k, window 4k", 8192, 4095, 0.0, False, QWEN3),
+    ("1x8k, soft-cap 50", 8192, -1, 50.0, False, QWEN3),
+    ("1x8k, window 4k + soft-cap 50", 8192, 4095, 50.0, False, QWEN3),
+    ("1x8k, sinks", 8192, -1, 0.0, True, QWEN3),
+    ("1x8k, window 4k + sinks", 8192, 4095, 0.0, True, QWEN3),
+    ("gpt-oss 1x8k, window 128 + sinks", 8192, 127, 0.0, True, GPT_OSS),
+    ("gpt-oss 1x8k, sinks", 8192, -1, 0.0, True, GPT_OSS),
+    ("gpt-oss 1x2k, window 128 + sinks", 2048, 127, 0.0, True, GPT_OSS),
 ]
 
 
-def run_variant(label, length, window, cap, sinks, args, errors):
+def run_variant(label, length, window, cap, sinks, heads, args, errors):
     """The variant against plain prefill on the same input sets (as many as the
     prefill cases rotate), in two alternating rounds: each keeps its faster
-    round, since 1 x 8k's times move between two modes over a run."""
+    round, since 1 x 8k's times move between two modes over a run. d 64: the
+    variant on two consumers as well (batch_invariant=True)."""
     kw = dict(rep_ms=60 if args.quick else 200, warmup_ms=20)
-    one = ap.make_sets([length], [length], **QWEN3, n_sets=1)
+    one = ap.make_sets([length], [length], **heads, n_sets=1)
     n_sets = common.sets_for(ap.set_bytes(one[0]), cap=16)
-    sets = ap.make_sets([length], [length], **QWEN3, n_sets=n_sets) if n_sets > 1 else one
+    sets = ap.make_sets([length], [length], **heads, n_sets=n_sets) if n_sets > 1 else one
+    impls = [("variant", lambda p: ap.ours_attention_variant(p, window, cap, sinks)),
+             ("plain", lambda p: ap.ours_attention(p))]
+    if heads["d"] == 64:
+        impls.append(("two consumers",
+                      lambda p: ap.ours_attention_variant(p, window, cap, sinks, batch_invariant=True)))
     times = {}
     for _ in range(2):
-        for name, make in (("variant", lambda p: ap.ours_attention_variant(p, window, cap, sinks)),
-                           ("plain", lambda p: ap.ours_attention(p))):
+        for name, make in impls:
             r = ap.timed(f"{label} {name}", make, sets, True, errors, **kw)
             if r is not None:
                 times[name] = min(times.get(name, float("inf")), r[0].median_us)
     del sets
     torch.cuda.empty_cache()
-    v, plain = times.get("variant"), times.get("plain")
-    return [dict(case=label, variant_us=v, plain_us=plain, over_plain=v / plain if v and plain else None)]
+    v, plain, two = times.get("variant"), times.get("plain"), times.get("two consumers")
+    return [dict(case=label, variant_us=v, plain_us=plain, over_plain=v / plain if v and plain else None,
+                 two_consumers_us=two, over_two_consumers=v / two if v and two else None)]
 
 
 # Per-item cost: uniform causal batches of Qwen3-4B prompts (batch, tokens)
@@ -336,7 +351,9 @@ def main():
                 continue
             variants += common.attempt(label, lambda a=(label, *case): run_variant(*a, args, errors), errors) or []
         common.print_table(variants, [("case", "case", ""), ("variant us", "variant_us", ".1f"),
-                                      ("plain us", "plain_us", ".1f"), ("t / plain", "over_plain", ".2f")],
+                                      ("plain us", "plain_us", ".1f"), ("t / plain", "over_plain", ".2f"),
+                                      ("two consumers us", "two_consumers_us", ".1f"),
+                                      ("t / two", "over_two_consumers", ".2f")],
                            title="\nvariants (attention op, against plain prefill of the same prompt)")
     items, items_fit = [], {}
     if status["prefill"][0] and (not args.only or args.only in "items"):
