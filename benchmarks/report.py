@@ -117,12 +117,12 @@ def render_prefill(data: dict) -> list:
     variants = data.get("variants") or []
     if variants:
         out += ["", "Per-layer variants on a causal prompt (attention op; Qwen3-4B heads, and gpt-oss's 64 / 8 "
-                "heads of 64), against the same prompt without them and, at d 64, against the variant on the "
-                "two-consumer kernel:", ""]
-        out += table(["case", "variant us", "plain us", "t / plain", "two consumers us", "t / two"],
+                "heads of 64), against the same prompt without them; at d 64 also the variant on the kernels of two "
+                "and of three consumer warpgroups (the first column takes the dispatcher's choice):", ""]
+        out += table(["case", "variant us", "plain us", "t / plain", "2 consumers us", "3 consumers us"],
                      [[r["case"], f(r.get("variant_us"), ".1f"), f(r.get("plain_us"), ".1f"),
                        f(r.get("over_plain"), ".2f"), f(r.get("two_consumers_us"), ".1f"),
-                       f(r.get("over_two_consumers"), ".2f")] for r in variants])
+                       f(r.get("three_consumers_us"), ".1f")] for r in variants])
     return out
 
 

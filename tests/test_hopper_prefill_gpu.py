@@ -208,10 +208,17 @@ def test_hopper_prefill_long(D, dtype, causal, group, seed):
     check_all(p, causal, dtype, f"Hopper prefill long group {group} causal={causal}")
 
 
-def three_consumers(num_seqs, hq, hkv, max_q_len, num_tokens):
+CONSUMERS = "TILEINFER_PREFILL_CONSUMERS"  # "2" or "3": that d 64 kernel for every step
+THREE_CONSUMER_MIN_WINDOW = 1024  # prefill.cu's kThreeConsumerMinWindow
+
+
+def three_consumers(num_seqs, hq, hkv, max_q_len, num_tokens, window_left=-1):
     """prefill.cu's prefill_three_consumers for a d 64 prefill (not batch-
-    invariant): 192-row items where there are at least two per SM, counting
-    every sequence at max_q_len but no more than the tokens fill."""
+    invariant, CONSUMERS unset): 192-row items where there are at least two
+    per SM, counting every sequence at max_q_len but no more than the tokens
+    fill, and no sliding window below THREE_CONSUMER_MIN_WINDOW keys."""
+    if 0 <= window_left < THREE_CONSUMER_MIN_WINDOW:
+        return False
     group = hq // hkv
     item_group = group if group & (group - 1) == 0 and 192 % group == 0 else 1
     row_tiles = min(num_seqs * -(-item_group * max_q_len // 192), -(-item_group * num_tokens // 192))
@@ -243,8 +250,9 @@ def test_d64_item_rows(dtype, causal, q_len, seed):
     assert tiles == [expected], f"{what}: consumer warpgroups {tiles}, expected {expected}; kernels {set(names)}"
 
 
-# The d 64 kernels of three consumer warpgroups with each variant's code:
-# gpt-oss's 128-key window with sinks (masked tiles throughout), a soft-cap
+# The d 64 kernels of three consumer warpgroups with each variant's code
+# (CONSUMERS=3 where the rule keeps two): gpt-oss's 128-key window with
+# sinks (masked tiles throughout), a soft-cap
 # on bf16's fixed-offset softmax and on fp16's running maximum, Gemma 2's
 # window with a cap, and scale < 0. (name, variants, q's dtype)
 THREE_CONSUMER_CASES = [
@@ -257,11 +265,12 @@ THREE_CONSUMER_CASES = [
 
 
 @pytest.mark.parametrize("name,variants,dtype", THREE_CONSUMER_CASES, ids=[c[0] for c in THREE_CONSUMER_CASES])
-def test_d64_three_consumers_variants(name, variants, dtype, seed):
+def test_d64_three_consumers_variants(name, variants, dtype, seed, monkeypatch):
     """A 2048-token prompt beside one of 40 (64 / 8 heads, page 16: 696
     items of 192 rows as prefill_three_consumers counts them) with each of
     THREE_CONSUMER_CASES, against float64 with the same variants, and the
-    kernel that ran (PrefillTile<..., 3>)."""
+    kernel that ran (PrefillTile<..., 3>; a window below the rule's minimum
+    gets it through CONSUMERS=3)."""
     if not (has_cuda_kernel("prefill") and hopper()):
         pytest.skip("the Hopper prefill kernel needs a compute-capability 9.0 device and a CUDA build")
     p = make_problem([2048 + 5, 40], [2048, 40], 64, 8, 64, 16, dtype=dtype, device=DEV, seed=seed)
@@ -270,7 +279,9 @@ def test_d64_three_consumers_variants(name, variants, dtype, seed):
         kw["sinks"] = (torch.randn(64, generator=torch.Generator().manual_seed(seed)) * 2).to(DEV)
     if "scale" in kw:
         p.scale = kw.pop("scale")
-    assert three_consumers(2, 64, 8, 2048, 2048 + 40)
+    monkeypatch.delenv(CONSUMERS, raising=False)
+    if not three_consumers(2, 64, 8, 2048, 2048 + 40, kw.get("window_left", -1)):
+        monkeypatch.setenv(CONSUMERS, "3")
     exact, exact_lse = exact_attention(p, True, **kw)
     poison_unowned_(p, kw.get("window_left", -1))
     names, (out, lse) = kernels_run(lambda: run_prefill(p, True, with_lse=True, **kw))
@@ -278,6 +289,42 @@ def test_d64_three_consumers_variants(name, variants, dtype, seed):
     check_lse(lse, exact_lse, dtype, f"d 64, three consumers, {name} lse")
     tiles = prefill_consumers(names)
     assert tiles == ["3"], f"{name}: consumer warpgroups {tiles}, expected 3; kernels {set(names)}"
+
+
+@pytest.mark.parametrize("window_left,forced", [(127, None), (-1, None), (-1, "2"), (127, "3")])
+def test_d64_window_consumers(window_left, forced, seed, monkeypatch):
+    """gpt-oss's shapes (64 / 8 heads of 64, a 2048-token prompt beside one
+    of 40, sinks): its 128-key window keeps the two-consumer kernel, the same
+    step without a window takes three (prefill_three_consumers), and
+    CONSUMERS overrides the rule either way; each against float64."""
+    if not (has_cuda_kernel("prefill") and hopper()):
+        pytest.skip("the Hopper prefill kernel needs a compute-capability 9.0 device and a CUDA build")
+    p = make_problem([2048 + 5, 40], [2048, 40], 64, 8, 64, 16, device=DEV, seed=seed)
+    sinks = (torch.randn(64, generator=torch.Generator().manual_seed(seed)) * 2).to(DEV)
+    if forced is None:
+        monkeypatch.delenv(CONSUMERS, raising=False)
+        expected = "3" if three_consumers(2, 64, 8, 2048, 2048 + 40, window_left) else "2"
+        assert expected == ("2" if window_left >= 0 else "3")
+    else:
+        monkeypatch.setenv(CONSUMERS, forced)
+        expected = forced
+    exact, _ = exact_attention(p, True, window_left=window_left, sinks=sinks)
+    poison_unowned_(p, window_left)
+    names, (out, _) = kernels_run(lambda: run_prefill(p, True, window_left=window_left, sinks=sinks))
+    what = f"d 64 window {window_left}, {CONSUMERS}={forced}"
+    check_out(out, exact, torch.bfloat16, what)
+    tiles = prefill_consumers(names)
+    assert tiles == [expected], f"{what}: consumer warpgroups {tiles}, expected {expected}; kernels {set(names)}"
+
+
+@pytest.mark.parametrize("value", ["4", "auto"])
+def test_consumers_bad_value(value, monkeypatch):
+    if not (has_cuda_kernel("prefill") and hopper()):
+        pytest.skip("the consumer count is the Hopper d 64 kernel's")
+    monkeypatch.setenv(CONSUMERS, value)
+    p = make_problem([100], [100], 8, 2, 64, 64, device=DEV, seed=0)
+    with pytest.raises(RuntimeError, match="TILEINFER_PREFILL_CONSUMERS must be 2 or 3"):
+        run_prefill(p, True)
 
 
 @pytest.mark.parametrize("page", [16, 128])

@@ -99,10 +99,21 @@ int prefill_item_group(int group, int block_m) {
 // leave SMs idle on short prompts: 1 x 512 at 32 / 8 heads has 88 items of
 // 192 rows for 132 SMs (128 of 128 rows) and takes ~1.2x the two-consumer
 // time, while 1 x 8k and 1 x 16k gain 4-8% (H100, docs/PERFORMANCE.md,
-// "Prefill"). A batch-invariant step keeps two consumers, so that its item
-// rows do not follow the batch.
+// "Prefill"). A sliding window of fewer than kThreeConsumerMinWindow keys
+// keeps two consumers: its items see a few key tiles, each masked, and the
+// three-consumer kernel spills in the masked-tile branch (gpt-oss's 128-key
+// window: 1.04x the two-consumer time at 1 x 8k, 1.2x at 1 x 2k). A
+// batch-invariant step keeps two consumers, so that its item rows do not
+// follow the batch. TILEINFER_PREFILL_CONSUMERS=2 or 3 puts every other d 64
+// step on that kernel instead, for a measurement (read at each call, as
+// TILEINFER_PREFILL_PER_HEAD).
+constexpr int kThreeConsumerMinWindow = 1024;
+
 bool prefill_three_consumers(const AttentionParams& a, bool batch_invariant, int sms) {
   if (batch_invariant) return false;
+  if (std::getenv("TILEINFER_PREFILL_CONSUMERS") != nullptr)
+    return env_switch("TILEINFER_PREFILL_CONSUMERS", "2", "3", false);
+  if (a.window_left < kThreeConsumerMinWindow) return false;
   const int group = prefill_item_group(a.group_size, 192);
   const int64_t by_seqs = int64_t(a.kv.num_seqs) * ceil_div<int64_t>(int64_t(group) * a.max_q_len, 192);
   const int64_t by_tokens = ceil_div<int64_t>(int64_t(group) * a.num_tokens, 192);
