@@ -142,11 +142,11 @@ def with_environment(name: str, value: str, made: tuple) -> tuple:
     return run, args
 
 
-def on_decode_row_tile_64(made: tuple) -> tuple:
+def on_decode_row_tile(rows: int, made: tuple) -> tuple:
     """made = (fn, args) of an attention call whose decode launch has 17-32
-    packed rows (group x queries), on the 64-row decode tile instead of the
-    16-row one the launch takes (decode.cu, decode_small_tile_rows)."""
-    return with_environment("TILEINFER_DECODE_ROW_TILE", "64", made)
+    packed rows (group x queries), on the decode tile of `rows` (16 or 64)
+    rows whatever the launch's rule (decode.cu, decode_small_tile)."""
+    return with_environment("TILEINFER_DECODE_ROW_TILE", str(rows), made)
 
 
 def ours_prefill_per_head(p: Problem, causal: bool = True):

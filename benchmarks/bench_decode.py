@@ -18,7 +18,7 @@ gather-pages-then-SDPA(flash), the eager reference (small sizes only),
 FlashInfer's paged decode if it imports. The verify grid's rows are internal
 (role "dev": our decode path, other split counts, our prefill op), as are
 the rows of steps of 17-32 packed rows (MQA; 8-query verify steps of group
-4) on the 64-row decode tile instead of the 16-row one their launch takes.
+4) on each decode tile, the 16-row and the 64-row one, whichever the launch takes.
 
 Writes benchmarks/results/decode.json and decode.png.
 
@@ -63,6 +63,7 @@ CASES = [
     ("40/8 1x32k", 1, 32768, dict(hq=40, hkv=8, d=128)),
     ("MQA 32/1 1x4k", 1, 4096, dict(hq=32, hkv=1, d=128)),
     ("MQA 32/1 1x32k", 1, 32768, dict(hq=32, hkv=1, d=128)),
+    ("MQA 32/1 32x4k", 32, 4096, dict(hq=32, hkv=1, d=128)),
     # One KV head of group 8: a tensor-parallel shard (Llama-3-70B's 64/8 heads over 8 GPUs).
     ("TP shard 8/1 1x4k", 1, 4096, dict(hq=8, hkv=1, d=128)),
     # The other group sizes of the decode tiles (full runs): 1 (MHA), 8, 16.
@@ -72,7 +73,7 @@ CASES = [
 ]
 QUICK = {"1x1k", "1x32k", "8x32k", "32x4k", "128x2k", "d64 32x4k", "d256 32x4k", "d80 32x4k", "d96 32x4k",
          "d96 1x32k", "28/4 32x4k", "28/4 1x32k",
-         "40/8 32x4k", "40/8 1x32k", "MQA 32/1 1x4k", "MQA 32/1 1x32k", "TP shard 8/1 1x4k"}
+         "40/8 32x4k", "40/8 1x32k", "MQA 32/1 1x4k", "MQA 32/1 1x32k", "MQA 32/1 32x4k", "TP shard 8/1 1x4k"}
 EAGER_MAX_POSITIONS = 4096  # batch x context; the eager reference loops in Python
 
 VERIFY_N = [2, 4, 8, 16]
@@ -86,15 +87,16 @@ BASE = ["sdpa flash (contiguous)", "sdpa cudnn (contiguous)", "eager reference"]
 VERIFY_DECODE = "decode path (attention op)"
 VERIFY_SPLITS = [8, 16]  # split counts tried for 9-16-query steps besides the dispatcher's (32 for one sequence)
 VERIFY_PREFILL = "prefill op"
-# Launches of 17-32 packed rows (group x queries) take the 16-row decode tile,
-# a block per 16 rows; this dev row times the same step on the 64-row tile,
-# which reads the pages once for all rows.
-ROW_TILE_64 = "decode on the 64-row tile"
+# Launches of 17-32 packed rows (group x queries) take the 16-row decode tile
+# (a block per 16 rows) where its blocks fit one wave, else the 64-row tile,
+# which reads the pages once for all rows (decode.cu, decode_small_tile);
+# these dev rows time the same step on each tile.
+ROW_TILES = [(f"decode on the {rows}-row tile", rows) for rows in (16, 64)]
 
 
 def small_tile_rows(cfg, n):
-    """Whether a step of n queries per sequence takes the 16-row tile with
-    more than one block per 16 rows (17-32 packed rows)."""
+    """Whether a step of n queries per sequence has 17-32 packed rows (the
+    launches whose tile follows their blocks)."""
     return 16 < cfg["hq"] // cfg["hkv"] * n <= 32
 
 
@@ -121,7 +123,8 @@ def run_case(label, batch, ctx, cfg, args, ceil, errors, status):
     if status["decode"][0]:
         impls.append((OURS, lambda p: ap.ours_attention(p), True))
         if small_tile_rows(cfg, 1):
-            impls.append((ROW_TILE_64, lambda p: ap.on_decode_row_tile_64(ap.ours_attention(p)), True, "dev"))
+            impls += [(name, lambda p, r=rows: ap.on_decode_row_tile(r, ap.ours_attention(p)), True, "dev")
+                      for name, rows in ROW_TILES]
 
     def metrics(t):
         gbps = nbytes / t.seconds / 1e9
@@ -145,7 +148,8 @@ def run_verify(n, ctx, args, ceil, errors, status):
     if status["decode"][0]:
         impls.append((VERIFY_DECODE, lambda p: ap.ours_attention(p), True, "dev"))
         if small_tile_rows(QWEN3, n):
-            impls.append((ROW_TILE_64, lambda p: ap.on_decode_row_tile_64(ap.ours_attention(p)), True, "dev"))
+            impls += [(name, lambda p, r=rows: ap.on_decode_row_tile(r, ap.ours_attention(p)), True, "dev")
+                      for name, rows in ROW_TILES]
         # Split counts other than the dispatcher's for 9-16-query steps: does its choice hold?
         if n > 8:
             for splits in VERIFY_SPLITS:

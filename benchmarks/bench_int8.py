@@ -184,7 +184,7 @@ def run_decode(label, batch, ctx, heads, args, ceil, errors):
     if 16 < heads["hq"] // heads["hkv"] <= 32:  # launches on the 16-row tile: each cache on the 64-row one too
         for name, (attr, _) in QUANT.items():
             impls.append((f"{name.split(' (')[0]} on the 64-row tile",
-                          lambda p, a=attr: ap.on_decode_row_tile_64(ours_quant(p, "attention", a)), True, "dev"))
+                          lambda p, a=attr: ap.on_decode_row_tile(64, ours_quant(p, "attention", a)), True, "dev"))
     rows = ap.time_impls(label, impls, sets, errors, ours=INT8, base=[BF16], metrics=lambda t: {},
                          extra=dict(batch=batch, ctx=ctx, n=1, page=PAGE, **heads), **kw)
     for r in rows:  # every cache is ours

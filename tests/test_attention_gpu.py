@@ -165,7 +165,8 @@ def test_decode_combine(dtype, head_dim, page, seed):
 def test_decode_steps(n, group, causal, seed):
     """Steps of n queries per sequence (decode, speculative verify) for groups of
     every power of two up to 32 (up to 32 packed rows the 16-row tile, a
-    block per 16 rows; more the 64-row tile), 3, 5 and 7 (Qwen2.5's 40/8 and
+    block per 16 rows, as decode runs them with these 16 or 8 splits; more
+    the 64-row tile), 3, 5 and 7 (Qwen2.5's 40/8 and
     28/4), causal within the step or not."""
     need("decode", "combine")
     p = make_problem([n, 70, 300], [n] * 3, 2 * group, 2, 128, 64, device=DEV, seed=seed)
@@ -304,8 +305,10 @@ def test_attention_few_pairs(case, seed):
 
 
 # (sequence lengths, query counts, query heads, KV heads, head dim, page,
-# dtype, extra): steps of more than 16 packed rows (group x queries): 32 rows
-# take the 16-row tile (a block per 16 rows), 64 the 64-row tile.
+# dtype, extra): steps of more than 16 packed rows (group x queries): 17-32
+# rows take the 16-row tile (a block per 16 rows) where its blocks fit two
+# per SM (or the cache is quantized), else the 64-row tile; 64 rows the
+# 64-row tile.
 ROW_TILE_CASES = {
     "mqa": ([1000, 37, 64], [1, 1, 1], 32, 1, 128, 16, torch.bfloat16, {}),
     "mqa-int8": ([900, 5], [1, 1], 32, 1, 128, 64, torch.bfloat16, {"int8": True}),
@@ -318,8 +321,8 @@ ROW_TILE_CASES = {
 @pytest.mark.parametrize("case", list(ROW_TILE_CASES))
 def test_attention_row_tile(case, row_tile, monkeypatch, seed):
     """Steps of more than 16 packed rows (MQA's 32 heads of a query, verify
-    steps of a large group) on the tile the rule gives (16 rows up to 32
-    packed rows, 64 beyond) and on each tile that TILEINFER_DECODE_ROW_TILE
+    steps of a large group) on the tile the rule gives (decode.cu,
+    decode_small_tile) and on each tile that TILEINFER_DECODE_ROW_TILE
     forces: the bits of decode + combine with the same tile and split count,
     0 on padding tokens, and float64's within tolerance. The variable's bad
     values are refused."""
@@ -348,11 +351,42 @@ def test_attention_row_tile(case, row_tile, monkeypatch, seed):
         run_attention(p, True)
 
 
+# The decode tiles at d 128 as TileConfig's warps_m, warps_n, row tiles,
+# keys, stages (tile_table.h): 16 rows a block, or 64.
+DECODE_TILE_SHAPES = {"16": ", 1, 4, 1, 64, 3,", "64": ", 4, 1, 1, 64, 2,"}
+
+
+@pytest.mark.parametrize("hq,hkv,seqs,n", [(32, 1, 1, 1), (32, 1, 2, 1), (32, 1, 32, 1), (8, 2, 1, 8),
+                                           (32, 8, 3, 8)], ids=["mqa-1", "mqa-2", "mqa-32", "verify8-g4-1",
+                                                                "verify8-g4-3"])
+def test_attention_row_tile_rule(hq, hkv, seqs, n, seed, monkeypatch):
+    """A step of 17-32 packed rows takes the 16-row decode tile only where
+    its blocks on it (the dispatcher's splits x sequences x KV heads x 2
+    row tiles) fit two per SM, which leaves one (sequence, KV head) pair;
+    else the 64-row tile (decode.cu, decode_small_tile). The tile that ran,
+    from the kernel's name, and float64's result."""
+    need_path("attention")
+    monkeypatch.delenv("TILEINFER_DECODE_ROW_TILE", raising=False)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = ops.decode_num_splits(sms, seqs, hkv)
+    expected = "16" if splits * seqs * hkv * 2 <= 2 * sms else "64"
+    assert (expected == "16") == (seqs * hkv == 1 and sms >= 128), "the case's premise"
+    lens = [300 + 517 * i for i in range(seqs)]
+    p = make_problem(lens, [n] * seqs, hq, hkv, 128, 64, dtype=torch.bfloat16, device=DEV, seed=seed)
+    names, out = kernels_run(lambda: run_attention(p, True))
+    ran = sorted(rows for rows, shape in DECODE_TILE_SHAPES.items()
+                 if any("attention_tile_kernel" in name and shape in name for name in names))
+    assert ran == [expected], f"decode tiles {ran}, expected {expected}: {sorted(set(names))}"
+    check_out(out, exact_attention(p, True)[0], torch.bfloat16, f"{seqs} x {n} queries, {hq} / {hkv} heads")
+
+
 # (query heads, KV heads, head dim, page, dtype, queries a sequence, extra):
 # batches sized for 2 (or 4) splits a (sequence, KV head), which the attention
 # op runs as clusters of blocks that merge them (cluster_merge.cuh). "quant":
 # make_problem's cache arguments; "bad_row": a query value inf (its row comes
-# out 0, as combine makes of an all-NaN row).
+# out 0, as combine makes of an all-NaN row); "row_tile": the decode tile
+# forced (TILEINFER_DECODE_ROW_TILE: MQA's 32 rows on two 16-row tiles,
+# which the rule leaves to a single (sequence, KV head) pair).
 CLUSTER_CASES = {
     "28/4": (28, 4, 128, 16, torch.bfloat16, 1, {}),
     "fp16-d64": (32, 8, 64, 64, torch.float16, 1, {}),
@@ -361,7 +395,8 @@ CLUSTER_CASES = {
     "int8-bad-row": (32, 8, 128, 64, torch.bfloat16, 1, {"quant": {"int8": True}, "bad_row": True}),
     "fp8-per-tensor": (32, 8, 128, 16, torch.float16, 2,
                        {"quant": {"cache_dtype": torch.float8_e4m3fn, "scale_kind": "tensor"}}),
-    "mqa-two-row-tiles": (32, 1, 128, 16, torch.float16, 1, {}),
+    "mqa-two-row-tiles": (32, 1, 128, 16, torch.float16, 1, {"row_tile": "16"}),
+    "mqa": (32, 1, 128, 16, torch.bfloat16, 1, {}),
     "verify-64-row-tile": (16, 4, 128, 16, torch.bfloat16, 16, {}),
 }
 
@@ -396,6 +431,8 @@ def test_attention_cluster_merge(case, splits, monkeypatch, seed):
         variants["window_left"] = extra["window_left"]
     if extra.get("sinks"):
         variants["sinks"] = torch.randn(hq, device=DEV)
+    if "row_tile" in extra:
+        monkeypatch.setenv("TILEINFER_DECODE_ROW_TILE", extra["row_tile"])
     names, out = kernels_run(lambda: run_attention(p, True, **variants))
     if hopper():
         combined = any("combine" in name for name in names)

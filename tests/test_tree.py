@@ -131,7 +131,8 @@ def test_tree_head_dims(head_dim, dtype, device, seed):
     of those dims; d 256's large tile takes 32 keys a tile), group 4 (8
     query / 2 KV heads), pages of 64: a sequence with a tree of 16 drafts, a
     batch of trees of 1 to 16 tokens (64 packed rows: the large decode tile),
-    one of at most 8 tokens (32 rows: the 16-row tile, two row tiles) and one
+    one of at most 8 tokens (32 rows: on CUDA the 64-row tile, the step having
+    more than one (sequence, KV head) pair) and one
     of at most 4 (16 rows), some across a page boundary."""
     if device == "cuda":
         need_path("attention")

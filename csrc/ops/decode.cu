@@ -64,21 +64,30 @@ void launch_decode_tile(const char* op, const AttentionParams& p, const PagedSha
   }
 }
 
-// Packed rows (group x queries) up to which a launch whose tile follows them
-// (not a mixed step's or a batch-invariant plan's, which follow the group)
-// takes the 16-row tile: up to 32, a block per 16 rows, all four warps on key
-// slices, the blocks of a split reading its pages twice (the second time
-// through L2); past 32 the 64-row tile, one warp per 16 rows, which reads
-// them once. For MQA's 32 rows the 64-row tile leaves two of its four warps
-// idle: one sequence at 4k / 32k positions runs 3-5% faster on the 16-row
-// tile, but a 16-query verify of group 4 (64 rows) takes twice as long on
-// it (H100, docs/PERFORMANCE.md). TILEINFER_DECODE_ROW_TILE=16 or 64 (read at
-// each call: a captured graph keeps the tile of its capture) puts every such
-// launch of more than 16 rows on that tile instead, for a measurement.
-int64_t decode_small_tile_rows() {
+// Whether a decode launch of `rows` packed rows (group x queries) whose tile
+// follows them (not a mixed step's or a batch-invariant plan's, which follow
+// the group) takes the 16-row tile, a block per 16 rows with all four warps
+// on key slices; `blocks`: its blocks on that tile. Up to 16 rows, always.
+// Past 32, the 64-row tile (one warp per 16 rows), which reads the pages
+// once: a 16-query verify of group 4 (64 rows) takes twice as long on the
+// 16-row tile. Of 17-32 rows (MQA's 32 heads of a query, an 8-query verify
+// at group 4) the 16-row tile's second block per split reads the split's
+// pages again (through L2) and doubles the blocks that the split rule sized
+// for one wave of two per SM (decode_splits.h), so it takes them only where
+// those blocks still fit that wave, which leaves one (sequence, KV head)
+// pair: one MQA sequence at 4k / 32k positions runs 3-5% faster on it than
+// on the 64-row tile, which leaves two of four warps idle. 32 or 128 MQA
+// sequences or 8-query verifies at group 4 at 4k positions run 7-11% faster
+// on the 64-row tile (H100, docs/PERFORMANCE.md). A quantized cache keeps
+// the 16-row tile up to 32 rows (its wide tile where two blocks per SM
+// fit; at larger batches not timed). TILEINFER_DECODE_ROW_TILE=16 or 64
+// (read at each call: a captured graph keeps the tile of its capture) puts
+// every launch of more than 16 rows on that tile instead, for a measurement.
+bool decode_small_tile(int64_t rows, int64_t blocks, int64_t sms, bool quantized) {
+  if (rows <= 16) return true;
   constexpr const char* kName = "TILEINFER_DECODE_ROW_TILE";
-  if (std::getenv(kName) == nullptr) return 32;
-  return env_switch(kName, "64", "16", false) ? std::numeric_limits<int64_t>::max() : 16;
+  if (std::getenv(kName) != nullptr) return env_switch(kName, "64", "16", false);
+  return rows <= 32 && (quantized || blocks <= 2 * sms);
 }
 
 // Launches the decode kernel for p (partials or, with p.partial_out null, `out`
@@ -115,13 +124,15 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   // among their warps, so a row's bits follow the tile: a batch-invariant
   // plan takes it from the group size alone, as mixed steps do.
   const bool by_group = p.mixed_queries > 0 || plan.batch_invariant;
-  const bool small = by_group ? p.group_size <= 16 : p.group_size * max_q_len <= decode_small_tile_rows();
   // Blocks of a small-tile launch; do they fit two per SM? A mixed step's or
   // a batch-invariant plan's count one row tile (the others' blocks of a
   // single query find no rows); past 16 rows a launch has one per 16 rows.
-  const int64_t row_tiles = by_group ? 1 : (p.group_size * max_q_len + 15) / 16;
+  const int64_t rows = p.group_size * max_q_len;
+  const int64_t row_tiles = by_group ? 1 : (rows + 15) / 16;
   const int64_t blocks = static_cast<int64_t>(p.num_splits) * s.num_kv_heads * s.num_seqs * row_tiles;
-  const bool two_per_sm = !plan.batch_invariant && blocks <= 2 * sm_count(q.device());
+  const int64_t sms = sm_count(q.device());
+  const bool small = by_group ? p.group_size <= 16 : decode_small_tile(rows, blocks, sms, s.quantized);
+  const bool two_per_sm = !plan.batch_invariant && blocks <= 2 * sms;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), op, [&] {

@@ -20,7 +20,8 @@ namespace tileinfer {
 // never spill a fraction of a wave past those slots (on the H200, 132 SMs, 8
 // sequences at 32k positions with 5 splits launch 320 blocks for 264 slots, 1.2
 // waves, and take longer than with 4 splits, one wave). Row tiles are not
-// counted: a launch of 17-32 packed rows has two blocks a split (decode.cu).
+// counted: a launch of 17-32 packed rows takes the tile of two blocks a split
+// only where they fit those slots (decode.cu, decode_small_tile).
 // At most 32 splits: more speed up a single long sequence by a few percent
 // but slow short ones (1k-4k positions) by 10-15%, and combine's cost grows
 // with them. Fewer than 8
