@@ -175,7 +175,7 @@ def ours_attention(p: Problem, causal: bool = True, batch_invariant: bool = Fals
 
 
 def ours_attention_variant(p: Problem, window_left: int = -1, soft_cap: float = 0.0, sinks: bool = False,
-                           causal: bool = True, batch_invariant: bool = False):
+                           causal: bool = True):
     """The attention op with the per-layer variants: a sliding window, a logits
     soft-cap, learned sinks (one random logit per query head)."""
     out = torch.empty_like(p.q)
@@ -183,7 +183,7 @@ def ours_attention_variant(p: Problem, window_left: int = -1, soft_cap: float = 
 
     def fn(out, q, kc, vc, bt, sl, cu):
         torch.ops.tileinfer_attn.attention(out, q, kc, vc, bt, sl, cu, p.max_q_len, p.scale, causal, None, None, None,
-                                           window_left, soft_cap, sink, None, batch_invariant)
+                                           window_left, soft_cap, sink)
         return out
     return fn, (out, p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q)
 
