@@ -77,8 +77,8 @@ void launch_decode_tile(const char* op, const AttentionParams& p, const PagedSha
 // those blocks still fit that wave, which leaves one (sequence, KV head)
 // pair: one MQA sequence at 4k / 32k positions runs 3-5% faster on it than
 // on the 64-row tile, which leaves two of four warps idle. 32 or 128 MQA
-// sequences or 8-query verifies at group 4 at 4k positions run 7-11% faster
-// on the 64-row tile (H100, docs/PERFORMANCE.md). A quantized cache keeps
+// sequences or 8-query verifies at group 4 at 4k positions take 7-11% less
+// time on the 64-row tile (H100, docs/PERFORMANCE.md). A quantized cache keeps
 // the 16-row tile up to 32 rows (its wide tile where two blocks per SM
 // fit; at larger batches not timed). TILEINFER_DECODE_ROW_TILE=16 or 64
 // (read at each call: a captured graph keeps the tile of its capture) puts
