@@ -4,7 +4,7 @@ cache in the same run, and the accuracy each costs.
 
 Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, page 64).
 - Decode, one query per sequence, batch x context (1,1k) (1,4k) (1,8k) (1,16k)
-  (1,32k) (8,32k) (32,4k) (128,2k), and MQA (32/1 heads) at (1,4k) (1,32k),
+  (1,32k) (8,32k) (32,4k) (128,2k), and MQA (32/1 heads) at (1,4k) (1,32k) (32,4k),
   whose 32 packed rows take the 16-row decode tile (dev rows: each quantized
   cache on the 64-row tile): the `attention` op (decode + combine, as
   bench_decode.py times bf16) on the int8, fp8 per-tensor and fp8 per-vector
@@ -74,6 +74,7 @@ DECODE_CASES = [
     ("128x2k", 128, 2048, QWEN3),
     ("MQA 32/1 1x4k", 1, 4096, MQA),
     ("MQA 32/1 1x32k", 1, 32768, MQA),
+    ("MQA 32/1 32x4k", 32, 4096, MQA),
 ]
 PREFILL_CASES = [("1x2k", 2048), ("1x8k", 8192), ("1x16k", 16384)]
 # CPU smoke run (no CUDA device): the same code paths on tiny sizes.
