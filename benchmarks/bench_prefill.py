@@ -23,6 +23,7 @@ slow), FlashInfer's paged prefill if it imports.
 Writes benchmarks/results/prefill.json and prefill.png.
 
     python3 benchmarks/bench_prefill.py [--quick] [--only 8k] [--out-dir DIR]
+    python3 benchmarks/bench_prefill.py --only chunk --beside-sms 48,32,64   # mixed steps, three SM counts
 """
 from __future__ import annotations
 
@@ -130,7 +131,8 @@ MIXED = [
     ("1k chunk + 8 decodes, 32k", [(1024, 8192)], (8, 32768)),
     ("4 x 1k chunks + 32 decodes, 8k", [(1024, 8192)] * 4, (32, 8192)),
 ]
-# SMs for the decodes at first in the "beside" timing (TILEINFER_MIXED_DECODE_SMS).
+# SMs for the decodes at first in the "beside" timing (TILEINFER_MIXED_DECODE_SMS);
+# --beside-sms times other counts too (the row's beside_by_sms).
 BESIDE_SMS = 48
 MIXED_QUICK = {"2k chunk + 64 decodes, 4k", "512 chunk + 16 decodes, 2k", "1k chunk + 8 decodes, 32k"}
 
@@ -155,8 +157,8 @@ def run_mixed(label, chunks, decodes, args, errors):
             # The same op with the chunks beside the decodes (BESIDE_SMS SMs
             # for the decodes at first: prefill.cu, "Mixed steps beside their
             # decodes"; the default runs the parts one after the other).
-            impls += [("beside", ap.ours_attention, str(BESIDE_SMS)),
-                      ("prefill op, whole step", ap.ours_prefill, None)]
+            impls += [(f"beside {d}", ap.ours_attention, str(d)) for d in args.beside_sms]
+            impls += [("prefill op, whole step", ap.ours_prefill, None)]
         for impl, make, decode_sms in impls:
             with common.environment_variable("TILEINFER_MIXED_DECODE_SMS", decode_sms):
                 r = ap.timed(f"{label} {impl}", make, sets, True, errors, **kw)
@@ -165,8 +167,10 @@ def run_mixed(label, chunks, decodes, args, errors):
         del sets, one
         torch.cuda.empty_cache()
     t, a, b = times.get("mixed step"), times.get("chunks alone"), times.get("decodes alone")
+    beside = {d: times.get(f"beside {d}") for d in args.beside_sms}
     row = dict(case=label, mixed_us=t, chunks_us=a, decodes_us=b, whole_prefill_us=times.get("prefill op, whole step"),
-               beside_us=times.get("beside"), parts_sum_us=a + b if a and b else None)
+               beside_us=beside[args.beside_sms[0]], beside_sms=args.beside_sms[0], beside_by_sms=beside,
+               parts_sum_us=a + b if a and b else None)
     row["beside_over_mixed"] = row["beside_us"] / t if t and row["beside_us"] else None
     row["over_parts"] = t / row["parts_sum_us"] if t and row["parts_sum_us"] else None
     row["over_whole_prefill"] = t / row["whole_prefill_us"] if t and row["whole_prefill_us"] else None
@@ -306,7 +310,11 @@ def run_items(args, errors):
 
 
 def main():
-    args = common.parser(__doc__.splitlines()[0]).parse_args()
+    cli = common.parser(__doc__.splitlines()[0])
+    cli.add_argument("--beside-sms", type=lambda v: [int(x) for x in v.split(",")], default=[BESIDE_SMS],
+                     help=f"SMs for a mixed step's decodes in the beside timing, comma-separated; the first is "
+                          f"the reported one (default {BESIDE_SMS})")
+    args = cli.parse_args()
     env = common.print_header(NAME)
     ceil = common.measure_ceilings(quick=args.quick, skip=args.no_ceilings)
     status = {"prefill": common.has_cuda_kernel("prefill"), "flashinfer": ap.load_flashinfer()}
@@ -343,6 +351,11 @@ def main():
                                    ("prefill op us", "whole_prefill_us", ".1f"),
                                    ("t / prefill op", "over_whole_prefill", ".2f")],
                            title="\nmixed steps (attention op; parts run alone; the prefill op over the whole step)")
+        if len(args.beside_sms) > 1:
+            for r in mixed:
+                print(f"   beside, by decode SMs: {r['case']}: " + ", ".join(
+                    f"{d}: {us:.1f} us ({us / r['parts_sum_us']:.2f} of the parts)" if us and r["parts_sum_us"]
+                    else f"{d}: -" for d, us in r["beside_by_sms"].items()))
     variants = []
     if status["prefill"][0]:
         for label, *case in VARIANTS:

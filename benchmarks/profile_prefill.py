@@ -20,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import attention_peers as ap  # noqa: E402
 import bench_int8  # noqa: E402
+import common  # noqa: E402
 
 CACHES = {"bf16": None, "int8": "int8", "fp8-tensor": "fp8_tensor", "fp8-vector": "fp8_vector"}
 
@@ -32,7 +33,8 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("profile_prefill.py: needs a CUDA device")
-    import tileinfer_attn  # noqa: F401  (registers the ops)
+    if common.load_tileinfer()[0] is None:
+        sys.exit(f"profile_prefill.py: {common.load_tileinfer()[1]}")
     p = bench_int8.make_pair([args.length], [args.length], cap=1)[0]
     for name in args.caches.split(","):
         attr = CACHES[name]
