@@ -124,8 +124,7 @@ void launch_attention(const char* op, AttentionParams p, cudaStream_t stream) {
   // splits of each (sequence, KV head, row tile).
   const unsigned cluster = p.cluster_splits > 1 ? static_cast<unsigned>(p.cluster_splits) : 1u;
   TILEINFER_CHECK(cluster == 1 || grid.x == cluster, op, ": a cluster holds every split of its rows");
-  C10_CUDA_CHECK(
-      launch_kernel_ex(LaunchOptions{0, cluster}, kKernel, grid, dim3(Cfg::kThreads), smem, stream, p.programmatic, p));
+  C10_CUDA_CHECK(launch_kernel_ex(0, cluster, kKernel, grid, dim3(Cfg::kThreads), smem, stream, p.programmatic, p));
 }
 
 template <class Cfg, class Work>

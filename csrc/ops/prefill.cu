@@ -157,16 +157,9 @@ bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, c
 // block (every register, 161-193 KB of shared memory), so no decode block
 // fits beside one; instead the step leaves D of the SMs to the decodes at the
 // start:
-//   this stream:  prefill, grid - D blocks
-//   side stream:  once every block of that launch has started (its launch
-//                 completion event; in a captured graph an edge from the
-//                 node's launch-order port), decode (+ combine), then
-//                 prefill again, D blocks
-// The decodes' wait is what places the prefill first: without it a graph
-// replay starts both branches at once, and decode blocks that take the SMs
-// first hold the prefill back (PyTorch's graphs ignore node priorities;
-// docs/PERFORMANCE.md, "Mixed steps"). The priority stays for eager
-// launches, where the event is, as CUDA documents it, a best effort.
+//   this stream:  prefill, grid - D blocks, at a higher priority (placed first;
+//                 eager launches only: PyTorch's graphs ignore node priorities)
+//   side stream:  decode (+ combine), then prefill again, D blocks
 // Both prefill launches take their items from one counter at run time
 // (prefill_scheduler.cuh), so the second launch, on the SMs the decodes give
 // back, takes whatever is left; the decodes, bandwidth-bound, read with D SMs
@@ -192,28 +185,9 @@ int decode_sms(int sms) {
   return 0;
 }
 
-// An event without timing (as CUDA graph capture takes them, and as a
-// launch completion event must be), destroyed with this object: CUDA
-// releases it once the work recorded on it has run. status(): whether it
-// was made.
-class Event {
- public:
-  Event() : status_(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)) {}
-  ~Event() {
-    if (status_ == cudaSuccess) (void)cudaEventDestroy(e_);
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return e_; }
-  cudaError_t status() const { return status_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
-  cudaError_t status_;
-};
-
 // `side` waits for `main`'s work so far; join() makes `main` wait for
-// `side`'s (a fork and a join of the captured streams).
+// `side`'s. Events without timing, as CUDA graph capture takes them (a fork
+// and a join of the captured streams).
 class StreamFork {
  public:
   StreamFork(cudaStream_t main, cudaStream_t side) : main_(main), side_(side) {
@@ -230,10 +204,13 @@ class StreamFork {
 
  private:
   static cudaError_t signal(cudaStream_t from, cudaStream_t to) {
-    const Event e;
-    if (e.status() != cudaSuccess) return e.status();
-    const cudaError_t err = cudaEventRecord(e.get(), from);
-    return err != cudaSuccess ? err : cudaStreamWaitEvent(to, e.get(), 0);
+    cudaEvent_t e;
+    cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (err != cudaSuccess) return err;
+    err = cudaEventRecord(e, from);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(to, e, 0);
+    const cudaError_t destroyed = cudaEventDestroy(e);  // released once recorded
+    return err != cudaSuccess ? err : destroyed;
   }
   cudaStream_t main_, side_;
   bool joined_ = false;
@@ -244,15 +221,14 @@ class StreamFork {
 // offset where the kernel's P has the range for it (softmax.cuh,
 // fixed_offset). Each instantiation opts in to its shared memory once.
 template <class Cfg, bool kHandOut, bool kFixedOffset = false>
-cudaError_t launch_prefill_kernel(const LaunchOptions& o, dim3 grid, cudaStream_t stream,
-                                  const sm90::PrefillParams& p) {
+cudaError_t launch_prefill_kernel(int priority, dim3 grid, cudaStream_t stream, const sm90::PrefillParams& p) {
   if constexpr (Cfg::kFixedOffsetFits && !kFixedOffset) {
-    if (fixed_offset_fits(p.a.soft_cap)) return launch_prefill_kernel<Cfg, kHandOut, true>(o, grid, stream, p);
+    if (fixed_offset_fits(p.a.soft_cap)) return launch_prefill_kernel<Cfg, kHandOut, true>(priority, grid, stream, p);
   }
   constexpr auto kernel = sm90::prefill_kernel<Cfg, kHandOut, kFixedOffset>;
   static SmemOptIn opt_in;
   opt_in.ensure(kernel, Cfg::kSmemBytes);
-  return launch_kernel_ex(o, kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.a.programmatic, p);
+  return launch_kernel_at(priority, kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.a.programmatic, p);
 }
 
 // Tensor maps and a persistent grid (at most one block per SM) for the
@@ -329,22 +305,18 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
       StreamFork fork(stream, side.stream());
       int least = 0, greatest = 0;
       C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      const Event started;
-      C10_CUDA_CHECK(started.status());
-      C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(LaunchOptions{greatest, 1, started.get()},
-                                                       dim3(plan.grid - beside), stream, p)));
-      C10_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), started.get(), 0));
+      C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(greatest, dim3(plan.grid - beside), stream, p)));
       {
         const c10::cuda::CUDAStreamGuard on_side(side);
         (*decodes)();
-        C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(LaunchOptions{}, dim3(beside), side.stream(), p)));
+        C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(0, dim3(beside), side.stream(), p)));
       }
       fork.join();
       return;
     }
   }
   if (decodes != nullptr) (*decodes)();
-  C10_CUDA_CHECK((launch_prefill_kernel<Cfg, false>(LaunchOptions{}, grid, stream, p)));
+  C10_CUDA_CHECK((launch_prefill_kernel<Cfg, false>(0, grid, stream, p)));
 }
 
 // The warp-specialized kernel over a quantized cache: int8 (per-vector

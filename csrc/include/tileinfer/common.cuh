@@ -151,62 +151,50 @@ __device__ __forceinline__ void timeline_stamp(int i) {
   } while (0)
 #endif
 
-// What a launch asks beside its grid (launch_kernel_ex): a scheduling
-// priority other than the stream's when `priority` is not 0 (lower numbers
-// first: the block scheduler places a pending block of a higher-priority grid
-// first wherever one fits), thread-block clusters of `cluster_x` blocks along
-// x when that is above 1 (sm_90; grid.x a multiple of it), and an event
-// `started` that fires once every block of the grid has begun (a launch
-// completion event: other streams wait on it to start after the grid has
-// taken its SMs, not after it ends).
-struct LaunchOptions {
-  int priority = 0;
-  unsigned cluster_x = 1;
-  cudaEvent_t started = nullptr;
-};
-
 // Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic
 // dependent launch when `programmatic` (see above; the caller checks sm_90),
-// with the options above. Works in captured CUDA graphs: the dependency
-// becomes a programmatic edge, `started` an edge from the node's
-// launch-order port, the priority the node's, which a graph applies only
+// at a scheduling priority other than the stream's when `priority` is not 0
+// (lower numbers first: the block scheduler places a pending block of a
+// higher-priority grid first wherever one fits), and in thread-block
+// clusters of `cluster_x` blocks along x when that is above 1 (sm_90; grid.x
+// a multiple of it). Works in captured CUDA graphs: the dependency becomes a
+// programmatic edge, the priority the node's, which a graph applies only
 // when instantiated to (PyTorch's graphs are not).
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel_ex(const LaunchOptions& o, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                             cudaStream_t stream, bool programmatic, Args&&... args) {
+cudaError_t launch_kernel_ex(int priority, unsigned cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block,
+                             size_t smem, cudaStream_t stream, bool programmatic, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attrs[4]{};
+  cudaLaunchAttribute attrs[3]{};
   config.attrs = attrs;
   if (programmatic) {
     attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (o.priority != 0) {
+  if (priority != 0) {
     attrs[config.numAttrs].id = cudaLaunchAttributePriority;
-    attrs[config.numAttrs++].val.priority = o.priority;
+    attrs[config.numAttrs++].val.priority = priority;
   }
-  if (o.cluster_x > 1) {
+  if (cluster_x > 1) {
     attrs[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    attrs[config.numAttrs].val.clusterDim.x = o.cluster_x;
+    attrs[config.numAttrs].val.clusterDim.x = cluster_x;
     attrs[config.numAttrs].val.clusterDim.y = 1;
     attrs[config.numAttrs++].val.clusterDim.z = 1;
-  }
-  if (o.started != nullptr) {
-    attrs[config.numAttrs].id = cudaLaunchAttributeLaunchCompletionEvent;
-    attrs[config.numAttrs].val.launchCompletionEvent.event = o.started;
-    attrs[config.numAttrs++].val.launchCompletionEvent.flags = 0;
   }
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 template <typename... Params, typename... Args>
+cudaError_t launch_kernel_at(int priority, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, bool programmatic, Args&&... args) {
+  return launch_kernel_ex(priority, 1, kernel, grid, block, smem, stream, programmatic, std::forward<Args>(args)...);
+}
+template <typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                           bool programmatic, Args&&... args) {
-  return launch_kernel_ex(LaunchOptions{}, kernel, grid, block, smem, stream, programmatic,
-                          std::forward<Args>(args)...);
+  return launch_kernel_ex(0, 1, kernel, grid, block, smem, stream, programmatic, std::forward<Args>(args)...);
 }
 
 // 16-byte vector of elements: the unit of every global load/store in the kernels.
