@@ -5,8 +5,9 @@ cache in the same run, and the accuracy each costs.
 Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, page 64).
 - Decode, one query per sequence, batch x context (1,1k) (1,4k) (1,8k) (1,16k)
   (1,32k) (8,32k) (32,4k) (128,2k), and MQA (32/1 heads) at (1,4k) (1,32k) (32,4k),
-  whose 32 packed rows take the 16-row decode tile (dev rows: each quantized
-  cache on the 64-row tile): the `attention` op (decode + combine, as
+  whose 32 packed rows take the 16-row decode tile for one sequence and the
+  64-row tile for more (dev rows: each quantized cache on the 64-row tile):
+  the `attention` op (decode + combine, as
   bench_decode.py times bf16) on the int8, fp8 per-tensor and fp8 per-vector
   caches and on the bf16 cache holding the same data, all as CUDA-graph
   replays. Reported: us, speedup (t_bf16 / t of the cache; a quantized cache
@@ -182,7 +183,7 @@ def run_decode(label, batch, ctx, heads, args, ceil, errors):
         for splits in INT8_SPLITS:
             impls.append((f"int8 decode+combine, {splits} splits",
                           lambda p, s=splits: ap.ours_decode_combine(p, s, int8=p.int8), True, "dev"))
-    if 16 < heads["hq"] // heads["hkv"] <= 32:  # launches on the 16-row tile: each cache on the 64-row one too
+    if 16 < heads["hq"] // heads["hkv"] <= 32:  # launches of 17-32 rows: each cache on the 64-row tile too
         for name, (attr, _) in QUANT.items():
             impls.append((f"{name.split(' (')[0]} on the 64-row tile",
                           lambda p, a=attr: ap.on_decode_row_tile(64, ours_quant(p, "attention", a)), True, "dev"))

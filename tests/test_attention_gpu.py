@@ -307,8 +307,8 @@ def test_attention_few_pairs(case, seed):
 # (sequence lengths, query counts, query heads, KV heads, head dim, page,
 # dtype, extra): steps of more than 16 packed rows (group x queries): 17-32
 # rows take the 16-row tile (a block per 16 rows) where its blocks fit two
-# per SM (or the cache is quantized), else the 64-row tile; 64 rows the
-# 64-row tile.
+# per SM, else the 64-row tile (so do "mqa" and "mqa-int8", of more than one
+# sequence); 64 rows the 64-row tile.
 ROW_TILE_CASES = {
     "mqa": ([1000, 37, 64], [1, 1, 1], 32, 1, 128, 16, torch.bfloat16, {}),
     "mqa-int8": ([900, 5], [1, 1], 32, 1, 128, 64, torch.bfloat16, {"int8": True}),

@@ -75,19 +75,19 @@ void launch_decode_tile(const char* op, const AttentionParams& p, const PagedSha
 // pages again (through L2) and doubles the blocks that the split rule sized
 // for one wave of two per SM (decode_splits.h), so it takes them only where
 // those blocks still fit that wave, which leaves one (sequence, KV head)
-// pair: one MQA sequence at 4k / 32k positions runs 3-5% faster on it than
-// on the 64-row tile, which leaves two of four warps idle. 32 or 128 MQA
-// sequences or 8-query verifies at group 4 at 4k positions take 7-11% less
-// time on the 64-row tile (H100, docs/PERFORMANCE.md). A quantized cache keeps
-// the 16-row tile up to 32 rows (its wide tile where two blocks per SM
-// fit; at larger batches not timed). TILEINFER_DECODE_ROW_TILE=16 or 64
-// (read at each call: a captured graph keeps the tile of its capture) puts
-// every launch of more than 16 rows on that tile instead, for a measurement.
-bool decode_small_tile(int64_t rows, int64_t blocks, int64_t sms, bool quantized) {
+// pair: one MQA sequence at 4k / 32k positions takes 9-10% less time on it
+// than on the 64-row tile, which leaves two of four warps idle (a quantized
+// cache: 28-39% less). 4 or 32 MQA sequences and 8-query verifies at group
+// 4, of one sequence or more, take 20-28% less time on the 64-row tile (a
+// quantized cache 3-7% at 32 MQA sequences; one H200, docs/PERFORMANCE.md).
+// TILEINFER_DECODE_ROW_TILE=16 or 64 (read at each call: a captured graph
+// keeps the tile of its capture) puts every launch of more than 16 rows on
+// that tile instead, for a measurement.
+bool decode_small_tile(int64_t rows, int64_t blocks, int64_t sms) {
   if (rows <= 16) return true;
   constexpr const char* kName = "TILEINFER_DECODE_ROW_TILE";
   if (std::getenv(kName) != nullptr) return env_switch(kName, "64", "16", false);
-  return rows <= 32 && (quantized || blocks <= 2 * sms);
+  return rows <= 32 && blocks <= 2 * sms;
 }
 
 // Launches the decode kernel for p (partials or, with p.partial_out null, `out`
@@ -131,7 +131,7 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   const int64_t row_tiles = by_group ? 1 : (rows + 15) / 16;
   const int64_t blocks = static_cast<int64_t>(p.num_splits) * s.num_kv_heads * s.num_seqs * row_tiles;
   const int64_t sms = sm_count(q.device());
-  const bool small = by_group ? p.group_size <= 16 : decode_small_tile(rows, blocks, sms, s.quantized);
+  const bool small = by_group ? p.group_size <= 16 : decode_small_tile(rows, blocks, sms);
   const bool two_per_sm = !plan.batch_invariant && blocks <= 2 * sms;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
