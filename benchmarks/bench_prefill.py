@@ -131,9 +131,10 @@ MIXED = [
     ("1k chunk + 8 decodes, 32k", [(1024, 8192)], (8, 32768)),
     ("4 x 1k chunks + 32 decodes, 8k", [(1024, 8192)] * 4, (32, 8192)),
 ]
-# SMs for the decodes at first in the "beside" timing (TILEINFER_MIXED_DECODE_SMS);
+# SMs for the decodes at first in the "beside" timing (TILEINFER_MIXED_DECODE_SMS;
+# 64 of an H200's 132 gave the 2k-chunk step its lowest time, docs/PERFORMANCE.md);
 # --beside-sms times other counts too (the row's beside_by_sms).
-BESIDE_SMS = 48
+BESIDE_SMS = 64
 MIXED_QUICK = {"2k chunk + 64 decodes, 4k", "512 chunk + 16 decodes, 2k", "1k chunk + 8 decodes, 32k"}
 
 

@@ -104,9 +104,11 @@ def render_prefill(data: dict) -> list:
            + _vs_peers(rows, "tflops", "TFLOP/s", "pct_gemm", "% of GEMM"))
     mixed = data.get("mixed") or []
     if mixed:
+        beside_sms = mixed[0].get("beside_sms", 48)  # (files written before the row said so: 48)
         out += ["", "Mixed steps (prompt chunks and single-query decodes in one step, Qwen3-4B heads) through "
                 "the `attention` op, against the chunks and the decodes run alone, the same op with the chunks "
-                "beside the decodes (`TILEINFER_MIXED_DECODE_SMS=48`) and the prefill op over the whole step:", ""]
+                f"beside the decodes (`TILEINFER_MIXED_DECODE_SMS={beside_sms}`) and the prefill op over the whole "
+                "step:", ""]
         out += table(["step", "mixed us", "chunks alone us", "decodes alone us", "t / (chunks + decodes)",
                       "beside us", "t_beside / t", "prefill op us", "t / prefill op"],
                      [[r["case"], f(r.get("mixed_us"), ".1f"), f(r.get("chunks_us"), ".1f"),
