@@ -6,8 +6,8 @@ the same inputs (where is the crossover?).
 Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, bf16,
 page 64); batch x context (1,1k) (1,4k) (1,32k) (8,32k) (32,4k) (128,2k); a
 Llama-3-8B-like batch (same head counts, 16 x 8k); head dims 64 and 256; groups
-of 7 and 5 (28/4, 40/8), MQA (32/1; 1, 4 and 32 sequences) and one KV head of group 8 (a tensor-parallel
-shard); full runs add groups of 1, 8 and 16.
+of 7 and 5 (28/4, 40/8), MQA (32/1; 1, 4 and 32 sequences) and one KV head of
+group 8 (a tensor-parallel shard); full runs add groups of 1, 8 and 16.
 Decode must read k and v of every position once: GB/s of those bytes against
 the copy bandwidth measured in this run. Small launches are timed as CUDA-graph
 replays (how serving engines run decode), each of ours and of the peers that
@@ -74,7 +74,8 @@ CASES = [
 ]
 QUICK = {"1x1k", "1x32k", "8x32k", "32x4k", "128x2k", "d64 32x4k", "d256 32x4k", "d80 32x4k", "d96 32x4k",
          "d96 1x32k", "28/4 32x4k", "28/4 1x32k",
-         "40/8 32x4k", "40/8 1x32k", "MQA 32/1 1x4k", "MQA 32/1 1x32k", "MQA 32/1 4x4k", "MQA 32/1 32x4k", "TP shard 8/1 1x4k"}
+         "40/8 32x4k", "40/8 1x32k", "MQA 32/1 1x4k", "MQA 32/1 1x32k", "MQA 32/1 4x4k", "MQA 32/1 32x4k",
+         "TP shard 8/1 1x4k"}
 EAGER_MAX_POSITIONS = 4096  # batch x context; the eager reference loops in Python
 
 VERIFY_N = [2, 4, 8, 16]

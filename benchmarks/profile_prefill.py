@@ -1,8 +1,9 @@
 """Runs our prefill op on one causal prompt over each cache kind (bf16, int8,
-fp8 per tensor, fp8 per vector), a few calls each, for a profiler to watch:
+fp8 per tensor, fp8 per vector), a few calls each, for a profiler to watch
+(with --calls 0, one call each: -c 4 then takes one kernel per cache):
 
     ncu --clock-control none -k regex:prefill_kernel -c 4 --section SpeedOfLight \\
-        python3 benchmarks/profile_prefill.py --length 8192 --calls 1
+        python3 benchmarks/profile_prefill.py --length 8192 --calls 0
 
 Shapes as bench_int8.py's prefill (Qwen3-4B: 32 query heads, 8 KV heads, head
 dim 128, page 64). Prints each cache's time per call (CUDA events, after a
@@ -28,7 +29,7 @@ CACHES = {"bf16": None, "int8": "int8", "fp8-tensor": "fp8_tensor", "fp8-vector"
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=8192, help="prompt length (tokens)")
-    parser.add_argument("--calls", type=int, default=3, help="timed calls per cache, after one warm-up call")
+    parser.add_argument("--calls", type=int, default=3, help="timed calls per cache, after one warm-up call (0: none)")
     parser.add_argument("--caches", default=",".join(CACHES), help=f"comma-separated, of {', '.join(CACHES)}")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -40,13 +41,15 @@ def main():
         attr = CACHES[name]
         fn, fn_args = ap.ours_prefill(p) if attr is None else bench_int8.ours_quant(p, "prefill", attr)
         fn(*fn_args)  # warm-up (and the first call's one-time work)
+        if args.calls <= 0:
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(args.calls):
             fn(*fn_args)
         end.record()
         torch.cuda.synchronize()
-        us = start.elapsed_time(end) * 1e3 / max(args.calls, 1)
+        us = start.elapsed_time(end) * 1e3 / args.calls
         print(f"{name}: {us:.1f} us a call ({args.calls} calls, 1 x {args.length})", flush=True)
 
 
