@@ -67,7 +67,8 @@ void launch_decode_tile(const char* op, const AttentionParams& p, const PagedSha
 // Whether a decode launch of `rows` packed rows (group x queries) whose tile
 // follows them (not a mixed step's or a batch-invariant plan's, which follow
 // the group) takes the 16-row tile, a block per 16 rows with all four warps
-// on key slices; `blocks`: its blocks on that tile. Up to 16 rows, always.
+// on key slices; `fits`: whether its blocks on that tile fit two per SM. Up
+// to 16 rows, always.
 // Past 32, the 64-row tile (one warp per 16 rows), which reads the pages
 // once: a 16-query verify of group 4 (64 rows) takes twice as long on the
 // 16-row tile. Of 17-32 rows (MQA's 32 heads of a query, an 8-query verify
@@ -83,11 +84,11 @@ void launch_decode_tile(const char* op, const AttentionParams& p, const PagedSha
 // TILEINFER_DECODE_ROW_TILE=16 or 64 (read at each call: a captured graph
 // keeps the tile of its capture) puts every launch of more than 16 rows on
 // that tile instead, for a measurement.
-bool decode_small_tile(int64_t rows, int64_t blocks, int64_t sms) {
+bool decode_small_tile(int64_t rows, bool fits) {
   if (rows <= 16) return true;
   constexpr const char* kName = "TILEINFER_DECODE_ROW_TILE";
   if (std::getenv(kName) != nullptr) return env_switch(kName, "64", "16", false);
-  return rows <= 32 && blocks <= 2 * sms;
+  return rows <= 32 && fits;
 }
 
 // Launches the decode kernel for p (partials or, with p.partial_out null, `out`
@@ -130,9 +131,9 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   const int64_t rows = p.group_size * max_q_len;
   const int64_t row_tiles = by_group ? 1 : (rows + 15) / 16;
   const int64_t blocks = static_cast<int64_t>(p.num_splits) * s.num_kv_heads * s.num_seqs * row_tiles;
-  const int64_t sms = sm_count(q.device());
-  const bool small = by_group ? p.group_size <= 16 : decode_small_tile(rows, blocks, sms);
-  const bool two_per_sm = !plan.batch_invariant && blocks <= 2 * sms;
+  const bool fits = blocks <= 2 * sm_count(q.device());
+  const bool small = by_group ? p.group_size <= 16 : decode_small_tile(rows, fits);
+  const bool two_per_sm = !plan.batch_invariant && fits;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), op, [&] {

@@ -103,10 +103,10 @@ int prefill_item_group(int group, int block_m) {
 // keeps two consumers: its items see a few key tiles, each masked, and the
 // three-consumer kernel spills in the masked-tile branch (gpt-oss's 128-key
 // window: 1.04-1.09x the two-consumer time at 1 x 8k, 1.08-1.2x at 1 x 2k;
-// the crossover sits near 1024 keys). A
-// batch-invariant step keeps two consumers, so that its item rows do not
-// follow the batch. TILEINFER_PREFILL_CONSUMERS=2 or 3 puts every other d 64
-// step on that kernel instead, for a measurement (read at each call, as
+// the crossover sits near 1024 keys). A batch-invariant step keeps two
+// consumers, so that its item rows do not follow the batch.
+// TILEINFER_PREFILL_CONSUMERS=2 or 3 puts every other d 64 step on that
+// kernel instead, for a measurement (read at each call, as
 // TILEINFER_PREFILL_PER_HEAD).
 constexpr int kThreeConsumerMinWindow = 1024;
 
