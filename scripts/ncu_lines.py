@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Nsight Compute's warp stall samples per source line, without Nsight Compute here.
+
+`ncu --page source --csv --print-source sass` gives each SASS instruction of a
+profiled kernel its stall samples (by reason) and execution count, but no
+source lines. This joins them, by offset in the function, with `nvdisasm -g`
+of a cubin built here from the same sources and flags (checking that every
+opcode matches), and sums the samples per source line:
+
+    # on the GPU machine (the extension built from these sources):
+    ncu --clock-control none -k regex:prefill_kernel -s 1 -c 1 --section WarpStateStats \\
+        --section SourceCounters -o /tmp/rep python3 benchmarks/profile_prefill.py --calls 0
+    ncu -i /tmp/rep.ncu-rep --page source --csv --print-source sass | gzip > $OUT/rep.csv.gz
+    # here:
+    scripts/compile_check.sh --cubin /tmp/prefill.cubin csrc/ops/prefill.cu
+    python3 scripts/ncu_lines.py rep.csv.gz --cubin /tmp/prefill.cubin [--kernel "signed char"] \\
+        [--top 30] [--lines prefill_consumer.cuh:199,softmax.cuh:54]
+
+`--kernel` picks, by a substring of its name, one of the kernels in the CSV
+(default: the first); `--lines` lists the instructions of those lines (offset,
+times executed, samples, SASS). Samples are over all of the kernel's warps:
+a line's share of them is its share of warp time, whichever role runs it.
+Needs nvdisasm (scripts/sass_check.py says where it looks).
+"""
+import argparse
+import collections
+import csv
+import gzip
+import io
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sass_check  # noqa: E402  (find_nvdisasm, demangle)
+
+
+def normalize(name):
+    """A kernel signature as both tools can spell it: no namespaces, casts or spaces."""
+    name = re.sub(r"\(bool\)0\b", "false", re.sub(r"\(bool\)1\b", "true", name))
+    name = re.sub(r"\((int|unsigned int|long)\)", "", name)
+    name = re.sub(r"\b\w+::", "", name)
+    return re.sub(r"\s+", "", name)
+
+
+def read_csv(path):
+    """[(kernel name, [row dicts])] of an `ncu --page source --csv` file (plain or gzip)."""
+    raw = gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+    kernels, header = [], None
+    for row in csv.reader(io.StringIO(raw.read())):
+        if not row:
+            continue
+        if row[0] == "Kernel Name":
+            kernels.append((row[1], []))
+            header = None
+        elif row[0] == "Address":
+            header = row
+        elif header and kernels and len(row) == len(header):
+            kernels[-1][1].append(dict(zip(header, row)))
+    return kernels
+
+
+def parse_sass(sass):
+    """{mangled kernel name: {offset: (file:line, SASS text)}} of `nvdisasm -c -g` output."""
+    funcs = {}
+    for body in re.split(r"\n\s*\.text\.", sass)[1:]:
+        mangled = body.split(":", 1)[0].strip()
+        line, ins = None, {}
+        for text in body.splitlines():
+            m = re.search(r'//## File "([^"]+)", line (\d+)', text)
+            if m:
+                line = f"{os.path.basename(m.group(1))}:{m.group(2)}"
+                continue
+            m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", text)
+            if m:
+                ins[int(m.group(1), 16)] = (line, m.group(2).strip())
+        funcs[mangled] = ins
+    return funcs
+
+
+def read_cubin(cubin):
+    """parse_sass of a cubin, keyed by normalized (demangled) kernel names."""
+    sass = subprocess.run([sass_check.find_nvdisasm(), "-c", "-g", cubin], capture_output=True, text=True,
+                          check=True).stdout
+    funcs = parse_sass(sass)
+    names = sass_check.demangle(list(funcs))
+    return {normalize(names[k]): v for k, v in funcs.items()}
+
+
+def opcode(text):
+    """The opcode of a SASS instruction, without its predicate and modifiers."""
+    text = re.sub(r"^@!?U?P\w+\s+", "", text.strip())
+    return text.split(" ")[0].split(".")[0]
+
+
+SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def join(rows, ins):
+    """Samples per source line ({line: Counter of stall reasons and SAMPLES}),
+    their total, and how many instructions' opcodes differ from the cubin's."""
+    base = int(rows[0]["Address"], 16)
+    reasons = [h for h in rows[0] if h.startswith("stall_") and "Not Issued" not in h]
+    per_line = collections.defaultdict(collections.Counter)
+    total = collections.Counter()
+    mismatched = 0
+    for r in rows:
+        line, text = ins.get(int(r["Address"], 16) - base, (None, ""))
+        mismatched += opcode(r["Source"]) != opcode(text)
+        for key in reasons + [SAMPLES]:
+            v = int(r[key] or 0)
+            per_line[line][key] += v
+            total[key] += v
+    return per_line, total, mismatched
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", help="ncu --page source --csv --print-source sass output (.csv or .csv.gz)")
+    ap.add_argument("--cubin", required=True, help="the same sources compiled here (compile_check.sh --cubin)")
+    ap.add_argument("--kernel", default="", help="a substring of the kernel's name in the CSV (default: the first)")
+    ap.add_argument("--top", type=int, default=30, help="source lines to print, most samples first")
+    ap.add_argument("--lines", default="", help="comma-separated file:line whose instructions to list")
+    args = ap.parse_args()
+
+    kernels = [k for k in read_csv(args.csv) if args.kernel in k[0]]
+    if not kernels:
+        sys.exit(f"ncu_lines: no kernel matching {args.kernel!r} in {args.csv}")
+    name, rows = kernels[0]
+    funcs = read_cubin(args.cubin)
+    ins = funcs.get(normalize(name))
+    if ins is None:
+        sys.exit(f"ncu_lines: {name[:120]} is not in {args.cubin} (other sources or flags?)")
+    per_line, total, mismatched = join(rows, ins)
+    reasons = [k for k in total if k != SAMPLES]
+    if mismatched > len(rows) // 100:
+        sys.exit(f"ncu_lines: {mismatched} of {len(rows)} opcodes differ: the cubin is not the profiled build")
+    samples = total[SAMPLES]
+    print(f"{name[:160]}\n{len(rows)} instructions ({mismatched} opcodes differ), {samples} samples")
+    print("reasons: " + ", ".join(f"{k[6:]} {100 * v / samples:.1f}%" for k, v in total.most_common()
+                                   if k in reasons and v >= samples / 100))
+    ranked = sorted(per_line.items(), key=lambda kv: -kv[1][SAMPLES])
+    for line, c in ranked[:args.top]:
+        share = 100 * c[SAMPLES] / samples
+        top = ", ".join(f"{k[6:]} {v}" for k, v in c.most_common() if k in reasons and v > 0)
+        print(f"{share:5.1f}%  {line}: {top[:120]}")
+    base = int(rows[0]["Address"], 16)
+    for want in filter(None, args.lines.split(",")):
+        print(f"== {want}  (offset, executed, samples, SASS)")
+        for r in rows:
+            off = int(r["Address"], 16) - base
+            line, text = ins.get(off, (None, ""))
+            if line == want:
+                print(f"  {off:6x} {int(r['Instructions Executed'] or 0):9d} "
+                      f"{int(r[SAMPLES] or 0):6d}  {text[:90]}")
+
+
+if __name__ == "__main__":
+    main()
