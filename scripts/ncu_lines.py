@@ -61,29 +61,12 @@ def read_csv(path):
     return kernels
 
 
-def parse_sass(sass):
-    """{mangled kernel name: {offset: (file:line, SASS text)}} of `nvdisasm -c -g` output."""
-    funcs = {}
-    for body in re.split(r"\n\s*\.text\.", sass)[1:]:
-        mangled = body.split(":", 1)[0].strip()
-        line, ins = None, {}
-        for text in body.splitlines():
-            m = re.search(r'//## File "([^"]+)", line (\d+)', text)
-            if m:
-                line = f"{os.path.basename(m.group(1))}:{m.group(2)}"
-                continue
-            m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", text)
-            if m:
-                ins[int(m.group(1), 16)] = (line, m.group(2).strip())
-        funcs[mangled] = ins
-    return funcs
-
-
 def read_cubin(cubin):
-    """parse_sass of a cubin, keyed by normalized (demangled) kernel names."""
+    """sass_check.parse of a cubin's `nvdisasm -c -g` ({kernel: [(SASS text, file:line)]}, one
+    instruction per 16 bytes), keyed by normalized (demangled) kernel names."""
     sass = subprocess.run([sass_check.find_nvdisasm(), "-c", "-g", cubin], capture_output=True, text=True,
                           check=True).stdout
-    funcs = parse_sass(sass)
+    funcs, _ = sass_check.parse(sass)
     names = sass_check.demangle(list(funcs))
     return {normalize(names[k]): v for k, v in funcs.items()}
 
@@ -97,16 +80,23 @@ def opcode(text):
 SAMPLES = "Warp Stall Sampling (All Samples)"
 
 
+def at(ins, offset):
+    """(SASS text, file:line) of the instruction at `offset` bytes into its function."""
+    k = offset // 16
+    return ins[k] if offset % 16 == 0 and 0 <= k < len(ins) else ("", None)
+
+
 def join(rows, ins):
     """Samples per source line ({line: Counter of stall reasons and SAMPLES}),
-    their total, and how many instructions' opcodes differ from the cubin's."""
+    their total, and how many instructions' opcodes differ from the cubin's
+    (`ins`: one function of read_cubin)."""
     base = int(rows[0]["Address"], 16)
     reasons = [h for h in rows[0] if h.startswith("stall_") and "Not Issued" not in h]
     per_line = collections.defaultdict(collections.Counter)
     total = collections.Counter()
     mismatched = 0
     for r in rows:
-        line, text = ins.get(int(r["Address"], 16) - base, (None, ""))
+        text, line = at(ins, int(r["Address"], 16) - base)
         mismatched += opcode(r["Source"]) != opcode(text)
         for key in reasons + [SAMPLES]:
             v = int(r[key] or 0)
@@ -150,7 +140,7 @@ def main():
         print(f"== {want}  (offset, executed, samples, SASS)")
         for r in rows:
             off = int(r["Address"], 16) - base
-            line, text = ins.get(off, (None, ""))
+            text, line = at(ins, off)
             if line == want:
                 print(f"  {off:6x} {int(r['Instructions Executed'] or 0):9d} "
                       f"{int(r[SAMPLES] or 0):6d}  {text[:90]}")

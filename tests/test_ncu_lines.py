@@ -29,8 +29,7 @@ CSV = f'''"Kernel Name","void ns::kern<ns::Tile<__half, (int)128, signed char, (
 "0x7f0000001000","      EXIT","3","1","3","0","3"
 '''
 
-SASS = """
-.text._Z4kern:
+SASS = """.text._Z4kern:
         //## File "/x/prefill_kernel.cuh", line 10
         /*0000*/                   MOV R1, c[0x0][0x28] ;
         //## File "/x/prefill_consumer.cuh", line 199
@@ -47,7 +46,7 @@ def test_samples_summed_per_source_line(tmp_path):
     kernels = ncu_lines.read_csv(str(path))
     assert [len(rows) for _, rows in kernels] == [4, 1]
     name, rows = kernels[0]
-    ins = ncu_lines.parse_sass(SASS)["_Z4kern"]
+    ins = ncu_lines.sass_check.parse(SASS)[0]["_Z4kern"]
     per_line, total, mismatched = ncu_lines.join(rows, ins)
     assert mismatched == 0 and total[ncu_lines.SAMPLES] == 40
     consumer = per_line["prefill_consumer.cuh:199"]
@@ -67,7 +66,7 @@ def test_another_build_is_told_apart(tmp_path):
     path = tmp_path / "rep.csv"
     path.write_text(CSV)
     _, rows = ncu_lines.read_csv(str(path))[0]
-    shifted = {off + 0x10: v for off, v in ncu_lines.parse_sass(SASS)["_Z4kern"].items()}
+    shifted = [("NOP", None)] + ncu_lines.sass_check.parse(SASS)[0]["_Z4kern"]
     _, _, mismatched = ncu_lines.join(rows, shifted)
     assert mismatched == 4
     assert ncu_lines.opcode("@!P0 BRA `(.L_x_1)") == "BRA" and ncu_lines.opcode("LDS.128 R8, [R2]") == "LDS"
