@@ -4,8 +4,8 @@
 `ncu --page source --csv --print-source sass` gives each SASS instruction of a
 profiled kernel its stall samples (by reason) and execution count, but no
 source lines. This joins them, by offset in the function, with `nvdisasm -g`
-of a cubin built here from the same sources and flags (checking that every
-opcode matches), and sums the samples per source line:
+of a cubin built here from the same sources and flags (refusing it where
+more than 1% of the opcodes differ), and sums the samples per source line:
 
     # on the GPU machine (the extension built from these sources):
     ncu --clock-control none -k regex:prefill_kernel -s 1 -c 1 --section WarpStateStats \\
@@ -33,7 +33,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sass_check  # noqa: E402  (find_nvdisasm, demangle)
+import sass_check  # noqa: E402  (find_nvdisasm, parse, demangle)
 
 
 def normalize(name):
@@ -46,9 +46,10 @@ def normalize(name):
 
 def read_csv(path):
     """[(kernel name, [row dicts])] of an `ncu --page source --csv` file (plain or gzip)."""
-    raw = gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        text = f.read()
     kernels, header = [], None
-    for row in csv.reader(io.StringIO(raw.read())):
+    for row in csv.reader(io.StringIO(text)):
         if not row:
             continue
         if row[0] == "Kernel Name":
