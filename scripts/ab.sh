@@ -19,8 +19,10 @@
 # from each tree's root with that tree's extension first on PYTHONPATH;
 # each line it prints comes back prefixed "<tree> rN: ". Builds: all at
 # once with scripts/gpu_build.sh, MAX_JOBS (default 16) shared between
-# them; logs in /tmp/ab_build_<tree>/. Exit status: 1 if a build failed,
-# else 0 (a failing command shows in its own output).
+# them; logs in /tmp/ab_build_<tree>/ (--no-build: every tree must hold the
+# extension built by an earlier call; carrying .ab again replaces the trees).
+# Exit status: 1 if a build failed, 2 for bad usage or an unbuilt tree, else 0
+# (a failing command shows in its own output).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -62,7 +64,14 @@ done
 [ -n "$cand" ] && names+=(cand)
 tree_dir() { if [ "$1" = cand ]; then echo "$root"; else echo "$root/.ab/$1"; fi; }
 
-if [ -n "$build" ]; then
+if [ -z "$build" ]; then
+  # A tree carried again to the GPU machine arrives without the extension an
+  # earlier call built in it.
+  for n in "${names[@]}"; do
+    compgen -G "$(tree_dir "$n")/tileinfer_attn/_C*.so" >/dev/null ||
+      { echo "ab.sh: --no-build, but tree $n has no built extension (carrying .ab again replaces the built trees)" >&2; exit 2; }
+  done
+else
   jobs=$(( ${MAX_JOBS:-16} / ${#names[@]} )); [ "$jobs" -ge 1 ] || jobs=1
   pids=()
   for n in "${names[@]}"; do
