@@ -18,7 +18,8 @@ gather-pages-then-SDPA(flash), the eager reference (small sizes only),
 FlashInfer's paged decode if it imports. The verify grid's rows are internal
 (role "dev": our decode path, other split counts, our prefill op), as are
 the rows of steps of 17-32 packed rows (MQA; 8-query verify steps of group
-4) on each decode tile, the 16-row and the 64-row one, whichever the launch takes.
+4) on each decode tile, the 16-row and the 64-row one, whichever the launch
+takes.
 
 Writes benchmarks/results/decode.json and decode.png.
 

@@ -34,8 +34,9 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("profile_prefill.py: needs a CUDA device")
-    if common.load_tileinfer()[0] is None:
-        sys.exit(f"profile_prefill.py: {common.load_tileinfer()[1]}")
+    loaded, why = common.load_tileinfer()
+    if loaded is None:
+        sys.exit(f"profile_prefill.py: {why}")
     p = bench_int8.make_pair([args.length], [args.length], cap=1)[0]
     for name in args.caches.split(","):
         attr = CACHES[name]

@@ -132,8 +132,8 @@ def test_tree_head_dims(head_dim, dtype, device, seed):
     query / 2 KV heads), pages of 64: a sequence with a tree of 16 drafts, a
     batch of trees of 1 to 16 tokens (64 packed rows: the large decode tile),
     one of at most 8 tokens (32 rows: on CUDA the 64-row tile, the step having
-    more than one (sequence, KV head) pair) and one
-    of at most 4 (16 rows), some across a page boundary."""
+    more than one (sequence, KV head) pair) and one of at most 4 (16 rows),
+    some across a page boundary."""
     if device == "cuda":
         need_path("attention")
     page = 64

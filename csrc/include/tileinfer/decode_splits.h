@@ -25,8 +25,8 @@ namespace tileinfer {
 // splits: more speed up a single long sequence by a few percent but slow
 // short ones (1k-4k positions) by 10-15%, and combine's cost grows with
 // them. Fewer than 8 (sequence, KV head) pairs (one sequence of an MQA
-// model, or of 2-4 KV heads) raise that cap to 256 / pairs, at most 128, so the step still fills the SMs
-// about once: one sequence of one KV head (32 query heads) at 32k positions
+// model, or of 2-4 KV heads) raise that cap to 256 / pairs, at most 128, so
+// the step still fills the SMs about once: one sequence of one KV head (32 query heads) at 32k positions
 // takes 28 us with 32 blocks on the H200, twice cuDNN's time, 15.5 us with 128
 // and 16.3 with 256; at 4k positions 10.3 us with 128 and 16-17 with 256,
 // whose blocks mostly hold no page and whose partials combine reads.
