@@ -9,8 +9,9 @@ Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, page 64).
   and the 64-row tile for more (dev rows: each quantized cache on the 64-row
   tile): the `attention` op (decode + combine, as bench_decode.py times
   bf16) on the int8, fp8 per-tensor and fp8 per-vector caches and on the
-  bf16 cache holding the same data, all as CUDA-graph replays. Reported: us, speedup (t_bf16 / t of the cache; a quantized cache
-  reads about half the bytes, so ~1.8x is the bound at long contexts),
+  bf16 cache holding the same data, all as CUDA-graph replays. Reported: us,
+  speedup (t_bf16 / t of the cache; a quantized cache reads about half the
+  bytes, so ~1.8x is the bound at long contexts),
   achieved GB/s of the bytes each must read (k and v of one byte plus, per
   vector, their fp32 scales: 2 x L x Hkv x (d + 4) per sequence; fp8 per
   tensor 2 x L x Hkv x d; bf16: 2 x L x Hkv x d x 2) and % of the copy

@@ -104,7 +104,7 @@ def render_prefill(data: dict) -> list:
            + _vs_peers(rows, "tflops", "TFLOP/s", "pct_gemm", "% of GEMM"))
     mixed = data.get("mixed") or []
     if mixed:
-        beside_sms = mixed[0].get("beside_sms", 48)  # (files written before the row said so: 48)
+        beside_sms = mixed[0]["beside_sms"]
         out += ["", "Mixed steps (prompt chunks and single-query decodes in one step, Qwen3-4B heads) through "
                 "the `attention` op, against the chunks and the decodes run alone, the same op with the chunks "
                 f"beside the decodes (`TILEINFER_MIXED_DECODE_SMS={beside_sms}`) and the prefill op over the whole "

@@ -228,7 +228,8 @@ cudaError_t launch_prefill_kernel(int priority, dim3 grid, cudaStream_t stream, 
   constexpr auto kernel = sm90::prefill_kernel<Cfg, kHandOut, kFixedOffset>;
   static SmemOptIn opt_in;
   opt_in.ensure(kernel, Cfg::kSmemBytes);
-  return launch_kernel_at(priority, kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.a.programmatic, p);
+  return launch_kernel_ex(priority, 1, kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.a.programmatic,
+                          p);
 }
 
 // Tensor maps and a persistent grid (at most one block per SM) for the

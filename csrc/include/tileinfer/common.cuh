@@ -187,11 +187,6 @@ cudaError_t launch_kernel_ex(int priority, unsigned cluster_x, void (*kernel)(Pa
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel_at(int priority, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                             cudaStream_t stream, bool programmatic, Args&&... args) {
-  return launch_kernel_ex(priority, 1, kernel, grid, block, smem, stream, programmatic, std::forward<Args>(args)...);
-}
-template <typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                           bool programmatic, Args&&... args) {
   return launch_kernel_ex(0, 1, kernel, grid, block, smem, stream, programmatic, std::forward<Args>(args)...);

@@ -26,10 +26,11 @@ namespace tileinfer {
 // short ones (1k-4k positions) by 10-15%, and combine's cost grows with
 // them. Fewer than 8 (sequence, KV head) pairs (one sequence of an MQA
 // model, or of 2-4 KV heads) raise that cap to 256 / pairs, at most 128, so
-// the step still fills the SMs about once: one sequence of one KV head (32 query heads) at 32k positions
-// takes 28 us with 32 blocks on the H200, twice cuDNN's time, 15.5 us with 128
-// and 16.3 with 256; at 4k positions 10.3 us with 128 and 16-17 with 256,
-// whose blocks mostly hold no page and whose partials combine reads.
+// the step still fills the SMs about once: one sequence of one KV head (32
+// query heads) at 32k positions takes 28 us with 32 blocks on the H200, twice
+// cuDNN's time, 15.5 us with 128 and 16.3 with 256; at 4k positions 10.3 us
+// with 128 and 16-17 with 256, whose blocks mostly hold no page and whose
+// partials combine reads.
 // The same rule for every step (1-16 queries) and cache type: a step of 16
 // queries of one sequence at 8k positions takes half the time with 32 splits
 // as with a cap of 8, and the int8 cache's wide tile also runs two blocks per SM. Never depends on
