@@ -38,11 +38,11 @@ def check_prefill_launches(names, decode_sms):
 
 
 def in_turn_and_beside(p, decode_sms, monkeypatch):
-    """The attention op on p with the parts in turn (the default) and with
-    decode_sms SMs for the decodes beside the prefill
-    (TILEINFER_MIXED_DECODE_SMS), which must give the same bits: the kernel
-    names of each run (kernels_run's) and the output."""
-    monkeypatch.delenv("TILEINFER_MIXED_DECODE_SMS", raising=False)
+    """The attention op on p with the parts in turn (TILEINFER_MIXED_DECODE_SMS
+    = 0) and with decode_sms SMs for the decodes beside the prefill, which
+    must give the same bits: the kernel names of each run (kernels_run's)
+    and the output."""
+    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "0")
     names, in_turn = kernels_run(lambda: run_attention(p, True))
     monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", decode_sms)
     run_attention(p, True)  # warm-up outside the profile
@@ -116,7 +116,7 @@ def test_mixed_step_beside_decodes_same_bits(dtype, head_dim, decode_sms, seed, 
     warp-specialized prefill, whose beside path takes them all). On Hopper,
     where the path exists, the profiler shows it ran: two launches of the
     prefill kernel (one on the SMs the decodes leave, one after them),
-    against one."""
+    against one in turn."""
     need_path("attention")
     q_lens = [1] * 40 + [700] + [16] * 3 + [250]
     lens = [200 + 31 * i for i in range(40)] + [1500, 300, 40, 900, 250]
@@ -125,6 +125,32 @@ def test_mixed_step_beside_decodes_same_bits(dtype, head_dim, decode_sms, seed, 
     check_out(default, exact_attention(p, True)[0], dtype, f"mixed step, the parts in turn, {dtype} d {head_dim}")
     check_prefill_launches(names, "0")
     check_prefill_launches(beside_names, decode_sms)
+
+
+def test_mixed_step_beside_decodes_by_default(seed, monkeypatch):
+    """Without TILEINFER_MIXED_DECODE_SMS a step of two sequences or more
+    runs its chunks beside its decodes on Hopper, with 16 / 33 of the SMs
+    (prefill.cu, decode_sms) left to the decodes, and the bits of the parts
+    in turn; a lone prompt, which holds no decode, runs in turn on the
+    static order (one launch)."""
+    need_path("attention")
+    q_lens = [1] * 24 + [2048] + [1] * 8
+    lens = [300 + 29 * i for i in range(24)] + [4096] + [2000 + 7 * i for i in range(8)]
+    p = make_problem(lens, q_lens, 32, 8, 128, 64, dtype=torch.bfloat16, device=DEV, seed=seed)
+    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "0")
+    in_turn = run_attention(p, True)
+    monkeypatch.delenv("TILEINFER_MIXED_DECODE_SMS")
+    run_attention(p, True)  # warm-up outside the profile
+    names, out = kernels_run(lambda: run_attention(p, True))
+    assert torch.equal(out, in_turn), "the default beside the decodes: other bits than the parts in turn"
+    check_out(out, exact_attention(p, True)[0], torch.bfloat16, "mixed step, the default")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if hopper() else 0
+    check_prefill_launches(names, str(sms * 16 // 33))
+    alone = make_problem([2048], [2048], 32, 8, 128, 64, dtype=torch.bfloat16, device=DEV, seed=seed)
+    run_attention(alone, True)
+    names, out = kernels_run(lambda: run_attention(alone, True))
+    check_out(out, exact_attention(alone, True)[0], torch.bfloat16, "one prompt, the default")
+    check_prefill_launches(names, "0")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

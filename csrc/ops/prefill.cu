@@ -159,7 +159,8 @@ bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, c
 // start:
 //   this stream:  prefill, grid - D blocks, at a higher priority (placed first;
 //                 eager launches only: PyTorch's graphs ignore node priorities)
-//   side stream:  decode (+ combine), then prefill again, D blocks
+//   side stream:  a gate until those blocks have started (sm90::hand_out_gate),
+//                 decode (+ combine), then prefill again, D blocks
 // Both prefill launches take their items from one counter at run time
 // (prefill_scheduler.cuh), so the second launch, on the SMs the decodes give
 // back, takes whatever is left; the decodes, bandwidth-bound, read with D SMs
@@ -169,12 +170,17 @@ bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, c
 // kernels, and one without chunks leaves its prefill launches no item.
 // The quantized kernels keep one walk per block (their converters follow it
 // too): their decodes run first.
-// D: TILEINFER_MIXED_DECODE_SMS (read at each call, so a captured graph
-// keeps the value of its capture); unset or 0, the parts one after the other:
-// an opt-in until measurements settle a default (docs/PERFORMANCE.md, "Mixed
-// steps"). A launch whose items need fewer than 2 D blocks runs the parts one
-// after the other too.
-int decode_sms(int sms) {
+// D: 16 / 33 of the SMs (64 of an H100's or H200's 132), the count that gave
+// the 2k-chunk step of docs/PERFORMANCE.md its lowest time, for a step of two
+// sequences or more; a single sequence is all chunk or all decode, and runs
+// in turn (on the static order, which its prompts keep). The hand-out also
+// balances prompt batches better than the mixed steps' static order
+// (sequence by sequence): 16 x 1k through `attention` 0.81x the time in turn.
+// A launch whose items need fewer than 2 D blocks runs the parts one after the
+// other too. TILEINFER_MIXED_DECODE_SMS=D (read at each call, so a captured
+// graph keeps the value of its capture) sets D instead, 0 for the parts in
+// turn.
+int decode_sms(int sms, int64_t num_seqs) {
   if (const char* env = std::getenv("TILEINFER_MIXED_DECODE_SMS")) {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
@@ -182,8 +188,13 @@ int decode_sms(int sms) {
                     ": TILEINFER_MIXED_DECODE_SMS must be an integer in [0, ", sms, "), not '", env, "'");
     return static_cast<int>(v);
   }
-  return 0;
+  return num_seqs >= 2 ? sms * 16 / 33 : 0;
 }
+
+// TILEINFER_MIXED_GATE=0 starts the decodes without waiting for the first
+// prefill launch's blocks (sm90::hand_out_gate), to measure what the gate
+// gives (docs/PERFORMANCE.md, "Mixed steps"); read at each call.
+bool gate_decodes() { return env_switch("TILEINFER_MIXED_GATE", "0", "1", true); }
 
 // `side` waits for `main`'s work so far; join() makes `main` wait for
 // `side`'s. Events without timing, as CUDA graph capture takes them (a fork
@@ -298,17 +309,21 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
 
   p.a.programmatic = programmatic_launch(c10::cuda::current_device());
   if constexpr (!Cfg::kQuant) {
-    const int beside = decodes != nullptr ? decode_sms(sms) : 0;  // D
+    const int beside = decodes != nullptr ? decode_sms(sms, a.kv.num_seqs) : 0;  // D
     if (beside > 0 && plan.grid >= 2 * beside) {
-      const at::Tensor counter = at::zeros({1}, q.options().dtype(at::kInt));
+      const at::Tensor counter = at::zeros({2}, q.options().dtype(at::kInt));
       p.item_counter = counter.data_ptr<int>();
       const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
       StreamFork fork(stream, side.stream());
       int least = 0, greatest = 0;
       C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(greatest, dim3(plan.grid - beside), stream, p)));
+      const int first = plan.grid - beside;
+      C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(greatest, dim3(first), stream, p)));
       {
         const c10::cuda::CUDAStreamGuard on_side(side);
+        if (gate_decodes())
+          C10_CUDA_CHECK(launch_kernel(sm90::hand_out_gate, dim3(1), dim3(1), 0, side.stream(), false,
+                                       p.item_counter + 1, first));
         (*decodes)();
         C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(0, dim3(beside), side.stream(), p)));
       }

@@ -39,6 +39,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_kernel(const __grid_
   }
   __syncthreads();
   wait_for_prior_grids();  // programmatic launches (common.cuh): before any read of the step's data
+  if constexpr (kHandOut) {
+    if (threadIdx.x == 0) atomicAdd(p.item_counter + 1, 1);  // (hand_out_gate below)
+  }
 
   const PrefillScheduler sched(p);
   // Warp-uniform as far as the compiler can tell (a shuffle from lane 0):
@@ -59,6 +62,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_kernel(const __grid_
 #elif defined(__CUDA_ARCH__)
   __trap();  // built without sm_90a: the launcher only picks this kernel on a 9.0 device of an sm_90a build
 #endif
+}
+
+// A mixed step's decodes start behind this one-thread kernel (prefill.cu,
+// "Mixed steps beside their decodes"): it returns once `blocks` blocks of
+// the first hand-out launch have started (p.item_counter[1]), or after
+// kHandOutGateNs. Without it the decodes' blocks, dispatched first, would
+// spread over every SM, and a prefill block, which needs a whole SM, would
+// find none free until the decodes were done: the step would cost the sum
+// of its parts. A graph replays both branches at once and keeps no launch
+// priority, so their order is left to the block scheduler. The time limit
+// keeps a prefill launch that cannot start (the GPU shared with other
+// streams) from holding the decodes back more than that; the order is then
+// the scheduler's again, the bits the same either way.
+constexpr unsigned long long kHandOutGateNs = 20000;
+
+__global__ void hand_out_gate(const int* started, int blocks) {
+  wait_for_prior_grids();
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (;;) {
+    int n;
+    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(n) : "l"(started) : "memory");
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (n >= blocks || t - t0 > kHandOutGateNs) break;
+    __nanosleep(200);
+  }
+  allow_dependent_launch();  // (not before: the decodes' blocks would take SMs to wait on)
 }
 
 }  // namespace sm90

@@ -36,7 +36,10 @@ struct PrefillParams {
   int box_rows;       // keys per box: min(page_size, kBlockN)
   PrefillOrder order;  // prefill_order.h
   int tail_pairs;      // kPairs: the last pairs, taken item by item
-  int* item_counter;   // the run-time hand-out's (prefill_scheduler.cuh), zeroed; nullptr: the order above
+  // The run-time hand-out (prefill_scheduler.cuh), two zeroed ints: [0] the
+  // next item's number, [1] the blocks started (prefill_kernel.cuh,
+  // hand_out_gate); nullptr: the order above.
+  int* item_counter;
 };
 
 // Shape of one head dim's instantiation.
