@@ -10,7 +10,9 @@ batches of 4 x 2k, 8 x 512 and 16 x 1k, a mixed batch of 1 x 8k + 31 x 256
 --quick leaves out 32k, the other d 64 / 256 lengths, 28 / 4 heads over 16 x
 1k and the non-causal cases. Mixed steps: prompt
 chunks beside single-query decodes through the attention op, against the
-same chunks and decodes run alone and the prefill op over the whole step. Per-item
+same chunks and decodes run alone, the same op with the parts one after the
+other and the prefill op over the whole step; prompt batches without decodes
+through the attention op, against the prefill op. Per-item
 cost: uniform batches of 1-64 prompts, each launch's time (ours and cuDNN's)
 fitted to the key tiles and items of our busiest block. FLOPs: 2 * 2 * L * L / 2 * d * Hq
 per causal prompt (half the query-key pairs), twice that non-causal; TFLOP/s against the bf16 GEMM rate
@@ -130,23 +132,27 @@ MIXED = [
     ("4k chunk + 256 decodes, 2k", [(4096, 4096)], (256, 2048)),
     ("1k chunk + 8 decodes, 32k", [(1024, 8192)], (8, 32768)),
     ("4 x 1k chunks + 32 decodes, 8k", [(1024, 8192)] * 4, (32, 8192)),
+    # Prompts alone through the attention op: the step is its own part.
+    ("16 x 1k prompts, no decode", [(1024, 1024)] * 16, (0, 0)),
+    ("1 x 2k prompt, no decode", [(2048, 2048)], (0, 0)),
 ]
-# SMs for the decodes at first in the "beside" timing (TILEINFER_MIXED_DECODE_SMS;
-# 64 of an H200's 132 gave the 2k-chunk step its lowest time, docs/PERFORMANCE.md);
-# --beside-sms times other counts too (the row's beside_by_sms).
-BESIDE_SMS = 64
-MIXED_QUICK = {"2k chunk + 64 decodes, 4k", "512 chunk + 16 decodes, 2k", "1k chunk + 8 decodes, 32k"}
+MIXED_QUICK = {"2k chunk + 64 decodes, 4k", "512 chunk + 16 decodes, 2k", "1k chunk + 8 decodes, 32k",
+               "16 x 1k prompts, no decode"}
 
 
 def run_mixed(label, chunks, decodes, args, errors):
     """One mixed step through the attention op, against its parts run alone
-    (the chunks, the decodes: each through the attention op) and against the
-    prefill op over the whole step (the attention op's path for such a step
-    before mixed steps). Graph replays."""
+    (the chunks, the decodes: each through the attention op; none for a step
+    without decodes), against the same op with the parts one after the other
+    (TILEINFER_MIXED_DECODE_SMS=0) and against the prefill op over the whole
+    step (the attention op's path for such a step before mixed steps). Graph
+    replays."""
     n_dec, dec_ctx = decodes
     parts = {"mixed step": ([c for _, c in chunks] + [dec_ctx] * n_dec, [q for q, _ in chunks] + [1] * n_dec),
              "chunks alone": ([c for _, c in chunks], [q for q, _ in chunks]),
              "decodes alone": ([dec_ctx] * n_dec, [1] * n_dec)}
+    if n_dec == 0:
+        parts = {"mixed step": parts["mixed step"]}
     kw = dict(rep_ms=60 if args.quick else 200, warmup_ms=20)
     times = {}
     for name, (lens, q_lens) in parts.items():
@@ -155,9 +161,10 @@ def run_mixed(label, chunks, decodes, args, errors):
         sets = ap.make_sets(lens, q_lens, **QWEN3, n_sets=k) if k > 1 else [one]
         impls = [(name, ap.ours_attention, None)]
         if name == "mixed step":
-            # The same op with the chunks beside the decodes (BESIDE_SMS SMs
-            # for the decodes at first: prefill.cu, "Mixed steps beside their
-            # decodes"; the default runs the parts one after the other).
+            # The same op with the parts one after the other, and with other
+            # counts of SMs left to the decodes at first (prefill.cu, "Mixed
+            # steps beside their decodes"; the default leaves 16 / 33 of them).
+            impls += [("in turn", ap.ours_attention, "0")]
             impls += [(f"beside {d}", ap.ours_attention, str(d)) for d in args.beside_sms]
             impls += [("prefill op, whole step", ap.ours_prefill, None)]
         for impl, make, decode_sms in impls:
@@ -170,9 +177,8 @@ def run_mixed(label, chunks, decodes, args, errors):
     t, a, b = times.get("mixed step"), times.get("chunks alone"), times.get("decodes alone")
     beside = {d: times.get(f"beside {d}") for d in args.beside_sms}
     row = dict(case=label, mixed_us=t, chunks_us=a, decodes_us=b, whole_prefill_us=times.get("prefill op, whole step"),
-               beside_us=beside[args.beside_sms[0]], beside_sms=args.beside_sms[0], beside_by_sms=beside,
-               parts_sum_us=a + b if a and b else None)
-    row["beside_over_mixed"] = row["beside_us"] / t if t and row["beside_us"] else None
+               in_turn_us=times.get("in turn"), beside_by_sms=beside, parts_sum_us=a + b if a and b else None)
+    row["in_turn_over_mixed"] = row["in_turn_us"] / t if t and row["in_turn_us"] else None
     row["over_parts"] = t / row["parts_sum_us"] if t and row["parts_sum_us"] else None
     row["over_whole_prefill"] = t / row["whole_prefill_us"] if t and row["whole_prefill_us"] else None
     return [row]
@@ -312,9 +318,9 @@ def run_items(args, errors):
 
 def main():
     cli = common.parser(__doc__.splitlines()[0])
-    cli.add_argument("--beside-sms", type=lambda v: [int(x) for x in v.split(",")], default=[BESIDE_SMS],
-                     help=f"SMs for a mixed step's decodes in the beside timing, comma-separated; the first is "
-                          f"the reported one (default {BESIDE_SMS})")
+    cli.add_argument("--beside-sms", type=lambda v: [int(x) for x in v.split(",")], default=[],
+                     help="mixed steps timed again with these counts of SMs left to the decodes at first "
+                          "(TILEINFER_MIXED_DECODE_SMS), comma-separated")
     args = cli.parse_args()
     env = common.print_header(NAME)
     ceil = common.measure_ceilings(quick=args.quick, skip=args.no_ceilings)
@@ -347,12 +353,12 @@ def main():
                                     errors) or []
         common.print_table(mixed, [("case", "case", ""), ("mixed us", "mixed_us", ".1f"),
                                    ("chunks us", "chunks_us", ".1f"), ("decodes us", "decodes_us", ".1f"),
-                                   ("t / parts", "over_parts", ".2f"), ("beside us", "beside_us", ".1f"),
-                                   ("beside / t", "beside_over_mixed", ".2f"),
+                                   ("t / parts", "over_parts", ".2f"), ("in turn us", "in_turn_us", ".1f"),
+                                   ("t_in_turn / t", "in_turn_over_mixed", ".2f"),
                                    ("prefill op us", "whole_prefill_us", ".1f"),
                                    ("t / prefill op", "over_whole_prefill", ".2f")],
                            title="\nmixed steps (attention op; parts run alone; the prefill op over the whole step)")
-        if len(args.beside_sms) > 1:
+        if args.beside_sms:
             for r in mixed:
                 print(f"   beside, by decode SMs: {r['case']}: " + ", ".join(
                     f"{d}: {us:.1f} us ({us / r['parts_sum_us']:.2f} of the parts)" if us and r["parts_sum_us"]

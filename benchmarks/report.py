@@ -104,16 +104,15 @@ def render_prefill(data: dict) -> list:
            + _vs_peers(rows, "tflops", "TFLOP/s", "pct_gemm", "% of GEMM"))
     mixed = data.get("mixed") or []
     if mixed:
-        beside_sms = mixed[0]["beside_sms"]
         out += ["", "Mixed steps (prompt chunks and single-query decodes in one step, Qwen3-4B heads) through "
-                "the `attention` op, against the chunks and the decodes run alone, the same op with the chunks "
-                f"beside the decodes (`TILEINFER_MIXED_DECODE_SMS={beside_sms}`) and the prefill op over the whole "
-                "step:", ""]
-        out += table(["step", "mixed us", "chunks alone us", "decodes alone us", "t / (chunks + decodes)",
-                      "beside us", "t_beside / t", "prefill op us", "t / prefill op"],
+                "the `attention` op, against the chunks and the decodes run alone, the same op with the parts one "
+                "after the other (`TILEINFER_MIXED_DECODE_SMS=0`) and the prefill op over the whole step; the last "
+                "rows are prompts without decodes:", ""]
+        out += table(["step", "us", "chunks alone us", "decodes alone us", "t / (chunks + decodes)",
+                      "in turn us", "t_in_turn / t", "prefill op us", "t / prefill op"],
                      [[r["case"], f(r.get("mixed_us"), ".1f"), f(r.get("chunks_us"), ".1f"),
                        f(r.get("decodes_us"), ".1f"), f(r.get("over_parts"), ".2f"),
-                       f(r.get("beside_us"), ".1f"), f(r.get("beside_over_mixed"), ".2f"),
+                       f(r.get("in_turn_us"), ".1f"), f(r.get("in_turn_over_mixed"), ".2f"),
                        f(r.get("whole_prefill_us"), ".1f"), f(r.get("over_whole_prefill"), ".2f")]
                       for r in mixed])
     variants = data.get("variants") or []
