@@ -135,9 +135,10 @@ MIXED = [
     # Prompts alone through the attention op: the step is its own part.
     ("16 x 1k prompts, no decode", [(1024, 1024)] * 16, (0, 0)),
     ("1 x 2k prompt, no decode", [(2048, 2048)], (0, 0)),
+    ("1 x 512 prompt, no decode", [(512, 512)], (0, 0)),
 ]
 MIXED_QUICK = {"2k chunk + 64 decodes, 4k", "512 chunk + 16 decodes, 2k", "1k chunk + 8 decodes, 32k",
-               "16 x 1k prompts, no decode"}
+               "16 x 1k prompts, no decode", "1 x 512 prompt, no decode"}
 
 
 def run_mixed(label, chunks, decodes, args, errors):
