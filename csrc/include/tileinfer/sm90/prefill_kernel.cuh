@@ -10,6 +10,8 @@
 //   prefill_consumer.cuh   two or three warpgroups: products, mask, online softmax
 //   prefill_mask.cuh       which scores are hidden
 //   prefill_epilogue.cuh   normalized rows and lse out
+// and, below it, hand_out_gate: the one-thread kernel a mixed step's decodes
+// wait behind until the hand-out launch's blocks have started.
 // The producer warpgroup gives registers up (setmaxnreg) to the consumers,
 // whose S and O accumulators need most of the register file.
 #pragma once
