@@ -199,6 +199,23 @@ def test_mixed_decode_sms_bad_value(value, monkeypatch):
         run_attention(p, True)
 
 
+@pytest.mark.parametrize("group", [4, 7])
+def test_mixed_step_decode_blocks_walk_row_tiles(group, seed, monkeypatch):
+    """A mixed step's decodes over a 16-bit cache run on blocks that walk their
+    row tiles (attention_work.cuh, DecodeRowWalkWork): verifies of 16 and 5
+    queries (4-7 row tiles of 16 rows at these groups) beside single queries,
+    sequences of no query and a prompt chunk, against float64."""
+    need_path("attention")
+    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "0")
+    q_lens = [16, 1, 0, 5, 40, 1, 16]
+    lens = [300, 90, 12, 70, 40, 1, 16]
+    p = make_problem(lens, q_lens, 2 * group, 2, 128, 16, dtype=torch.bfloat16, device=DEV, seed=seed)
+    names, out = kernels_run(lambda: run_attention(p, True))
+    decodes = [n for n in names if "attention_tile_kernel" in n and "Decode" in n]
+    assert decodes and all("DecodeRowWalkWork" in n for n in decodes), decodes
+    check_out(out, exact_attention(p, True)[0], p.q.dtype, f"mixed step, group {group}, walked row tiles")
+
+
 def test_mixed_step_leaves_padding_rows(seed):
     """Tokens past cu_seqlens_q[-1] (a batch captured larger than it runs) keep
     their contents on a mixed step, as on the prefill path."""

@@ -56,7 +56,7 @@ void launch_decode_tile(const char* op, const AttentionParams& p, const PagedSha
   if constexpr (std::is_same_v<T, float>) {
     launch_fp32<D, DecodeWork>(op, p, stream);  // (never walks: launch_decode)
   } else if (s.quantized) {
-    launch_decode_quant<T, D, Work>(op, p, s, small, two_per_sm, stream);
+    if constexpr (!Work::kRowWalk) launch_decode_quant<T, D, Work>(op, p, s, small, two_per_sm, stream);  // (launch_decode)
   } else if (small) {
     launch_tile<DecodeTileSmall<T, D>, Work>(op, p, stream);
   } else {
@@ -135,11 +135,18 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   const bool small = by_group ? p.group_size <= 16 : decode_small_tile(rows, fits);
   const bool two_per_sm = !plan.batch_invariant && fits;
 
+  // A mixed step's blocks walk their row tiles (attention_work.cuh, "Mixed
+  // steps") over a 16-bit cache; around the quantized tiles that loop cost
+  // up to 124 bytes of spills, and the fp32 kernel has none.
+  const bool row_walk = p.mixed_queries > 0 && !walks && !s.quantized && q.scalar_type() != at::kFloat;
+
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
     TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
       if (walks && !std::is_same_v<scalar_t, float>) {
         launch_decode_tile<scalar_t, TILE_DIM, DecodeWalkWork>(op, p, s, small, two_per_sm, stream);
+      } else if (row_walk) {
+        launch_decode_tile<scalar_t, TILE_DIM, DecodeRowWalkWork>(op, p, s, small, two_per_sm, stream);
       } else {
         launch_decode_tile<scalar_t, TILE_DIM, DecodeWork>(op, p, s, small, two_per_sm, stream);
       }

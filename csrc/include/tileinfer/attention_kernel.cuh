@@ -91,8 +91,11 @@
 
 namespace tileinfer {
 
+// The block's rows: its row tile, or row tile `row_step` of a block that
+// walks them (Work::kRowWalk, attention_work.cuh). Returns whether it walks
+// on to a next row tile.
 template <class Cfg, class Work>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile_kernel(const __grid_constant__ AttentionParams p) {
+__device__ __forceinline__ bool attention_tile_rows(const AttentionParams& p, int row_step) {
   using T = typename Cfg::T;
   using QT = typename Cfg::QT;  // also the output's element type
   // The quantized cache's conversions (a placeholder for the others, whose code never uses it).
@@ -168,7 +171,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     keys.first_entries(first_entries, num_tiles);
   };
   auto start = [&] {  // the block's (first) work item from `meta`
-    w = Work::template make<BM>(p, meta);
+    w = Work::template make<BM>(p, meta, row_step);
     if constexpr (kWalkThrough) split_tiles = merges() ? Work::template walk_through<BM, BN>(p, w) : 0;
     prepare();
   };
@@ -259,7 +262,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
   // Marked after the first copies (meta holds where the padding begins: a
   // load of its own would have waited for the copies, or delayed them).
   Work::template mark_padding_rows<QT>(p, meta.padding_begin);
-  if (!w.active) return;  // block-uniform
+  // Row tiles past an inactive one are inactive too (they start further
+  // past the sequence's rows, or the sequence is the other kernel's).
+  if (!w.active) return false;  // block-uniform
+  // Whether the block walks on to its next row tile, which holds rows.
+  const auto more_rows = [&] { return Work::kRowWalk && w.row_base + BM < w.q_count * w.group; };
   if (merges()) split_merge_start<Cfg>(sh, tid);
   // A block's work items: one, or (DecodeWalkWork) the splits it walks in
   // turn, each with its own prologue, key loop and epilogue, or all of them
@@ -273,13 +280,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
       if constexpr (kCanMerge) {
         if (merges()) {
           split_merge_finish<Cfg>(p, sh, tid);
-          return;
+          return more_rows();
         }
       }
       do {
         tile_neutral_lse<Cfg, Work>(p, w, sh, tid);
-      } while (Work::template next<BM>(p, meta, w));
-      return;
+      } while (Work::template next<BM>(p, meta, w, row_step));
+      return more_rows();
     }
     // Tree verify: each row's word, read once, after the wait (the mask may come
     // from the previous kernel); the barrier before the key loop publishes it.
@@ -534,20 +541,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile
     // at their start: blocks of a next decode step resident early, beside this
     // grid, took SM slots unevenly (H200: d 64, 32 x 4k, 64.8 -> 72.0 us).
     TILEINFER_STAMP(4);  // key loop done
-    allow_dependent_launch();
+    if (!more_rows()) allow_dependent_launch();
     tile_epilogue<Cfg, Work>(p, w, sh, sm, o, vmax, row_bad, tid, warp_n, quad, row_of, merges());
-    if constexpr (!Work::kWalks) return;  // (no loop: the one-split kernels keep their registers)
-    if (split_tiles > 0 || !Work::template next<BM>(p, meta, w)) {
+    if constexpr (!Work::kWalks) return more_rows();  // (no loop: the one-split kernels keep their registers)
+    if (split_tiles > 0 || !Work::template next<BM>(p, meta, w, row_step)) {
       if constexpr (kCanMerge) {
         if (merges()) split_merge_finish<Cfg>(p, sh, tid);
       }
-      return;
+      return more_rows();
     }
     __syncthreads();  // the item's shared memory (rows, stages, epilogue rows) is free
     prepare();
     finish_lookups();
     __syncthreads();
     if (num_tiles > 0) issue_first_copies();
+  }
+}
+
+template <class Cfg, class Work>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tile_kernel(const __grid_constant__ AttentionParams p) {
+  if constexpr (Work::kRowWalk) {
+    // Its own instantiation: around the other kernels' bodies the loop cost
+    // up to 58 registers a thread, and spills (up to 168 bytes) in the
+    // quantized and head-dim-256 tiles.
+    for (int row_step = 0; attention_tile_rows<Cfg, Work>(p, row_step); ++row_step)
+      __syncthreads();  // the row tile's shared memory (rows, stages, epilogue rows) is free
+  } else {
+    attention_tile_rows<Cfg, Work>(p, 0);
   }
 }
 

@@ -185,6 +185,15 @@ __device__ __forceinline__ float* output_lse(const AttentionParams& p, int token
 // tokens (a step of one long prompt and a few decodes needs partials for the
 // decodes only), and no block marks padding rows: like prefill, a mixed step
 // leaves the rows of tokens that belong to no sequence untouched.
+// Sized for q queries, the decode grid would hold group * q / 16 row tiles
+// a (sequence, KV head, split) (4 at group 4), and a single-query decode
+// has rows in the first only: the others' blocks, and every block of a
+// prompt's sequence, would only find no rows and return; a lone 512-token
+// prompt's empty decode launch took 8.6 us for its 1024 blocks (one H100),
+// two thirds of the prompt's prefill. So the tile kernel's blocks over a
+// 16-bit cache walk their row tiles in turn (DecodeRowWalkWork), up to the
+// first without rows: one block per (sequence, KV head, split), about one
+// wave as the split rule sizes it (decode_splits.h); that launch took 3.4 us.
 __device__ __forceinline__ bool decode_takes(const AttentionParams& p, int q_count) {
   return p.mixed_queries == 0 || q_count <= p.mixed_queries;
 }
@@ -231,7 +240,7 @@ struct PrefillWork {
     return make<kBlockM>(p, read_meta(p));
   }
   template <int kBlockM>
-  __device__ static WorkItem make(const AttentionParams& p, const StepMeta& m) {
+  __device__ static WorkItem make(const AttentionParams& p, const StepMeta& m, int = 0) {
     return make_at<kBlockM>(p, m, block_seq(), blockIdx.x, (gridDim.z - 1 - blockIdx.z) * kBlockM, p.group_size);
   }
   // The item of rows [row_base, row_base + kBlockM) of sequence `seq` over
@@ -273,8 +282,9 @@ struct PrefillWork {
 
   // One item a block.
   static constexpr bool kWalks = false;
+  static constexpr bool kRowWalk = false;
   template <int kBlockM>
-  __device__ static bool next(const AttentionParams&, const StepMeta&, WorkItem&) { return false; }
+  __device__ static bool next(const AttentionParams&, const StepMeta&, WorkItem&, int) { return false; }
   __device__ static bool lse_only(const AttentionParams&, const WorkItem&, int) { return false; }
 
   // A prefill block holds every key of its rows: the sink joins here.
@@ -283,7 +293,8 @@ struct PrefillWork {
 
 // Decode: grid (num_splits, num_kv_heads * row_tiles, num_seqs), row_tiles =
 // ceil(group * max_q_len / kBlockM) (1 for plain decode with a group of <= 16
-// heads). Split i of a sequence of P pages walks pages [i * n, (i+1) * n),
+// heads, and where the blocks walk their row tiles: DecodeRowWalkWork).
+// Split i of a sequence of P pages walks pages [i * n, (i+1) * n),
 // n = pages_per_split (decode_splits.h: ceil(P/S) by default); a split past
 // the end walks nothing and writes the neutral partial (out 0, lse -inf;
 // DecodeWalkWork below: lse only). With a window, the P pages are those from the
@@ -300,6 +311,7 @@ struct PrefillWork {
 // output together, as combine would have (cluster_merge.cuh).
 struct DecodeWork {
   static constexpr bool kWalks = false;    // one split a block (DecodeWalkWork below walks several)
+  static constexpr bool kRowWalk = false;  // a block per row tile (DecodeRowWalkWork below walks them)
   static constexpr bool kPartials = true;  // partials, or `out` when p.partial_out is null
   static constexpr bool kTree = true;      // p.tree_mask, if set (tree verify steps)
   static constexpr bool kReadsAhead = true;  // metadata read before the wait (attention_kernel.cuh)
@@ -324,15 +336,17 @@ struct DecodeWork {
     return make<kBlockM>(p, read_meta(p));
   }
   template <int kBlockM>
-  __device__ static WorkItem make(const AttentionParams& p, const StepMeta& m) {
-    return make_split<kBlockM>(p, m, blockIdx.x);
+  __device__ static WorkItem make(const AttentionParams& p, const StepMeta& m, int row_step = 0) {
+    return make_split<kBlockM>(p, m, blockIdx.x, row_step);
   }
   // Block x's one split is x.
   template <int kBlockM>
-  __device__ static bool next(const AttentionParams&, const StepMeta&, WorkItem&) { return false; }
+  __device__ static bool next(const AttentionParams&, const StepMeta&, WorkItem&, int) { return false; }
   __device__ static bool lse_only(const AttentionParams&, const WorkItem&, int) { return false; }
+  // Split `split` of the block's row tile, or of its row step `row_step`
+  // (DecodeRowWalkWork: row tile row_step).
   template <int kBlockM>
-  __device__ static WorkItem make_split(const AttentionParams& p, const StepMeta& m, int split) {
+  __device__ static WorkItem make_split(const AttentionParams& p, const StepMeta& m, int split, int row_step) {
     WorkItem w;
     const int row_tiles = gridDim.y / p.kv.num_kv_heads;
     w.split = split;
@@ -340,7 +354,7 @@ struct DecodeWork {
     w.seq = block_seq();
     w.group = p.group_size;
     w.head0 = w.kv_head * p.group_size;
-    w.row_base = (blockIdx.y % row_tiles) * kBlockM;
+    w.row_base = (blockIdx.y % row_tiles + row_step) * kBlockM;
     w.seq_len = clamp_seq_len(p.kv, m.seq_len);
     const QueryRange qr = clamp_query_range(m.q_begin, m.q_end, p.num_tokens);
     w.q_begin = qr.begin;
@@ -457,6 +471,18 @@ struct DecodeWork {
   }
 };
 
+// A mixed step's decode over a 16-bit cache (attention_work.cuh, "Mixed
+// steps"): a block per (sequence, KV head, split) that computes its row tiles
+// in turn, from the first, up to the first that holds no rows (the kernel's
+// loop: attention_kernel.cuh). A kernel of its own.
+struct DecodeRowWalkWork : DecodeWork {
+  static constexpr bool kRowWalk = true;
+  template <int kBlockM>
+  static dim3 grid(const AttentionParams& p) {
+    return dim3(p.num_splits, p.kv.num_kv_heads, p.kv.num_seqs);
+  }
+};
+
 // Decode under a batch-invariant plan (decode_splits.h; p.split_slots > 0):
 // block x walks splits x, x + gridDim.x, ... below split_slots, each a work
 // item of its own (prologue, keys, epilogue, partial), so the grid needs no
@@ -468,10 +494,10 @@ struct DecodeWork {
 struct DecodeWalkWork : DecodeWork {
   static constexpr bool kWalks = true;
   template <int kBlockM>
-  __device__ static bool next(const AttentionParams& p, const StepMeta& m, WorkItem& w) {
+  __device__ static bool next(const AttentionParams& p, const StepMeta& m, WorkItem& w, int row_step) {
     const int split = w.split + static_cast<int>(gridDim.x);
     if (split >= p.split_slots) return false;
-    w = make_split<kBlockM>(p, m, split);
+    w = make_split<kBlockM>(p, m, split, row_step);
     return true;
   }
   // A block that walks all of its rows' splits (a grid of one block a pair:
