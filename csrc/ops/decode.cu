@@ -56,7 +56,11 @@ void launch_decode_tile(const char* op, const AttentionParams& p, const PagedSha
   if constexpr (std::is_same_v<T, float>) {
     launch_fp32<D, DecodeWork>(op, p, stream);  // (never walks: launch_decode)
   } else if (s.quantized) {
-    if constexpr (!Work::kRowWalk) launch_decode_quant<T, D, Work>(op, p, s, small, two_per_sm, stream);  // (launch_decode)
+    if constexpr (Work::kRowWalk) {
+      TILEINFER_CHECK(false, op, ": row-walking decode blocks are built for 16-bit caches only");  // (launch_decode)
+    } else {
+      launch_decode_quant<T, D, Work>(op, p, s, small, two_per_sm, stream);
+    }
   } else if (small) {
     launch_tile<DecodeTileSmall<T, D>, Work>(op, p, stream);
   } else {
