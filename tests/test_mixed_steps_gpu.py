@@ -153,6 +153,40 @@ def test_mixed_step_beside_decodes_by_default(seed, monkeypatch):
     check_prefill_launches(names, "0")
 
 
+def test_mixed_step_beside_decodes_from_a_pool_stream(seed):
+    """A caller on the stream of PyTorch's pool that the op's side stream
+    would be next (the pool hands its streams out in turn; torch.cuda.Stream()
+    gives one, and graph captures often run on one): the decodes still run
+    beside the first prefill launch, not after it. With the caller's stream
+    as the side stream, the gate kernel (the side branch's first) started
+    only once the first launch had taken every item alone."""
+    need_path("attention")
+    if not hopper():
+        pytest.skip("the prefill beside the decodes runs on Hopper's warp-specialized kernel only")
+    q_lens = [1024, 1024] + [1] * 8
+    lens = [4096, 4096] + [3000 + 11 * i for i in range(8)]
+    p = make_problem(lens, q_lens, 32, 8, 128, 64, dtype=torch.bfloat16, device=DEV, seed=seed)
+    expected = run_attention(p, True)
+    caller = torch.cuda.Stream()
+    caller.wait_stream(torch.cuda.current_stream())
+    # The pool's round: streams until `caller` comes back, then all but one
+    # more, so that the op's next stream from the pool is `caller`.
+    period = next(n for n in range(1, 1025) if torch.cuda.Stream().cuda_stream == caller.cuda_stream)
+    for _ in range(period - 1):
+        torch.cuda.Stream()
+    with torch.cuda.stream(caller):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out = run_attention(p, True)
+            torch.cuda.synchronize()
+    assert torch.equal(out, expected), "from a pool stream: other bits than from the default stream"
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gates = [e for e in kernels if "hand_out_gate" in e.name]
+    prefills = sorted((e for e in kernels if PREFILL_KERNEL in e.name), key=lambda e: e.time_range.start)
+    assert len(gates) == 1 and len(prefills) == 2, [e.name[:60] for e in kernels]
+    assert gates[0].time_range.start < prefills[0].time_range.end, (
+        "the side branch waited for the first prefill launch: the caller's stream was taken as the side stream")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_mixed_step_beside_decodes_three_consumers(dtype, seed, monkeypatch):
     """A 2048-token chunk among 40 decodes at head dim 64 (32 / 8 heads: 352
