@@ -89,14 +89,6 @@ __device__ __forceinline__ float warp_sum(float x) {
   for (int o = Width / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o, Width);
   return x;
 }
-// max(a, b), NaN if either is (fmaxf returns the other): one instruction that
-// also carries a NaN along a maximum's chain (sm_80 on).
-__device__ __forceinline__ float fmax_nan(float a, float b) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-
 template <int Width = 32>
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll

@@ -224,18 +224,13 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
 // the tensor cores.
 //
 // This runs at every item's start, before the first S product, so its
-// latency and its instructions are the item's: each thread loads both
-// rows' chunks and its smoothing factors (the same columns for both rows)
-// once (loaded per chunk and pass, one at a time, this took ~13% of the
-// consumers' time at 1 x 2k over an int8 cache, mostly waiting on those
-// loads), and converts each value to fp32 and multiplies it by its factor
-// (if any) once, keeping the products for both passes
-// (the row maximum, then the scaled values): written as two passes over
-// the loaded values, ptxas computed the products in each, ~900
-// instructions a warp per item, a sixth of the key loop's at 1 x 2k. A
-// NaN-propagating maximum finds a non-finite value in the same
-// instruction as the maximum. At this point of the item only these values
-// are live (64 registers at d 128).
+// latency is the item's: each thread loads its smoothing factors (the
+// same columns for both rows) and both rows' chunks once, all in flight
+// together, and keeps them for the two passes (the row maximum, then the
+// scaled values). Loaded per chunk and pass, one at a time, this took
+// ~13% of the consumers' time at 1 x 2k (int8, Nsight Compute's stall
+// samples), mostly waiting on those loads. At this point of the item only
+// these values are live (64 registers at d 128).
 template <class Cfg>
 __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t* q_tile, const WorkItem& w, int r0,
                                                 int quad, float pre, float (&unscale)[2], bool (&bad)[2]) {
@@ -250,41 +245,35 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t*
     const int c = quad + 4 * m;
     return reinterpret_cast<uint4*>(q_tile + (c >> 3) * BM * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
   };
+  // The factors of this lane's columns: the smoothing factors (1 without;
+  // 0 past the head dim, where q is 0).
+  float f[kMine][8];
+#pragma unroll
+  for (int m = 0; m < kMine; ++m)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int col = 8 * (quad + 4 * m) + k;
+      f[m][k] = col >= kv.head_dim ? 0.f : smooth == nullptr ? 1.f : __ldg(smooth + col);
+    }
   uint4 in[2][kMine];
 #pragma unroll
   for (int R = 0; R < 2; ++R)
 #pragma unroll
     for (int m = 0; m < kMine; ++m) in[R][m] = *chunk(r0 + 8 * R, m);
-  // x[R][m][k]: element k of chunk m of row R, times the smoothing factor of
-  // its column (without smoothing, the element itself; past the head dim
-  // the factor is 0, and the query tile's copy left zeros there too).
-  float x[2][kMine][8];
+  // Element k of chunk m of row R, times its factor.
+  auto value = [&](int R, int m, int k) { return to_float(reinterpret_cast<const QT*>(&in[R][m])[k]) * f[m][k]; };
+  const float k_scale = Cfg::kVectorScales ? 1.f : __ldg(kv.k_scale);  // (per vector: on each score column)
 #pragma unroll
-  for (int R = 0; R < 2; ++R)
-#pragma unroll
-    for (int m = 0; m < kMine; ++m)
-#pragma unroll
-      for (int k = 0; k < 8; ++k) x[R][m][k] = to_float(reinterpret_cast<const QT*>(&in[R][m])[k]);
-  if (smooth != nullptr) {
+  for (int R = 0; R < 2; ++R) {
+    float amax = 0.f;
 #pragma unroll
     for (int m = 0; m < kMine; ++m)
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const int col = 8 * (quad + 4 * m) + k;
-        const float f = col < kv.head_dim ? __ldg(smooth + col) : 0.f;
-        x[0][m][k] *= f;
-        x[1][m][k] *= f;
+        const float x = value(R, m, k);
+        amax = isfinite(x) ? fmaxf(amax, fabsf(x)) : INFINITY;
       }
-  }
-  const float k_scale = Cfg::kVectorScales ? 1.f : __ldg(kv.k_scale);  // (per vector: on each score column)
-#pragma unroll
-  for (int R = 0; R < 2; ++R) {
-    float amax = 0.f;  // NaN if the row holds one, else inf if it holds one, else the largest |x|
-#pragma unroll
-    for (int m = 0; m < kMine; ++m)
-#pragma unroll
-      for (int k = 0; k < 8; ++k) amax = fmax_nan(amax, fabsf(x[R][m][k]));
-    amax = warp_max<4>(isfinite(amax) ? amax : INFINITY);
+    amax = warp_max<4>(amax);
     // A negative pre (scale < 0, uncapped) or per-tensor k_scale goes into
     // the row, so that the factor the softmax folds into its multiplier
     // stays >= 0 (folding a negative one would turn the row's maximum into
@@ -295,8 +284,10 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t*
 #pragma unroll
     for (int m = 0; m < kMine; ++m)
       *chunk(r0 + 8 * R, m) =
-          make_uint4(pack2<__half>(x[R][m][0] * qs, x[R][m][1] * qs), pack2<__half>(x[R][m][2] * qs, x[R][m][3] * qs),
-                     pack2<__half>(x[R][m][4] * qs, x[R][m][5] * qs), pack2<__half>(x[R][m][6] * qs, x[R][m][7] * qs));
+          make_uint4(pack2<__half>(value(R, m, 0) * qs, value(R, m, 1) * qs),
+                     pack2<__half>(value(R, m, 2) * qs, value(R, m, 3) * qs),
+                     pack2<__half>(value(R, m, 4) * qs, value(R, m, 5) * qs),
+                     pack2<__half>(value(R, m, 6) * qs, value(R, m, 7) * qs));
   }
 }
 
