@@ -171,7 +171,9 @@ def test_mixed_step_beside_decodes_from_a_pool_stream(seed):
     caller.wait_stream(torch.cuda.current_stream())
     # The pool's round: streams until `caller` comes back, then all but one
     # more, so that the op's next stream from the pool is `caller`.
-    period = next(n for n in range(1, 1025) if torch.cuda.Stream().cuda_stream == caller.cuda_stream)
+    period = next((n for n in range(1, 1025) if torch.cuda.Stream().cuda_stream == caller.cuda_stream), None)
+    if period is None:
+        pytest.skip("torch.cuda.Stream() does not hand out the streams of a round-robin pool in this build")
     for _ in range(period - 1):
         torch.cuda.Stream()
     with torch.cuda.stream(caller):
