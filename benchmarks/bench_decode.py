@@ -240,8 +240,9 @@ def run_splits(label, batch, ctx, cfg, counts, args, errors):
 # Graph replays; full runs, or --only invariant.
 INVARIANT_CASES = [
     ("1x1k", 1, 1024, QWEN3), ("1x4k", 1, 4096, QWEN3), ("1x32k", 1, 32768, QWEN3), ("8x32k", 8, 32768, QWEN3),
-    ("32x4k", 32, 4096, QWEN3), ("128x2k", 128, 2048, QWEN3), ("256x1k", 256, 1024, QWEN3),
-    ("MQA 32/1 1x4k", 1, 4096, dict(hq=32, hkv=1, d=128)), ("28/4 32x4k", 32, 4096, dict(hq=28, hkv=4, d=128)),
+    ("16x4k", 16, 4096, QWEN3), ("32x4k", 32, 4096, QWEN3), ("128x2k", 128, 2048, QWEN3),
+    ("256x1k", 256, 1024, QWEN3), ("MQA 32/1 1x4k", 1, 4096, dict(hq=32, hkv=1, d=128)),
+    ("28/4 24x4k", 24, 4096, dict(hq=28, hkv=4, d=128)), ("28/4 32x4k", 32, 4096, dict(hq=28, hkv=4, d=128)),
     ("TP shard 8/1 1x4k", 1, 4096, dict(hq=8, hkv=1, d=128)),
 ]
 

@@ -44,7 +44,7 @@ int64_t decode_num_splits(const at::Device& device, int64_t num_seqs, int64_t nu
 
 namespace {
 
-// The batch-invariant plan's shortest split, in positions: 512, or for a
+// The batch-invariant plan's shortest split, in positions: 256, or for a
 // measurement TILEINFER_INVARIANT_SPLIT_POSITIONS (64 to 4096; read at each
 // call, so a captured graph keeps the value of its capture).
 int64_t invariant_split_positions() {
@@ -158,9 +158,10 @@ void attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, 
   // Batch invariance (docs/CONTRACT.md, "Numerics"): each sequence's decode
   // splits from its own length and tiles from the group size (DecodePlan);
   // the prefill kernels' work items already hold all of a row's keys.
-  const DecodePlan plan = attention_decode_plan(q.device(), s, batch_invariant);
+  DecodePlan plan = attention_decode_plan(q.device(), s, batch_invariant);
   if (use_decode_path(max_q_len)) {
 #ifdef TILEINFER_WITH_CUDA
+    if (on_cuda) plan = cuda::decode_plan_one_block(plan, s, q);
     // Nothing to merge, or the blocks of a cluster merge their splits, or
     // one block walks and merges all of a sequence's splits: no partials, no
     // combine launch.

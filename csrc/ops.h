@@ -103,6 +103,11 @@ bool decode_merges_in_clusters(const DecodePlan& plan, const at::Tensor& q);
 // 16-row tile at head dims up to 128, when the default rule gives the step
 // one split.
 bool decode_merges_splits(const DecodePlan& plan, const PagedShape& s, const at::Tensor& q);
+// The attention op's decode step under a batch-invariant plan whose default
+// rule gives each (sequence, KV head) two blocks: one block instead where
+// that block can merge the splits (decode_merges_splits), unless
+// TILEINFER_INVARIANT_ONE_BLOCK=0 (a measurement). Same bits either way.
+DecodePlan decode_plan_one_block(const DecodePlan& plan, const PagedShape& s, const at::Tensor& q);
 // The attention op's decode step when it has one split, or two merged in
 // clusters (decode_merges_in_clusters), or all merged by the block that
 // walks them (decode_merges_splits): the decode kernel writes `out` itself,

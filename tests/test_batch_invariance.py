@@ -144,11 +144,11 @@ def test_split_positions_for_a_measurement(device, seed, monkeypatch):
     p, q_lens = universe(3001, 1, torch.float32, device, seed)
     plan = steps(seed)
     at_default = target_rows(p, q_lens, plan["alone"][0], True)
-    monkeypatch.setenv("TILEINFER_INVARIANT_SPLIT_POSITIONS", "128")
+    monkeypatch.setenv("TILEINFER_INVARIANT_SPLIT_POSITIONS", "512")
     alone = target_rows(p, q_lens, plan["alone"][0], True)
     assert torch.equal(bits(alone), bits(target_rows(p, q_lens, plan["200 at slot 117"][0], True)))
     assert not torch.equal(bits(alone), bits(at_default)), \
-        "24 splits were expected to give other bits than 6 (the 512-position floor)"
+        "6 splits were expected to give other bits than 12 (the 256-position floor)"
     monkeypatch.setenv("TILEINFER_INVARIANT_SPLIT_POSITIONS", "32")
     with pytest.raises(RuntimeError, match="TILEINFER_INVARIANT_SPLIT_POSITIONS must be 64 to 4096"):
         target_rows(p, q_lens, plan["alone"][0], True)
@@ -180,7 +180,7 @@ def test_many_sequences_merge_their_splits_in_the_decode_kernel(head_dim, seed):
     sequences of 2 KV heads), that block merges the sequence's splits itself:
     no combine launch, and the bits of a step whose partials go through
     combine (the target alone: several blocks a sequence). 9000 positions in
-    pages of 16: 18 splits, more than a combine chunk of 16 at d <= 128. Head
+    pages of 16: 32 splits, more than a combine chunk of 16 at d <= 128. Head
     dim 256 keeps the partials and combine. The bits are checked over more
     cases above."""
     need_path("attention")
@@ -196,6 +196,36 @@ def test_many_sequences_merge_their_splits_in_the_decode_kernel(head_dim, seed):
     assert combines[0] == 1, f"the target alone: {alone_kernels}"
     assert combines[1] == (1 if head_dim == 256 else 0), f"200 sequences: {among_kernels}"
     assert torch.equal(bits(alone), bits(among)), "the target's bits differ between the two merges"
+
+
+@gpu
+def test_two_blocks_a_pair_become_one_that_merges(seed, monkeypatch):
+    """Where the default rule gives each (sequence, KV head) two blocks (as
+    many pairs as SMs), the invariant step takes one block a pair that merges
+    the splits itself, no combine launch; TILEINFER_INVARIANT_ONE_BLOCK=0
+    keeps two blocks, their partials and combine. Same bits both ways, and
+    those of the target alone."""
+    need_path("attention")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kv_heads = 2
+    assert ops.decode_num_splits(sms, sms // kv_heads, kv_heads) == 2
+    p, q_lens = universe(3001, 1, torch.bfloat16, "cuda", seed, head_dim=128)
+    others = steps(seed)["200 at slot 117"][0]
+    batch = [0] + [i for i in others if i != 0][:sms // kv_heads - 1]
+
+    def run():
+        return kernels_run(lambda: target_rows(p, q_lens, batch, True))
+
+    one_kernels, one = run()
+    monkeypatch.setenv("TILEINFER_INVARIANT_ONE_BLOCK", "0")
+    two_kernels, two = run()
+    combines = [sum("combine_kernel" in k for k in ks) for ks in (one_kernels, two_kernels)]
+    assert combines == [0, 1], f"one block: {one_kernels}; two blocks: {two_kernels}"
+    assert torch.equal(bits(one), bits(two)), "the target's bits differ between one and two blocks a pair"
+    assert torch.equal(bits(one), bits(target_rows(p, q_lens, [0], True))), "the target's bits differ from alone"
+    monkeypatch.setenv("TILEINFER_INVARIANT_ONE_BLOCK", "2")
+    with pytest.raises(RuntimeError, match="TILEINFER_INVARIANT_ONE_BLOCK must be 0 or 1"):
+        target_rows(p, q_lens, batch, True)
 
 
 @gpu
@@ -245,17 +275,17 @@ def test_batch_invariant_d64_keeps_two_consumers(seed, monkeypatch):
 
 # Shapes of quantized caches' batch-invariant walks: (target_len, target_q,
 # page, head_dim, group) of the target (2 KV heads). The batch-invariant plan
-# cuts splits of max(ceil(pages / 32), ceil(512 / page)) pages
+# cuts splits of max(ceil(pages / 32), ceil(256 / page)) pages
 # (decode_splits.h, invariant_decode_plan).
 QUANT_SHAPES = {
-    # pages of 16: 32 pages a split, 188 pages in 6 splits.
+    # pages of 16: 16 pages a split, 188 pages in 12 splits.
     "page16": (3001, 1, 16, 128, 4),
-    # a group of 7 (14 query heads), d 64 (the smallest tile dim): 79 pages, 10 splits.
+    # a group of 7 (14 query heads), d 64 (the smallest tile dim): 79 pages, 20 splits.
     "group7-d64": (5000, 1, 64, 64, 7),
     # d 256 (partials and combine: no merge in the decode block), a verify step
     # of 16 queries (64 packed rows on the small tile, which the group picks).
     "d256-verify16": (2048, 16, 32, 256, 4),
-    # one position past the second 512-position split (pages of 64): the third
+    # one position past the fourth 256-position split (pages of 64): the fifth
     # split holds that position alone, which only the last of the 4 queries sees.
     "split-boundary": (1025, 4, 64, 128, 4),
 }

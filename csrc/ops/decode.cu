@@ -202,6 +202,21 @@ bool decode_merges_splits(const DecodePlan& plan, const PagedShape& s, const at:
          q.size(1) / s.num_kv_heads <= 16 && tile_head_dim(s.head_dim) <= 128;
 }
 
+// Two blocks a pair (89-132 pairs on 132 SMs) would walk half the splits
+// each into partials that combine merges; one block a pair walks them all as
+// one key loop and merges them in shared memory, no partials written or read
+// (28/4 heads at 32 x 4k: 1.23 -> 1.06x the default rule's time, one H100;
+// PERFORMANCE.md, "Decode split counts and batch invariance"). (The switch
+// is read at each call: a captured graph keeps the plan of its capture.)
+DecodePlan decode_plan_one_block(const DecodePlan& plan, const PagedShape& s, const at::Tensor& q) {
+  if (!plan.batch_invariant || plan.grid_splits != 2 ||
+      !env_switch("TILEINFER_INVARIANT_ONE_BLOCK", "0", "1", true))
+    return plan;
+  DecodePlan one = plan;
+  one.grid_splits = 1;
+  return decode_merges_splits(one, s, q) ? one : plan;
+}
+
 void decode_as(const char* op, at::Tensor& partial_out, at::Tensor& partial_lse, const at::Tensor& q,
                const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
                const at::Tensor& seq_lens, const at::Tensor& cu_seqlens_q, int64_t max_q_len, double scale,

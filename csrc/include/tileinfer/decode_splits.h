@@ -82,16 +82,18 @@ inline DecodePlan decode_plan_for(int64_t num_sms, int64_t num_seqs, int64_t num
 }
 
 // The batch-invariant plan: a sequence of P pages gets splits of
-// max(ceil(P / 32), ceil(512 / page_size)) pages, so at most 32 splits and
-// none shorter than 512 positions; a split count from its own length only.
-// 512 trades the two ends (decode + combine at forced counts, PERFORMANCE.md):
-// a single 1k sequence wants 16 splits, a batch of 128 at 2k one, and each
-// gets two or four. There are ceil(max_pages / min_pages) partials, at most
-// 32 (max_pages: the block table's width, a shape), walked by the default
-// rule's count of blocks (default_splits) or fewer.
-// (split_positions: 512 but for a measurement, TILEINFER_INVARIANT_SPLIT_POSITIONS, csrc/attention.cpp.)
+// max(ceil(P / 32), ceil(256 / page_size)) pages, so at most 32 splits and
+// none shorter than 256 positions; a split count from its own length only.
+// 256 trades the two ends (PERFORMANCE.md, "Decode split counts and batch
+// invariance"): a lone short sequence wants many splits, a large batch one
+// a sequence, and each split's end costs the block that walks it (about
+// 1 us where it is alone on its SM, with 128). There are
+// ceil(max_pages / min_pages) partials, at most 32 (max_pages: the block
+// table's width, a shape), walked by the default rule's count of blocks
+// (default_splits) or fewer.
+// (split_positions: 256 but for a measurement, TILEINFER_INVARIANT_SPLIT_POSITIONS, csrc/attention.cpp.)
 constexpr int64_t kInvariantMaxSplits = 32;
-constexpr int64_t kInvariantSplitPositions = 512;
+constexpr int64_t kInvariantSplitPositions = 256;
 inline DecodePlan invariant_decode_plan(int64_t max_pages, int64_t page_size, int64_t default_splits,
                                         int64_t split_positions = kInvariantSplitPositions) {
   const int64_t min_pages = std::max<int64_t>(1, (split_positions + page_size - 1) / page_size);
