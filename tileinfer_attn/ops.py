@@ -319,7 +319,7 @@ def attention(
     ``batch_invariant``: a sequence's output bits do not depend on the other
     sequences of the step, their number or its place among them (reproducible
     sampling, RL rollouts). Decode then cuts each sequence's keys by its own
-    length (splits of at least 512 positions, at most 32 of them) instead of
+    length (splits of at least 256 positions, at most 32 of them) instead of
     spreading the step over the GPU, and picks its tile from the group size
     alone; it costs speed where a step's split count differs from the default's
     (docs/PERFORMANCE.md). Without it, the bits can change with the batch,
