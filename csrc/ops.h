@@ -100,8 +100,9 @@ bool decode_merges_in_clusters(const DecodePlan& plan, const at::Tensor& q);
 // without partials: one block per (sequence, KV head) walks all of its
 // splits and merges them itself (attention_kernel.cuh), the bits combine
 // would give (split_merge.cuh). For 16-bit queries whose group fits the
-// 16-row tile at head dims up to 128, when the default rule gives the step
-// one split.
+// 16-row tile at head dims up to 128, when the plan gives each (sequence, KV
+// head) one block (grid_splits 1: the default rule's count, or
+// decode_plan_one_block's below).
 bool decode_merges_splits(const DecodePlan& plan, const PagedShape& s, const at::Tensor& q);
 // The attention op's decode step under a batch-invariant plan whose default
 // rule gives each (sequence, KV head) two blocks: one block instead where
