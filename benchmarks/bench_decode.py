@@ -244,6 +244,8 @@ INVARIANT_CASES = [
     ("256x1k", 256, 1024, QWEN3), ("MQA 32/1 1x4k", 1, 4096, dict(hq=32, hkv=1, d=128)),
     ("28/4 24x4k", 24, 4096, dict(hq=28, hkv=4, d=128)), ("28/4 32x4k", 32, 4096, dict(hq=28, hkv=4, d=128)),
     ("TP shard 8/1 1x4k", 1, 4096, dict(hq=8, hkv=1, d=128)),
+    # 32-88 (sequence, KV head) pairs: three or more blocks a pair, each walking a run of splits.
+    ("MQA 32/1 32x4k", 32, 4096, dict(hq=32, hkv=1, d=128)), ("TP shard 8/1 64x4k", 64, 4096, dict(hq=8, hkv=1, d=128)),
 ]
 
 

@@ -153,14 +153,17 @@ __device__ __forceinline__ bool attention_tile_rows(const AttentionParams& p, in
       return false;
     }
   };
-  // Such a block walks its splits as one key range where each split is a
-  // whole number of tiles (DecodeWalkWork::walk_through): split_tiles tiles
-  // a split, 0 for a walk split by split. The copies then run on across a
-  // split's end, whose rows go through the stage of its last tile
-  // (split_walk_boundary): for 16-bit caches, whose stage holds them.
+  // A walking block, merging or not, walks a run of its splits as one key
+  // range where each split is a whole number of tiles
+  // (DecodeWalkWork::walk_through): split_tiles tiles a split, 0 for a walk
+  // split by split. The copies then run on across a split's end, whose rows
+  // go through the stage of its last tile into the merge or the split's
+  // partial (split_walk_boundary): for 16-bit caches, whose stage holds them,
+  // up to head dim 128 (d 256's key-slice tile spilled 92 bytes with it).
   constexpr bool kWalkThrough =
-      kCanMerge && !Cfg::kQuant && Cfg::kWarpsN * BM * D * 4 <= 2 * Cfg::kTileBytes;
+      Work::kWalks && !Cfg::kQuant && D <= 128 && Cfg::kWarpsN * BM * D * 4 <= 2 * Cfg::kTileBytes;
   int split_tiles = 0;
+  int empty = INT_MAX;  // walk_through: this block's first split past the keys (lse only)
   int first_entries[S];  // block-table entries of this thread's keys of the first tiles
   const KeyTiles<BN, S, kSlots> keys{p.kv, w, tid, page_shift, sh.key_rows, sh.flags, sh.entries,
                                      p.kv.head_dim * static_cast<int>(sizeof(typename Cfg::CacheT))};
@@ -172,7 +175,7 @@ __device__ __forceinline__ bool attention_tile_rows(const AttentionParams& p, in
   };
   auto start = [&] {  // the block's (first) work item from `meta`
     w = Work::template make<BM>(p, meta, row_step);
-    if constexpr (kWalkThrough) split_tiles = merges() ? Work::template walk_through<BM, BN>(p, w) : 0;
+    if constexpr (kWalkThrough) split_tiles = Work::template walk_through<BM, BN>(p, w, empty);
     prepare();
   };
   auto finish_lookups = [&] { keys.lookup_entries(first_entries, num_tiles); };
@@ -267,6 +270,18 @@ __device__ __forceinline__ bool attention_tile_rows(const AttentionParams& p, in
   if (!w.active) return false;  // block-uniform
   // Whether the block walks on to its next row tile, which holds rows.
   const auto more_rows = [&] { return Work::kRowWalk && w.row_base + BM < w.q_count * w.group; };
+  if constexpr (kWalkThrough) {
+    if (split_tiles != 0) {  // block-uniform: the empty splits this block gives their lse, then its run, if any
+      for (WorkItem e = w; empty < p.split_slots; empty += gridDim.x) {
+        e.split = empty;
+        tile_neutral_lse<Cfg, Work>(p, e, sh, tid);
+      }
+      if (split_tiles < 0) {
+        cp_async_wait<0>();  // (the query rows' copy)
+        return more_rows();
+      }
+    }
+  }
   if (merges()) split_merge_start<Cfg>(sh, tid);
   // A block's work items: one, or (DecodeWalkWork) the splits it walks in
   // turn, each with its own prologue, key loop and epilogue, or all of them
@@ -406,7 +421,8 @@ __device__ __forceinline__ bool attention_tile_rows(const AttentionParams& p, in
       if constexpr (kWalkThrough) {
         if (i == split_end) {  // block-uniform: a split ends with tile i - 1, whose stage is free
           uint8_t* freed = sh.kv + ((i - 1) % S) * 2 * Cfg::kTileBytes;  // tile i - 1's stage
-          split_walk_boundary<Cfg, Work>(p, w, sh, sm, o, reinterpret_cast<float*>(freed), tid, warp_n, quad, row_of);
+          split_walk_boundary<Cfg, Work>(p, w, sh, sm, o, reinterpret_cast<float*>(freed), tid, warp_n, quad, row_of,
+                                         merges());
           // The rows staged there covered the pad chunks that the copies of a
           // short head dim leave alone (tile_io.cuh, zero_pads).
           if constexpr (kPadsZeroed) {

@@ -486,9 +486,9 @@ struct DecodeRowWalkWork : DecodeWork {
 // Decode under a batch-invariant plan (decode_splits.h; p.split_slots > 0):
 // block x walks splits x, x + gridDim.x, ... below split_slots, each a work
 // item of its own (prologue, keys, epilogue, partial), so the grid needs no
-// block for each of the 32 splits a wide block table allows; a block that
-// walks all of them and merges them itself may take them as one key range
-// (walk_through). A kernel of its
+// block for each of the 32 splits a wide block table allows; or, where the
+// tile allows, a run of consecutive splits as one key range (walk_through).
+// A kernel of its
 // own: the loop keeps state live across items, which costs the one-split
 // kernels registers (and spills in the quantized and head-dim-256 tiles).
 struct DecodeWalkWork : DecodeWork {
@@ -500,17 +500,44 @@ struct DecodeWalkWork : DecodeWork {
     w = make_split<kBlockM>(p, m, split, row_step);
     return true;
   }
-  // A block that walks all of its rows' splits (a grid of one block a pair:
-  // decode.cu's merging launches) walks them as one key range when each
-  // split is a whole number of kBlockN-key tiles: its tiles are then the
-  // splits' tiles one after the other, tile t in split t / split_tiles.
-  // Widens w (split 0) to the keys of all the splits and returns
-  // split_tiles; 0, w unchanged, for a walk split by split.
+  // A block walks its splits as one key range, the copies running on across
+  // each split's end, when each split is a whole number of kBlockN-key tiles:
+  // its tiles are then the splits' tiles one after the other, tile t in
+  // split w.split + t / split_tiles. Such a block takes a run of consecutive
+  // splits, not every gridDim.x-th: block b of the pair's gridDim.x the b-th
+  // share of the splits that hold keys (all of them for a block that merges
+  // its splits itself, one a pair: decode.cu). Which block computes a split
+  // changes none of its bits. The splits past the keys (lse only) go to the
+  // blocks in turn, those without a run first: `empty` is this block's first
+  // one (then every gridDim.x-th; INT_MAX for none), written before its run.
+  // Sets w to the block's run (w.split its first split) and returns
+  // split_tiles; -1 for a block without a run (w's keys empty); 0, w
+  // unchanged, for a walk split by split (also where no block would have
+  // two splits: no faster as a run).
   template <int kBlockM, int kBlockN>
-  __device__ static int walk_through(const AttentionParams& p, WorkItem& w) {
+  __device__ static int walk_through(const AttentionParams& p, WorkItem& w, int& empty) {
+    empty = INT_MAX;
     const SplitLayout l = split_layout(p, w);
-    if (gridDim.x != 1 || w.split != 0 || l.split_keys % kBlockN != 0) return 0;
-    set_keys<kBlockM>(p, w, l.range_begin, static_cast<int64_t>(p.split_slots) * l.split_keys);
+    if (l.split_keys % kBlockN != 0) return 0;
+    WorkItem all = w;  // the keys of every split
+    set_keys<kBlockM>(p, all, l.range_begin, static_cast<int64_t>(p.split_slots) * l.split_keys);
+    const int live = max(1, ceil_div(all.key_end - l.range_begin, l.split_keys));  // split 0 at least
+    const int blocks = static_cast<int>(gridDim.x);
+    const int per = ceil_div(live, blocks);
+    if (per == 1 && writes_partials(p)) return 0;  // a split a block: as split by split
+    const int first = static_cast<int>(blockIdx.x) * per;
+    if (writes_partials(p) && live < p.split_slots) {
+      const int runs = ceil_div(live, per);  // blocks 0 .. runs - 1 have one
+      const int b = static_cast<int>(blockIdx.x);
+      empty = live + (b < runs ? blocks - runs + b : b - runs);
+    }
+    if (first >= live) {
+      set_keys<kBlockM>(p, w, w.seq_len, 0);
+      return -1;
+    }
+    w.split = first;
+    set_keys<kBlockM>(p, w, l.range_begin + static_cast<int64_t>(first) * l.split_keys,
+                      static_cast<int64_t>(min(per, live - first)) * l.split_keys);
     return l.split_keys / kBlockN;
   }
   // A walked split past the sequence's keys writes only its rows' lse (-inf):

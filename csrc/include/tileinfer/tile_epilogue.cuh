@@ -176,19 +176,30 @@ __device__ __forceinline__ void stage_out_rows(const TileSmem<Cfg>& sh, const fl
   }
 }
 
+// The rows' lse (sh.lse) out, to the output's lse or the split's partial.
+template <class Cfg, class Work>
+__device__ __forceinline__ void store_row_lse(const AttentionParams& p, const WorkItem& w, const TileSmem<Cfg>& sh,
+                                              int tid) {
+  if (tid < Cfg::kBlockM && sh.row_token[tid] >= 0) {
+    float* lse = Work::lse_at(p, w, sh.row_token[tid], sh.row_head[tid]);
+    if (lse != nullptr) *lse = sh.lse[tid];
+  }
+}
+
 // The end of one split inside a walk that runs on across split boundaries
 // (attention_kernel.cuh, DecodeWalkWork::walk_through): the split's rows go
-// into the block's running merge as tile_epilogue would have put them
-// (row_out_scales, stage_out_rows, split_merge_rows: the same values), but
-// staged in o_s, the stage of the tile just finished, kStride = D floats a
-// row, so that the copies of the next tiles stay in flight. Called by every
-// thread after the barrier that ends the split's last tile; o_s is free
-// again when it returns (split_merge_rows' barrier).
+// into the block's running merge (`merges`) or out to the split's partial,
+// as tile_epilogue would have put them (row_out_scales, stage_out_rows, then
+// split_merge_rows or store_output_rows: the same values), but staged in
+// o_s, the stage of the tile just finished, kStride = D floats a row, so
+// that the copies of the next tiles stay in flight. Called by every thread
+// after the barrier that ends the split's last tile; o_s and sh.lse are
+// free again when it returns (split_merge_rows' barrier, or the one here).
 template <class Cfg, class Work, int kR, class RowOf>
 __device__ __forceinline__ void split_walk_boundary(const AttentionParams& p, const WorkItem& w,
                                                     const TileSmem<Cfg>& sh, OnlineSoftmax<kR, 4>& sm,
                                                     const float (&o)[kR][Cfg::D / 4], float* o_s, int tid,
-                                                    int warp_n, int quad, RowOf row_of) {
+                                                    int warp_n, int quad, RowOf row_of, bool merges) {
   static_assert(!Cfg::kQuant, "a quantized tile's stage is smaller than its o_s");
   static_assert(Cfg::kWarpsN * Cfg::kBlockM * Cfg::D * 4 <= 2 * Cfg::kTileBytes, "o_s fits one stage");
   float out_scale[kR];
@@ -196,7 +207,17 @@ __device__ __forceinline__ void split_walk_boundary(const AttentionParams& p, co
   row_out_scales<Cfg, Work>(p, w, sh, sm, 0.f, row_bad, warp_n, quad, row_of, out_scale);
   stage_out_rows<Cfg, Cfg::D>(sh, o, out_scale, o_s, warp_n, quad, row_of);
   __syncthreads();
-  split_merge_rows<Cfg, Cfg::D>(p, sh, o_s, tid);
+  if (merges) {
+    if constexpr (Cfg::kMergesSplits) split_merge_rows<Cfg, Cfg::D>(p, sh, o_s, tid);
+    return;
+  }
+  if constexpr (Work::kPartials) {
+    store_output_rows<Cfg::kBlockM, Cfg::D, Cfg::kThreads, Cfg::kWarpsN, Cfg::D>(
+        o_s, sh.row_token, sh.row_head, tid, p.kv.head_dim,
+        [&](int token, int head) { return Work::partial_row(p, w, token, head); });
+    store_row_lse<Cfg, Work>(p, w, sh, tid);
+  }
+  __syncthreads();
 }
 
 // The block's output after its key loop: its rows of the output or of the
@@ -246,10 +267,7 @@ __device__ __forceinline__ void tile_epilogue(const AttentionParams& p, const Wo
   } else {
     store_rows([&](int token, int head) { return output_row<QT>(p, token, head); });
   }
-  if (tid < BM && sh.row_token[tid] >= 0) {
-    float* lse = Work::lse_at(p, w, sh.row_token[tid], sh.row_head[tid]);
-    if (lse != nullptr) *lse = sh.lse[tid];
-  }
+  store_row_lse<Cfg, Work>(p, w, sh, tid);
   TILEINFER_STAMP(5);
 }
 
