@@ -517,6 +517,9 @@ struct DecodeWalkWork : DecodeWork {
   template <int kBlockM, int kBlockN>
   __device__ static int walk_through(const AttentionParams& p, WorkItem& w, int& empty) {
     empty = INT_MAX;
+    // (A block for every split: before the divisions below, which the small
+    // steps' blocks, short-lived, would pay.)
+    if (writes_partials(p) && p.split_slots <= static_cast<int>(gridDim.x)) return 0;
     const SplitLayout l = split_layout(p, w);
     if (l.split_keys % kBlockN != 0) return 0;
     WorkItem all = w;  // the keys of every split
