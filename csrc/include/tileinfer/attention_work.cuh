@@ -517,8 +517,8 @@ struct DecodeWalkWork : DecodeWork {
   template <int kBlockM, int kBlockN>
   __device__ static int walk_through(const AttentionParams& p, WorkItem& w, int& empty) {
     empty = INT_MAX;
-    // (A block for every split: before the divisions below, which the small
-    // steps' blocks, short-lived, would pay.)
+    // A block for every split walks split by split (per below is 1): told
+    // without the divisions.
     if (writes_partials(p) && p.split_slots <= static_cast<int>(gridDim.x)) return 0;
     const SplitLayout l = split_layout(p, w);
     if (l.split_keys % kBlockN != 0) return 0;
