@@ -2,11 +2,15 @@
 about two blocks per SM over the (sequence, KV head) pairs, rounded down, at
 most 32 splits (256 / pairs, at most 128, for fewer than 8 pairs), never fewer than 1, whatever the step's query count or cache
 type (the op takes only the SM count and the pairs); the CPU path counts 8
-"SMs" and two blocks each."""
+"SMs" and two blocks each. And how a batch-invariant plan's blocks share a
+pair's splits in runs (split_run)."""
+import subprocess
+
 import pytest
 import torch
 
 import tileinfer_attn as ti
+from cpp_tool import compile_tool
 
 split = torch.ops.tileinfer_attn.decode_num_splits
 
@@ -32,3 +36,14 @@ def test_wrapper_counts_the_devices_sms():
     if torch.cuda.is_available():
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         assert ti.decode_num_splits("cuda", 8, 8) == split(sms, 8, 8)
+
+
+def test_split_runs_cover_every_split_once(tmp_path_factory):
+    """Batch-invariant decode's runs of splits (decode_splits.h, split_run):
+    for every count of splits with keys, of split slots (up to 32) and of
+    blocks a pair, each split with keys is walked by exactly one block, in a
+    run of consecutive splits, and each empty split gets its lse from exactly
+    one block (tests/split_runs.cpp)."""
+    tool = compile_tool(tmp_path_factory, "split_runs.cpp")
+    result = subprocess.run([str(tool)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr

@@ -504,21 +504,19 @@ struct DecodeWalkWork : DecodeWork {
   // each split's end, when each split is a whole number of kBlockN-key tiles:
   // its tiles are then the splits' tiles one after the other, tile t in
   // split w.split + t / split_tiles. Such a block takes a run of consecutive
-  // splits, not every gridDim.x-th: block b of the pair's gridDim.x the b-th
-  // share of the splits that hold keys (all of them for a block that merges
-  // its splits itself, one a pair: decode.cu). Which block computes a split
-  // changes none of its bits. The splits past the keys (lse only) go to the
-  // blocks in turn, those without a run first: `empty` is this block's first
-  // one (then every gridDim.x-th; INT_MAX for none), written before its run.
+  // splits (split_run, decode_splits.h: all of them for a block that merges
+  // its splits itself, one a pair: decode.cu), not every gridDim.x-th, and
+  // writes the lse of its share of the splits past the keys (`empty` the
+  // first, then every gridDim.x-th; INT_MAX for none) before its run. Which
+  // block computes a split changes none of its bits.
   // Sets w to the block's run (w.split its first split) and returns
   // split_tiles; -1 for a block without a run (w's keys empty); 0, w
-  // unchanged, for a walk split by split (also where no block would have
-  // two splits: no faster as a run).
+  // unchanged, for a walk split by split (also where every block has one
+  // split at most: no faster as a run).
   template <int kBlockM, int kBlockN>
   __device__ static int walk_through(const AttentionParams& p, WorkItem& w, int& empty) {
     empty = INT_MAX;
-    // A block for every split walks split by split (per below is 1): told
-    // without the divisions.
+    // A block for every split: split by split, told without the divisions.
     if (writes_partials(p) && p.split_slots <= static_cast<int>(gridDim.x)) return 0;
     const SplitLayout l = split_layout(p, w);
     if (l.split_keys % kBlockN != 0) return 0;
@@ -526,21 +524,18 @@ struct DecodeWalkWork : DecodeWork {
     set_keys<kBlockM>(p, all, l.range_begin, static_cast<int64_t>(p.split_slots) * l.split_keys);
     const int live = max(1, ceil_div(all.key_end - l.range_begin, l.split_keys));  // split 0 at least
     const int blocks = static_cast<int>(gridDim.x);
-    const int per = ceil_div(live, blocks);
-    if (per == 1 && writes_partials(p)) return 0;  // a split a block: as split by split
-    const int first = static_cast<int>(blockIdx.x) * per;
-    if (writes_partials(p) && live < p.split_slots) {
-      const int runs = ceil_div(live, per);  // blocks 0 .. runs - 1 have one
-      const int b = static_cast<int>(blockIdx.x);
-      empty = live + (b < runs ? blocks - runs + b : b - runs);
+    if (writes_partials(p)) {
+      if (live <= blocks) return 0;  // a split a block: as split by split
     }
-    if (first >= live) {
+    const SplitRun run = split_run(live, blocks, static_cast<int>(blockIdx.x));
+    if (writes_partials(p)) empty = run.empty;
+    if (run.count == 0) {
       set_keys<kBlockM>(p, w, w.seq_len, 0);
       return -1;
     }
-    w.split = first;
-    set_keys<kBlockM>(p, w, l.range_begin + static_cast<int64_t>(first) * l.split_keys,
-                      static_cast<int64_t>(min(per, live - first)) * l.split_keys);
+    w.split = run.first;
+    set_keys<kBlockM>(p, w, l.range_begin + static_cast<int64_t>(run.first) * l.split_keys,
+                      static_cast<int64_t>(run.count) * l.split_keys);
     return l.split_keys / kBlockN;
   }
   // A walked split past the sequence's keys writes only its rows' lse (-inf):

@@ -101,4 +101,25 @@ inline DecodePlan invariant_decode_plan(int64_t max_pages, int64_t page_size, in
   return DecodePlan{n, kInvariantMaxSplits, min_pages, true, std::clamp<int64_t>(default_splits, 1, n)};
 }
 
+// A run of splits (attention_work.cuh, DecodeWalkWork::walk_through): of a
+// (sequence, KV head)'s `live` splits that hold keys, out of `slots`, block
+// `block` of the pair's `blocks` walks [first, first + count) as one key
+// range (count 0: none; blocks 0 .. runs - 1 have one), and writes the lse of
+// the empty splits empty, empty + blocks, ... below slots. The empty splits
+// go to the blocks in turn, those without a run first. Every split is walked
+// or written once (tests/test_splits.py walks them all).
+struct SplitRun {
+  int first;
+  int count;
+  int empty;
+};
+TILEINFER_HOST_DEVICE inline SplitRun split_run(int live, int blocks, int block) {
+  const int per = (live + blocks - 1) / blocks;
+  const int runs = (live + per - 1) / per;
+  const int first = block * per;
+  const int left = live - first;
+  return SplitRun{first, block < runs ? (left < per ? left : per) : 0,
+                  live + (block < runs ? blocks - runs + block : block - runs)};
+}
+
 }  // namespace tileinfer
