@@ -524,9 +524,7 @@ struct DecodeWalkWork : DecodeWork {
     set_keys<kBlockM>(p, all, l.range_begin, static_cast<int64_t>(p.split_slots) * l.split_keys);
     const int live = max(1, ceil_div(all.key_end - l.range_begin, l.split_keys));  // split 0 at least
     const int blocks = static_cast<int>(gridDim.x);
-    if (writes_partials(p)) {
-      if (live <= blocks) return 0;  // a split a block: as split by split
-    }
+    if (writes_partials(p) && live <= blocks) return 0;  // a split a block: as split by split
     const SplitRun run = split_run(live, blocks, static_cast<int>(blockIdx.x));
     if (writes_partials(p)) empty = run.empty;
     if (run.count == 0) {

@@ -102,12 +102,12 @@ inline DecodePlan invariant_decode_plan(int64_t max_pages, int64_t page_size, in
 }
 
 // A run of splits (attention_work.cuh, DecodeWalkWork::walk_through): of a
-// (sequence, KV head)'s `live` splits that hold keys, out of `slots`, block
-// `block` of the pair's `blocks` walks [first, first + count) as one key
-// range (count 0: none; blocks 0 .. runs - 1 have one), and writes the lse of
-// the empty splits empty, empty + blocks, ... below slots. The empty splits
-// go to the blocks in turn, those without a run first. Every split is walked
-// or written once (tests/test_splits.py walks them all).
+// (sequence, KV head)'s `live` splits that hold keys, block `block` of the
+// pair's `blocks` walks [first, first + count) as one key range (count 0:
+// none; blocks 0 .. runs - 1 have one), and writes the lse of the empty
+// splits empty, empty + blocks, ... below the plan's split slots. The empty
+// splits go to the blocks in turn, those without a run first. Every split
+// is walked or written once (tests/test_splits.py walks them all).
 struct SplitRun {
   int first;
   int count;
