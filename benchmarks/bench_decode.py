@@ -246,6 +246,8 @@ INVARIANT_CASES = [
     ("TP shard 8/1 1x4k", 1, 4096, dict(hq=8, hkv=1, d=128)),
     # 32-88 (sequence, KV head) pairs: three or more blocks a pair, each walking a run of splits.
     ("MQA 32/1 32x4k", 32, 4096, dict(hq=32, hkv=1, d=128)), ("TP shard 8/1 64x4k", 64, 4096, dict(hq=8, hkv=1, d=128)),
+    # One long sequence of one KV head: the 32-split cap against the default's 128 splits.
+    ("MQA 32/1 1x32k", 1, 32768, dict(hq=32, hkv=1, d=128)), ("TP shard 8/1 1x32k", 1, 32768, dict(hq=8, hkv=1, d=128)),
 ]
 
 
