@@ -211,12 +211,10 @@ __device__ __forceinline__ void split_walk_boundary(const AttentionParams& p, co
     if constexpr (Cfg::kMergesSplits) split_merge_rows<Cfg, Cfg::D>(p, sh, o_s, tid);
     return;
   }
-  if constexpr (Work::kPartials) {
-    store_output_rows<Cfg::kBlockM, Cfg::D, Cfg::kThreads, Cfg::kWarpsN, Cfg::D>(
-        o_s, sh.row_token, sh.row_head, tid, p.kv.head_dim,
-        [&](int token, int head) { return Work::partial_row(p, w, token, head); });
-    store_row_lse<Cfg, Work>(p, w, sh, tid);
-  }
+  store_output_rows<Cfg::kBlockM, Cfg::D, Cfg::kThreads, Cfg::kWarpsN, Cfg::D>(
+      o_s, sh.row_token, sh.row_head, tid, p.kv.head_dim,
+      [&](int token, int head) { return Work::partial_row(p, w, token, head); });
+  store_row_lse<Cfg, Work>(p, w, sh, tid);
   __syncthreads();
 }
 
