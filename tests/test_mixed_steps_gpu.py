@@ -252,6 +252,39 @@ def test_mixed_step_decode_blocks_walk_row_tiles(group, seed, monkeypatch):
     check_out(out, exact_attention(p, True)[0], p.q.dtype, f"mixed step, group {group}, walked row tiles")
 
 
+def misaligned_like(t):
+    """A poisoned contiguous view of t's shape one element into a buffer: rows
+    no longer 16-byte aligned, though t.contiguous() of it is itself."""
+    return poison_(torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device))[1:].view(t.shape)
+
+
+@pytest.mark.parametrize("which", ["q", "out"])
+@pytest.mark.parametrize("step", ["prefill op", "mixed, partials", "mixed, one split"])
+def test_misaligned_contiguous_views(step, which, seed):
+    """q or out as a contiguous view one element into its buffer: the ops go
+    through 16-byte aligned copies (attention_host.h, aligned_copy), on the
+    prefill op and on a mixed step (its prefill in turn: a misaligned view
+    never runs beside the decodes), whose decodes go through partials and
+    combine (4 sequences) or write out themselves (71: one split)."""
+    need_path("attention")
+    if step == "mixed, one split":
+        q_lens, lens = [300] + [1] * 70, [300] + [64 + 37 * i for i in range(70)]
+    else:
+        q_lens, lens = ([300], [300]) if step == "prefill op" else ([1, 300, 3, 1], [700, 300, 50, 90])
+    p = make_problem(lens, q_lens, 32, 8, 128, 64, device=DEV, seed=seed)
+    q = p.q
+    if which == "q":
+        q = misaligned_like(p.q)
+        q.copy_(p.q)
+    out = misaligned_like(p.q) if which == "out" else poison_(torch.empty_like(p.q))
+    args = (p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q, p.max_q_len, p.scale, True)
+    if step == "prefill op":
+        ops.prefill(out, None, q, *args)
+    else:
+        ops.attention(out, q, *args)
+    check_out(out, exact_attention(p, True)[0], p.q.dtype, f"{step}, misaligned {which}")
+
+
 def test_mixed_step_leaves_padding_rows(seed):
     """Tokens past cu_seqlens_q[-1] (a batch captured larger than it runs) keep
     their contents on a mixed step, as on the prefill path."""

@@ -34,6 +34,12 @@ inline bool rows_aligned16(const at::Tensor& t) {
   return aligned16(t.data_ptr()) && t.stride(0) % vec == 0 && t.stride(1) % vec == 0;
 }
 
+// A 16-byte aligned, contiguous copy of t, for a view whose rows are not
+// aligned (rows_aligned16). Not t.contiguous(): that returns t itself when t
+// is contiguous, however its start is aligned (a view one element into a
+// buffer), and the kernels' 16-byte accesses then fault.
+inline at::Tensor aligned_copy(const at::Tensor& t) { return t.clone(at::MemoryFormat::Contiguous); }
+
 // Cache and metadata checks that only the CUDA kernels need; fills the shared
 // part of the params.
 inline AttentionParams make_attention_params(const char* op, const PagedShape& s, const at::Tensor& q,
