@@ -180,18 +180,22 @@ def hopper_quantized_prefill(p):
     return hopper() and not forced and p.q.dtype in (torch.bfloat16, torch.float16) and p.q.shape[-1] <= 128 and aligned
 
 
+def misaligned_copy(t):
+    """A copy of t in a contiguous view one element into a larger buffer, so
+    that it starts past a 16-byte boundary (valid input; t.contiguous() of it
+    is the view itself)."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = buf[1:].view(t.shape)
+    view.copy_(t)
+    assert view.data_ptr() % 16 != 0 and view.is_contiguous()
+    return view
+
+
 def misalign_scales_(p):
     """Moves p's per-vector scales to views that start 4 bytes past a 16-byte
-    boundary (contiguous views into larger buffers: valid input, which the
-    bulk copies cannot take, so `prefill` runs the mma.sync tile kernel)."""
-    def shifted(t):
-        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-        view = buf[1:].view(t.shape)
-        view.copy_(t)
-        assert view.data_ptr() % 16 != 0 and view.is_contiguous()
-        return view
-
-    p.k_scale, p.v_scale = shifted(p.k_scale), shifted(p.v_scale)
+    boundary (misaligned_copy: valid input, which the bulk copies cannot
+    take, so `prefill` runs the mma.sync tile kernel)."""
+    p.k_scale, p.v_scale = misaligned_copy(p.k_scale), misaligned_copy(p.v_scale)
     return p
 
 

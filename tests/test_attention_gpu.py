@@ -23,8 +23,8 @@ import torch
 
 import tileinfer_attn
 from op_helpers import (HEAD_DIMS, ULPS, GrowingDecodeBatch, bits, check_lse, check_out, exact_attention,
-                        has_cuda_kernel, hopper, kernels_run, need, need_path, run_attention, run_combine, run_decode,
-                        run_prefill)
+                        has_cuda_kernel, hopper, kernels_run, misaligned_copy, need, need_path, run_attention,
+                        run_combine, run_decode, run_prefill)
 from tileinfer_attn import reference
 from tileinfer_attn.testing import make_problem, poison_
 
@@ -238,10 +238,9 @@ def test_attention_single_split_writes_out(dtype, head_dim, int8, n, misaligned_
                      int8=int8)
     p = dataclasses.replace(with_padding_tokens(p, 3), max_q_len=n)
     t, h, d = p.q.shape
+    out = poison_(torch.empty_like(p.q))
     if misaligned_out:  # one element past a 16-byte boundary: the op goes through an aligned copy
-        out = poison_(torch.empty(t * h * d + 1, dtype=dtype, device=DEV))[1:].view(t, h, d)
-    else:
-        out = poison_(torch.empty_like(p.q))
+        out = misaligned_copy(out)
     ops.attention(out, *p.args(), p.scale, True, **p.quant_kwargs())
 
     po = poison_(torch.empty(1, t, h, d, dtype=torch.float32, device=DEV))

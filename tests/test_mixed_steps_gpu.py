@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from op_helpers import check_out, exact_attention, hopper, kernels_run, need_path, prefill_consumers, run_attention
+from op_helpers import (check_out, exact_attention, hopper, kernels_run, misaligned_copy, need_path, prefill_consumers,
+                        run_attention)
 from tileinfer_attn.testing import PagedProblem, make_problem, poison_
 
 pytestmark = [
@@ -252,12 +253,6 @@ def test_mixed_step_decode_blocks_walk_row_tiles(group, seed, monkeypatch):
     check_out(out, exact_attention(p, True)[0], p.q.dtype, f"mixed step, group {group}, walked row tiles")
 
 
-def misaligned_like(t):
-    """A poisoned contiguous view of t's shape one element into a buffer: rows
-    no longer 16-byte aligned, though t.contiguous() of it is itself."""
-    return poison_(torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device))[1:].view(t.shape)
-
-
 @pytest.mark.parametrize("which", ["q", "out"])
 @pytest.mark.parametrize("step", ["prefill op", "mixed, partials", "mixed, one split"])
 def test_misaligned_contiguous_views(step, which, seed):
@@ -272,11 +267,10 @@ def test_misaligned_contiguous_views(step, which, seed):
     else:
         q_lens, lens = ([300], [300]) if step == "prefill op" else ([1, 300, 3, 1], [700, 300, 50, 90])
     p = make_problem(lens, q_lens, 32, 8, 128, 64, device=DEV, seed=seed)
-    q = p.q
-    if which == "q":
-        q = misaligned_like(p.q)
-        q.copy_(p.q)
-    out = misaligned_like(p.q) if which == "out" else poison_(torch.empty_like(p.q))
+    q = misaligned_copy(p.q) if which == "q" else p.q
+    out = poison_(torch.empty_like(p.q))
+    if which == "out":
+        out = misaligned_copy(out)
     args = (p.k_cache, p.v_cache, p.block_tables, p.seq_lens, p.cu_seqlens_q, p.max_q_len, p.scale, True)
     if step == "prefill op":
         ops.prefill(out, None, q, *args)
