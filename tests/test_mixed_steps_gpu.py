@@ -257,7 +257,7 @@ def test_mixed_step_decode_blocks_walk_row_tiles(group, seed, monkeypatch):
 @pytest.mark.parametrize("step", ["prefill op", "mixed, partials", "mixed, one split"])
 def test_misaligned_contiguous_views(step, which, seed):
     """q or out as a contiguous view one element into its buffer: the ops go
-    through 16-byte aligned copies (attention_host.h, aligned_copy), on the
+    through 16-byte aligned copies (attention_host.h, aligned_rows), on the
     prefill op and on a mixed step (its prefill in turn: a misaligned view
     never runs beside the decodes), whose decodes go through partials and
     combine (4 sequences) or write out themselves (71: one split)."""

@@ -34,11 +34,14 @@ inline bool rows_aligned16(const at::Tensor& t) {
   return aligned16(t.data_ptr()) && t.stride(0) % vec == 0 && t.stride(1) % vec == 0;
 }
 
-// A 16-byte aligned, contiguous copy of t, for a view whose rows are not
-// aligned (rows_aligned16). Not t.contiguous(): that returns t itself when t
-// is contiguous, however its start is aligned (a view one element into a
-// buffer), and the kernels' 16-byte accesses then fault.
-inline at::Tensor aligned_copy(const at::Tensor& t) { return t.clone(at::MemoryFormat::Contiguous); }
+// t where its rows are 16-byte aligned (rows_aligned16), else a contiguous
+// copy of it in a fresh (aligned) allocation. Not t.contiguous(): that
+// returns t itself when t is contiguous, however its start is aligned (a
+// view one element into a buffer), and the kernels' 16-byte accesses then
+// fault.
+inline at::Tensor aligned_rows(const at::Tensor& t) {
+  return rows_aligned16(t) ? t : t.clone(at::MemoryFormat::Contiguous);
+}
 
 // Cache and metadata checks that only the CUDA kernels need; fills the shared
 // part of the params.

@@ -99,7 +99,7 @@ bool decode_small_tile(int64_t rows, bool fits) {
 // itself); q is made 16-byte aligned here.
 void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, const at::Tensor& q,
                    int64_t max_q_len, const DecodePlan& plan) {
-  const at::Tensor q_c = rows_aligned16(q) ? q : aligned_copy(q);
+  const at::Tensor q_c = aligned_rows(q);
   p.q = q_c.data_ptr();
   p.q_stride_token = q_c.stride(0);
   p.q_stride_head = q_c.stride(1);
@@ -164,10 +164,8 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
 // write must keep their contents (a mixed step's prefill rows and padding).
 void launch_decode_into(at::Tensor& out, AttentionParams& p, const PagedShape& s, const at::Tensor& q,
                         int64_t max_q_len, const DecodePlan& plan, bool writes_every_row) {
-  at::Tensor target = out;
-  if (!rows_aligned16(out)) {
-    target = writes_every_row ? at::empty_like(out, at::MemoryFormat::Contiguous) : aligned_copy(out);
-  }
+  at::Tensor target =
+      writes_every_row && !rows_aligned16(out) ? at::empty_like(out, at::MemoryFormat::Contiguous) : aligned_rows(out);
   p.out = target.data_ptr();
   p.o_stride_token = target.stride(0);
   p.o_stride_head = target.stride(1);

@@ -386,8 +386,8 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
 
   // Misaligned views (odd offsets or strides) go through aligned copies; rows
   // of no sequence keep their contents through the copy back.
-  const at::Tensor q_c = rows_aligned16(q) ? q : aligned_copy(q);
-  at::Tensor target = rows_aligned16(out) ? out : aligned_copy(out);
+  const at::Tensor q_c = aligned_rows(q);
+  at::Tensor target = aligned_rows(out);
   p.q = q_c.data_ptr();
   p.q_stride_token = q_c.stride(0);
   p.q_stride_head = q_c.stride(1);
