@@ -236,6 +236,38 @@ def test_mixed_decode_sms_bad_value(value, monkeypatch):
         run_attention(p, True)
 
 
+@pytest.mark.parametrize("q_lens,lens", [([1] * 6 + [300, 16], [90 + 37 * i for i in range(6)] + [700, 400]),
+                                          ([600], [900])], ids=["chunk and decodes", "lone prompt"])
+def test_mixed_step_in_turn_side_stream(q_lens, lens, seed, monkeypatch):
+    """A step in turn (TILEINFER_MIXED_DECODE_SMS=0; a lone prompt by default)
+    launches its decodes on a side stream after the whole prefill grid
+    (prefill.cu, "Mixed steps beside their decodes"): the bits of the decodes
+    launched first on the caller's stream (TILEINFER_MIXED_SIDE_STREAM=0),
+    which float64 bounds, and one prefill launch."""
+    need_path("attention")
+    p = make_problem(lens, q_lens, 32, 8, 128, 64, dtype=torch.bfloat16, device=DEV, seed=seed)
+    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "0")
+    monkeypatch.setenv("TILEINFER_MIXED_SIDE_STREAM", "0")
+    first = run_attention(p, True)
+    monkeypatch.delenv("TILEINFER_MIXED_SIDE_STREAM")
+    run_attention(p, True)  # warm-up outside the profile
+    names, out = kernels_run(lambda: run_attention(p, True))
+    assert torch.equal(out, first), "decodes on the side stream: other bits than the decodes first"
+    check_out(out, exact_attention(p, True)[0], torch.bfloat16, "a step in turn, decodes on the side stream")
+    check_prefill_launches(names, "0")
+
+
+def test_mixed_side_stream_bad_value(monkeypatch):
+    need_path("attention")
+    if not hopper():
+        pytest.skip("the switch is read on the warp-specialized (Hopper) prefill's path")
+    p = make_problem([500, 40], [300, 1], 32, 8, 128, 64, device=DEV, seed=0)
+    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "0")  # (read for steps in turn only)
+    monkeypatch.setenv("TILEINFER_MIXED_SIDE_STREAM", "2")
+    with pytest.raises(RuntimeError, match="TILEINFER_MIXED_SIDE_STREAM must be 0 or 1"):
+        run_attention(p, True)
+
+
 @pytest.mark.parametrize("group", [4, 7])
 def test_mixed_step_decode_blocks_walk_row_tiles(group, seed, monkeypatch):
     """A mixed step's decodes over a 16-bit cache run on blocks that walk their

@@ -180,6 +180,13 @@ bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, c
 // other too. TILEINFER_MIXED_DECODE_SMS=D (read at each call, so a captured
 // graph keeps the value of its capture) sets D instead, 0 for the parts in
 // turn.
+// In turn, the decodes go on the side stream too, launched after the whole
+// prefill grid: they take the SMs it leaves idle (a lone 512-token prompt's
+// 128 items leave 4 of 132) or frees as its blocks end, instead of running
+// before it. That hides most of a lone prompt's empty decode and combine
+// launches (1 x 512 through `attention` 19.7-19.8 -> 18.3-18.7 us, prefill
+// op 13.8) and overlaps a mixed step's decodes with its prefill's last
+// blocks (2k chunk + 64 decodes in turn 544-545 -> 526-528 us; H100s).
 int decode_sms(int sms, int64_t num_seqs) {
   if (const char* env = std::getenv("TILEINFER_MIXED_DECODE_SMS")) {
     char* end = nullptr;
@@ -195,6 +202,22 @@ int decode_sms(int sms, int64_t num_seqs) {
 // prefill launch's blocks (sm90::hand_out_gate), to measure what the gate
 // gives (docs/PERFORMANCE.md, "Mixed steps"); read at each call.
 bool gate_decodes() { return env_switch("TILEINFER_MIXED_GATE", "0", "1", true); }
+
+// TILEINFER_MIXED_SIDE_STREAM=0 launches the decodes of a step in turn
+// before its prefill, on the caller's stream, to measure what the side
+// stream gives there (above); read at each call.
+bool decodes_on_side_stream() { return env_switch("TILEINFER_MIXED_SIDE_STREAM", "0", "1", true); }
+
+// A side stream other than the caller's. The pool hands its streams out in
+// turn, and a caller's stream from the same pool (as torch.cuda.Stream()
+// gives, and graph captures often run on) comes back once a round: the fork
+// then orders the branches one after the other, and a mixed step's first
+// launch takes every item on grid - D SMs before the second starts (4 x 1k
+// chunks at 8k positions: 1487 us against 882 in turn, one H100).
+c10::cuda::CUDAStream side_stream(cudaStream_t stream, int device) {
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
+  return side.stream() == stream ? c10::cuda::getStreamFromPool(false, device) : side;
+}
 
 // `side` waits for `main`'s work so far; join() makes `main` wait for
 // `side`'s. Events without timing, as CUDA graph capture takes them (a fork
@@ -308,32 +331,31 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   const dim3 grid(static_cast<unsigned>(plan.grid));
 
   p.a.programmatic = programmatic_launch(c10::cuda::current_device());
-  if constexpr (!Cfg::kQuant) {
+  if constexpr (!Cfg::kQuant) {  // (the quantized kernels get no decodes: run_prefill runs them first)
     const int beside = decodes != nullptr ? decode_sms(sms, a.kv.num_seqs) : 0;  // D
-    if (beside > 0 && plan.grid >= 2 * beside) {
-      const at::Tensor counter = at::zeros({2}, q.options().dtype(at::kInt));
-      p.item_counter = counter.data_ptr<int>();
-      // A side stream other than the caller's. The pool hands its streams
-      // out in turn, and a caller's stream from the same pool (as
-      // torch.cuda.Stream() gives, and graph captures often run on) comes
-      // back once a round: the fork then orders the branches one after the
-      // other, and the first launch takes every item on grid - D SMs
-      // before the second starts (4 x 1k chunks at 8k positions: 1487 us
-      // against 882 in turn, one H100).
-      c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
-      if (side.stream() == stream) side = c10::cuda::getStreamFromPool(false, device);
+    const bool split = beside > 0 && plan.grid >= 2 * beside;
+    if (decodes != nullptr && (split || decodes_on_side_stream())) {
+      at::Tensor counter;
+      if (split) {
+        counter = at::zeros({2}, q.options().dtype(at::kInt));
+        p.item_counter = counter.data_ptr<int>();
+      }
+      const c10::cuda::CUDAStream side = side_stream(stream, device);
       StreamFork fork(stream, side.stream());
       int least = 0, greatest = 0;
       C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      const int first = plan.grid - beside;
-      C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(greatest, dim3(first), stream, p)));
+      const int first = split ? plan.grid - beside : plan.grid;
+      if (split)
+        C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(greatest, dim3(first), stream, p)));
+      else
+        C10_CUDA_CHECK((launch_prefill_kernel<Cfg, false>(greatest, grid, stream, p)));
       {
         const c10::cuda::CUDAStreamGuard on_side(side);
-        if (gate_decodes())
+        if (split && gate_decodes())
           C10_CUDA_CHECK(launch_kernel(sm90::hand_out_gate, dim3(1), dim3(1), 0, side.stream(), false,
                                        p.item_counter + 1, first));
         (*decodes)();
-        C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(0, dim3(beside), side.stream(), p)));
+        if (split) C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(0, dim3(beside), side.stream(), p)));
       }
       fork.join();
       return;
