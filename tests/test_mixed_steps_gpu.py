@@ -52,6 +52,20 @@ def in_turn_and_beside(p, decode_sms, monkeypatch):
     return names, beside_names, in_turn
 
 
+def against_default(p, monkeypatch, **env):
+    """The attention op on p (causal) with the environment variables `env`
+    set, then with them unset: the first output, and the kernel names
+    (kernels_run's, after a warm-up) and output of the second."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    first = run_attention(p, True)
+    for name in env:
+        monkeypatch.delenv(name)
+    run_attention(p, True)  # warm-up outside the profile
+    names, out = kernels_run(lambda: run_attention(p, True))
+    return first, names, out
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("group", [1, 4, 7])
@@ -138,11 +152,7 @@ def test_mixed_step_beside_decodes_by_default(seed, monkeypatch):
     q_lens = [1] * 24 + [2048] + [1] * 8
     lens = [300 + 29 * i for i in range(24)] + [4096] + [2000 + 7 * i for i in range(8)]
     p = make_problem(lens, q_lens, 32, 8, 128, 64, dtype=torch.bfloat16, device=DEV, seed=seed)
-    monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "0")
-    in_turn = run_attention(p, True)
-    monkeypatch.delenv("TILEINFER_MIXED_DECODE_SMS")
-    run_attention(p, True)  # warm-up outside the profile
-    names, out = kernels_run(lambda: run_attention(p, True))
+    in_turn, names, out = against_default(p, monkeypatch, TILEINFER_MIXED_DECODE_SMS="0")
     assert torch.equal(out, in_turn), "the default beside the decodes: other bits than the parts in turn"
     check_out(out, exact_attention(p, True)[0], torch.bfloat16, "mixed step, the default")
     sms = torch.cuda.get_device_properties(0).multi_processor_count if hopper() else 0
@@ -247,11 +257,7 @@ def test_mixed_step_in_turn_side_stream(q_lens, lens, seed, monkeypatch):
     need_path("attention")
     p = make_problem(lens, q_lens, 32, 8, 128, 64, dtype=torch.bfloat16, device=DEV, seed=seed)
     monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "0")
-    monkeypatch.setenv("TILEINFER_MIXED_SIDE_STREAM", "0")
-    first = run_attention(p, True)
-    monkeypatch.delenv("TILEINFER_MIXED_SIDE_STREAM")
-    run_attention(p, True)  # warm-up outside the profile
-    names, out = kernels_run(lambda: run_attention(p, True))
+    first, names, out = against_default(p, monkeypatch, TILEINFER_MIXED_SIDE_STREAM="0")
     assert torch.equal(out, first), "decodes on the side stream: other bits than the decodes first"
     check_out(out, exact_attention(p, True)[0], torch.bfloat16, "a step in turn, decodes on the side stream")
     check_prefill_launches(names, "0")
