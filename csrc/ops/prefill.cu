@@ -344,7 +344,7 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
       StreamFork fork(stream, side.stream());
       int least = 0, greatest = 0;
       C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      const int first = split ? plan.grid - beside : plan.grid;
+      const int first = plan.grid - beside;  // (split only)
       if (split)
         C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(greatest, dim3(first), stream, p)));
       else
