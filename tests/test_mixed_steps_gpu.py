@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from op_helpers import (check_out, exact_attention, hopper, kernels_run, misaligned_copy, need_path, prefill_consumers,
-                        run_attention)
+from op_helpers import (CACHE_KINDS, QUANT_KINDS, ULPS, check_out, exact_attention, hopper, kernels_run, misaligned_copy,
+                        need_path, prefill_consumers, run_attention)
 from tileinfer_attn.testing import PagedProblem, make_problem, poison_
 
 pytestmark = [
@@ -246,20 +246,23 @@ def test_mixed_decode_sms_bad_value(value, monkeypatch):
         run_attention(p, True)
 
 
+@pytest.mark.parametrize("kind", list(CACHE_KINDS))
 @pytest.mark.parametrize("q_lens,lens", [([1] * 6 + [300, 16], [90 + 37 * i for i in range(6)] + [700, 400]),
                                           ([600], [900])], ids=["chunk and decodes", "lone prompt"])
-def test_mixed_step_in_turn_side_stream(q_lens, lens, seed, monkeypatch):
-    """A step in turn (TILEINFER_MIXED_DECODE_SMS=0; a lone prompt by default)
-    launches its decodes on a side stream after the whole prefill grid
-    (prefill.cu, "Mixed steps beside their decodes"): the bits of the decodes
-    launched first on the caller's stream (TILEINFER_MIXED_SIDE_STREAM=0),
-    which float64 bounds, and one prefill launch."""
+def test_mixed_step_in_turn_side_stream(q_lens, lens, kind, seed, monkeypatch):
+    """A step in turn (TILEINFER_MIXED_DECODE_SMS=0, a lone prompt, and every
+    step over a quantized cache) launches its decodes on a side stream after
+    the whole prefill grid (prefill.cu, "Mixed steps beside their decodes"):
+    the bits of the decodes launched first on the caller's stream
+    (TILEINFER_MIXED_SIDE_STREAM=0), which float64 bounds (on the dequantized
+    cache: the quantized caches' 6 ulps), and one prefill launch."""
     need_path("attention")
-    p = make_problem(lens, q_lens, 32, 8, 128, 64, dtype=torch.bfloat16, device=DEV, seed=seed)
+    p = make_problem(lens, q_lens, 32, 8, 128, 64, dtype=torch.bfloat16, device=DEV, seed=seed, **CACHE_KINDS[kind])
     monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "0")
     first, names, out = against_default(p, monkeypatch, TILEINFER_MIXED_SIDE_STREAM="0")
     assert torch.equal(out, first), "decodes on the side stream: other bits than the decodes first"
-    check_out(out, exact_attention(p, True)[0], torch.bfloat16, "a step in turn, decodes on the side stream")
+    check_out(out, exact_attention(p, True)[0], torch.bfloat16, f"{kind}: a step in turn, decodes on the side stream",
+              ulps=6.0 if kind in QUANT_KINDS else ULPS)
     check_prefill_launches(names, "0")
 
 

@@ -169,7 +169,7 @@ bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, c
 // the mix: a step without decodes starts the second launch after two empty
 // kernels, and one without chunks leaves its prefill launches no item.
 // The quantized kernels keep one walk per block (their converters follow it
-// too): their decodes run first.
+// too): their steps run in turn.
 // D: 16 / 33 of the SMs (64 of an H100's or H200's 132), the count that gave
 // the 2k-chunk step of docs/PERFORMANCE.md its lowest time, for a step of two
 // sequences or more; a single sequence is all chunk or all decode, and runs
@@ -331,35 +331,37 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   const dim3 grid(static_cast<unsigned>(plan.grid));
 
   p.a.programmatic = programmatic_launch(c10::cuda::current_device());
-  if constexpr (!Cfg::kQuant) {  // (the quantized kernels get no decodes: run_prefill runs them first)
-    const int beside = decodes != nullptr ? decode_sms(sms, a.kv.num_seqs) : 0;  // D
-    const bool split = beside > 0 && plan.grid >= 2 * beside;
-    if (decodes != nullptr && (split || decodes_on_side_stream())) {
-      at::Tensor counter;
-      if (split) {
-        counter = at::zeros({2}, q.options().dtype(at::kInt));
-        p.item_counter = counter.data_ptr<int>();
-      }
-      const c10::cuda::CUDAStream side = side_stream(stream, device);
-      StreamFork fork(stream, side.stream());
-      int least = 0, greatest = 0;
-      C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      const int first = plan.grid - beside;  // (split only)
-      if (split)
-        C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(greatest, dim3(first), stream, p)));
-      else
-        C10_CUDA_CHECK((launch_prefill_kernel<Cfg, false>(greatest, grid, stream, p)));
-      {
-        const c10::cuda::CUDAStreamGuard on_side(side);
-        if (split && gate_decodes())
-          C10_CUDA_CHECK(launch_kernel(sm90::hand_out_gate, dim3(1), dim3(1), 0, side.stream(), false,
-                                       p.item_counter + 1, first));
-        (*decodes)();
+  // D; the quantized kernels take no hand-out (their converters follow one
+  // walk per block), so their mixed steps run in turn.
+  const int beside = decodes != nullptr && !Cfg::kQuant ? decode_sms(sms, a.kv.num_seqs) : 0;
+  const bool split = beside > 0 && plan.grid >= 2 * beside;
+  if (decodes != nullptr && (split || decodes_on_side_stream())) {
+    at::Tensor counter;
+    if (split) {
+      counter = at::zeros({2}, q.options().dtype(at::kInt));
+      p.item_counter = counter.data_ptr<int>();
+    }
+    const c10::cuda::CUDAStream side = side_stream(stream, device);
+    StreamFork fork(stream, side.stream());
+    int least = 0, greatest = 0;
+    C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    const int first = plan.grid - beside;  // (split only)
+    if constexpr (!Cfg::kQuant) {
+      if (split) C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(greatest, dim3(first), stream, p)));
+    }
+    if (!split) C10_CUDA_CHECK((launch_prefill_kernel<Cfg, false>(greatest, grid, stream, p)));
+    {
+      const c10::cuda::CUDAStreamGuard on_side(side);
+      if (split && gate_decodes())
+        C10_CUDA_CHECK(launch_kernel(sm90::hand_out_gate, dim3(1), dim3(1), 0, side.stream(), false,
+                                     p.item_counter + 1, first));
+      (*decodes)();
+      if constexpr (!Cfg::kQuant) {
         if (split) C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(0, dim3(beside), side.stream(), p)));
       }
-      fork.join();
-      return;
     }
+    fork.join();
+    return;
   }
   if (decodes != nullptr) (*decodes)();
   C10_CUDA_CHECK((launch_prefill_kernel<Cfg, false>(0, grid, stream, p)));
@@ -369,12 +371,13 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
 // scales), fp8 with per-tensor or per-vector scales.
 template <typename T, int D>
 void launch_hopper_quant(const char* op, const AttentionParams& p, const PagedShape& s, const at::Tensor& q,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const std::function<void()>* decodes) {
   TILEINFER_DISPATCH_QUANT(s.cache_dtype, op, [&] {
     if constexpr (std::is_same_v<cache_t, __nv_fp8_e4m3>) {
-      if (s.scale_per_tensor) return launch_warp_specialized<sm90::PrefillTile<T, D, cache_t>>(op, p, q, stream);
+      if (s.scale_per_tensor)
+        return launch_warp_specialized<sm90::PrefillTile<T, D, cache_t>>(op, p, q, stream, decodes);
     }
-    launch_warp_specialized<sm90::PrefillTile<T, D, cache_t, true>>(op, p, q, stream);
+    launch_warp_specialized<sm90::PrefillTile<T, D, cache_t, true>>(op, p, q, stream, decodes);
   });
 }
 
@@ -397,10 +400,11 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
                                             cu_seqlens_q, max_q_len, scale, causal, k_scale, v_scale,
                                             k_smooth, window_left, logits_soft_cap, sinks);
   // A mixed step's decodes (they write out's other rows): beside the
-  // warp-specialized kernel over a cache of the queries' type, when out is
-  // written in place; otherwise before the prefill.
+  // warp-specialized kernel or on a side stream after it
+  // (launch_warp_specialized), when out is written in place; otherwise
+  // before the prefill.
   const bool hopper = use_hopper_prefill(s, q.scalar_type(), q.get_device(), p);
-  const bool beside = decodes != nullptr && hopper && !s.quantized && rows_aligned16(out) && rows_aligned16(q) &&
+  const bool beside = decodes != nullptr && hopper && rows_aligned16(out) && rows_aligned16(q) &&
                       q.size(0) > 0 && q.size(1) > 0 && s.num_seqs > 0 && max_q_len > 0;
   if (decodes != nullptr && !beside) (*decodes)();
   if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0 || max_q_len == 0) return;
@@ -432,11 +436,11 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   if (hopper) {
     TILEINFER_DISPATCH_HALF(q.scalar_type(), op, [&] {
       TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
+        const std::function<void()>* side = beside ? decodes : nullptr;
         if (s.quantized) {
           if constexpr (TILE_DIM <= 128)  // (use_hopper_prefill)
-            launch_hopper_quant<scalar_t, TILE_DIM>(op, p, s, q_c, stream);
+            launch_hopper_quant<scalar_t, TILE_DIM>(op, p, s, q_c, stream, side);
         } else {
-          const std::function<void()>* side = beside ? decodes : nullptr;
           if constexpr (TILE_DIM == 64) {
             if (prefill_three_consumers(p, batch_invariant, sm_count(q.device())))
               return launch_warp_specialized<sm90::PrefillTile<scalar_t, 64, scalar_t, false, 3>>(op, p, q_c,
