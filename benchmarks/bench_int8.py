@@ -20,6 +20,12 @@ Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, page 64).
   amax / 448 of the pools (a calibrated scale).
 - Prefill, causal, one prompt of 2k / 8k / 16k: the prefill op on each cache,
   TFLOP/s of causal FLOPs (2 * 2 * L * L / 2 * d * Hq, as bench_prefill.py).
+- Mixed steps (CUDA only), a prompt chunk beside single-query decodes and a
+  lone prompt through the `attention` op on each cache, as graph replays.
+  Over a quantized cache a step runs in turn, its decodes on a side stream
+  after the prefill grid (prefill.cu); dev rows time the same steps with the
+  decodes first on the caller's stream (TILEINFER_MIXED_SIDE_STREAM=0),
+  where a step runs in turn (bf16: the lone prompt).
 - Accuracy (no timing): a decode step whose keys, values and queries are
   written through cache_write into a bf16 cache and each quantized cache
   (ACCURACY_CACHES: int8 and fp8 per vector, plain and smoothed with
@@ -231,6 +237,39 @@ def run_prefill(label, length, args, ceil, errors):
     return rows
 
 
+# Mixed steps: (label, prompt chunks as (queries, positions), decodes as
+# (count, positions)).
+MIXED_CASES = [("512 chunk + 16 decodes, 2k", [(512, 2048)], (16, 2048)),
+               ("1 x 512 prompt", [(512, 512)], (0, 0))]
+
+
+def run_mixed(label, chunks, decodes, args, errors):
+    n_dec, ctx = decodes
+    lens = [c for _, c in chunks] + [ctx] * n_dec
+    q_lens = [q for q, _ in chunks] + [1] * n_dec
+    sets = make_pair(lens, q_lens, cap=16)
+    kw = dict(rep_ms=60 if args.quick else 200, warmup_ms=20)
+    rows = []
+    for name, attr in [(BF16, None)] + [(name, attr) for name, (attr, _) in QUANT.items()]:
+        make = ap.ours_attention if attr is None else (lambda p, a=attr: ours_quant(p, "attention", a))
+        in_turn = attr is not None or len(lens) == 1  # (bf16 runs a step of two sequences or more beside)
+        for switch in (None, "0") if in_turn else (None,):
+            impl = name if switch is None else f"{name}, decodes first"
+            with common.environment_variable("TILEINFER_MIXED_SIDE_STREAM", switch):
+                r = ap.timed(f"{label} {impl}", make, sets, True, errors, **kw)
+            if r is not None:
+                rows.append(dict(case=label, impl=impl, role="ours" if switch is None else "dev",
+                                 us=r[0].median_us, p10_us=r[0].p10_us, p90_us=r[0].p90_us, mode=r[0].mode,
+                                 sets=r[0].sets, **ap.gpu_columns(r[0])))
+    del sets
+    free_memory()
+    t = {r["impl"]: r["us"] for r in rows}
+    for r in rows:  # t_bf16 / t; a dev row: the time with the decodes on the side stream over its own
+        r["speedup"] = t[BF16] / r["us"] if BF16 in t and r["role"] == "ours" else None
+        r["side_stream_gain"] = r["us"] / t[r["impl"].split(", decodes first")[0]] if r["role"] == "dev" else None
+    return rows
+
+
 # ----------------------------------------------------------------------------- accuracy
 
 # Caches of the accuracy table: (name, dtype, scale kind, key smoothing).
@@ -337,7 +376,7 @@ def main():
         ours = (mod is not None, why or "")
         print("   no CUDA device: CPU smoke run (tiny sizes, CPU ops, host timers; the numbers mean nothing)")
     print(f"   tileinfer ops: {'yes' if ours[0] else 'skipped: ' + ours[1]}")
-    errors, rows, prefill, acc = [], [], [], []
+    errors, rows, prefill, mixed, acc = [], [], [], [], []
     if not ours[0]:
         errors.append(dict(label="tileinfer", error=ours[1]))
     else:
@@ -356,6 +395,13 @@ def main():
                 print(f"-- prefill {label}: causal, 32/8 heads, d 128, page {PAGE}")
                 prefill += common.attempt(f"prefill {label}",
                                           lambda a=(label, length): run_prefill(*a, args, ceil, errors), errors) or []
+        if cuda:
+            for label, chunks, decodes in MIXED_CASES:
+                if args.only and args.only not in label:
+                    continue
+                print(f"-- mixed step {label}: attention op, 32/8 heads, d 128, page {PAGE}")
+                mixed += common.attempt(f"mixed {label}",
+                                        lambda a=(label, chunks, decodes): run_mixed(*a, args, errors), errors) or []
         if not args.no_accuracy and (not args.only or args.only in "accuracy"):
             for kind, gpu_shape, cpu_shape in ACCURACY_KEYS:
                 batch, length = gpu_shape if cuda else cpu_shape
@@ -377,13 +423,19 @@ def main():
                                      ("t_bf16 / t", "speedup", ".2f"), ("rel diff", "rel_diff", ".1e"),
                                      ("mode", "mode", "")],
                            title=f"\n{NAME} prefill (causal FLOPs)")
+    if mixed:
+        common.print_table(mixed, [("case", "case", ""), ("impl", "impl", ""), ("us", "us", ".1f"),
+                                   ("t_bf16 / t", "speedup", ".2f"), ("t / t_side", "side_stream_gain", ".2f"),
+                                   ("mode", "mode", ""), ("role", "role", "")],
+                           title=f"\n{NAME} mixed steps (attention op; t / t_side: decodes first over the decodes "
+                                 f"on the side stream)")
     if acc:
         common.print_table(acc, [("keys", "keys", ""), ("impl", "impl", ""), ("rel error", "rel_error", ".2e"),
                                  ("batch", "batch", ""), ("ctx", "ctx", "")],
                            title=f"\n{NAME} accuracy (||out - exact|| / ||exact||, exact: float64 on the "
                                  f"unquantized bf16 inputs)")
     common.save(NAME, dict(env=env, ceilings=ceil, status=dict(ours=ours), rows=rows, prefill=prefill,
-                           accuracy=acc, errors=errors), args)
+                           mixed=mixed, accuracy=acc, errors=errors), args)
 
 
 if __name__ == "__main__":
