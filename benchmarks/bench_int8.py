@@ -19,7 +19,10 @@ Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, page 64).
   PagedKVCache's default), as a model does; the fp8 per-tensor scales are
   amax / 448 of the pools (a calibrated scale).
 - Prefill, causal, one prompt of 2k / 8k / 16k: the prefill op on each cache,
-  TFLOP/s of causal FLOPs (2 * 2 * L * L / 2 * d * Hq, as bench_prefill.py).
+  TFLOP/s of causal FLOPs (2 * 2 * L * L / 2 * d * Hq, as bench_prefill.py);
+  dev rows: each quantized cache with every tile through the converter warps
+  (TILEINFER_PREFILL_OWN_KV=0, without the pass over the step's own keys and
+  values).
 - Mixed steps (CUDA only), a prompt chunk beside single-query decodes and a
   lone prompt through the `attention` op on each cache, as graph replays.
   Over a quantized cache a step runs in turn, its decodes on a side stream
@@ -220,6 +223,11 @@ def run_prefill(label, length, args, ceil, errors):
     kw = dict(rep_ms=60 if args.quick else 200, warmup_ms=20)
     impls = [(PRE_BF16, lambda p: ap.ours_prefill(p), True)] + [
         (pre, lambda p, a=attr: ours_quant(p, "prefill", a), True) for attr, pre in QUANT.values()]
+    # Dev rows: every tile through the converter warps, without the pass over
+    # the step's own keys and values (prefill.cu, TILEINFER_PREFILL_OWN_KV).
+    impls += [(f"{pre}, every tile converted",
+               lambda p, a=attr: ap.with_environment("TILEINFER_PREFILL_OWN_KV", "0", ours_quant(p, "prefill", a)),
+               True, "dev") for attr, pre in QUANT.values()]
 
     def metrics(t):
         tflops = flops / t.seconds / 1e12
@@ -227,7 +235,8 @@ def run_prefill(label, length, args, ceil, errors):
     rows = ap.time_impls(label, impls, sets, errors, ours=PRE_INT8, base=[PRE_BF16], metrics=metrics,
                          extra=dict(lens=[length], page=PAGE, **QWEN3), **kw)
     for r in rows:  # both caches are ours
-        r["role"] = "ours"
+        if r["role"] != "dev":
+            r["role"] = "ours"
     del sets
     free_memory()
     t = {r["impl"]: r["us"] for r in rows}

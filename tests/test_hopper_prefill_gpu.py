@@ -88,6 +88,62 @@ def test_quantized_cache_kernel(D, kind, seed):
     check_out(out, exact, torch.bfloat16, f"{kind} prefill", ulps=6.0)
 
 
+OWN_KV = "TILEINFER_PREFILL_OWN_KV"  # "0": every tile of a quantized cache through the converter warps
+
+
+def own_kv_both_ways(p, monkeypatch):
+    """prefill (causal) over p's quantized cache with the step's own tiles from
+    their fp16 rows (sm90/prefill_own_kv.cuh, the default) and with every
+    tile through the converters: both outputs."""
+    monkeypatch.setenv(OWN_KV, "0")
+    converted, _ = run_prefill(p, True)
+    monkeypatch.delenv(OWN_KV)
+    own, _ = run_prefill(p, True)
+    return own, converted
+
+
+@pytest.mark.parametrize("kind", ["fp8-tensor", "fp8-vector", "int8"])
+@pytest.mark.parametrize("lens,q_lens", [([300, 41, 700], [300, 41, 700]), ([900, 300, 57, 40], [200, 300, 20, 0])],
+                         ids=["prompts", "chunks after prefixes"])
+def test_quantized_own_tiles_same_bits(D, kind, lens, q_lens, seed, monkeypatch):
+    """A quantized cache's prefill takes the tiles of the step's own keys and
+    values (all of a fresh prompt's; a chunk's own beside its prefix's, which
+    go through the converters, in one item) from one pass that turns them
+    into fp16 first: the bits of every tile through the converters
+    (TILEINFER_PREFILL_OWN_KV=0), with NaN in every slot no row may read,
+    within the quantized caches' 6 ulps of float64."""
+    if D > 128:
+        pytest.skip("a quantized cache at d 256 takes the mma.sync tile kernel")
+    p = make_problem(lens, q_lens, 8, 2, D, 16 if len(lens) > 3 else 64, device=DEV, seed=seed, **QUANT_KINDS[kind])
+    exact, _ = exact_attention(p, True)
+    poison_unowned_(p)
+    own, converted = own_kv_both_ways(p, monkeypatch)
+    assert torch.equal(own.view(torch.int16), converted.view(torch.int16)), "own tiles: other bits than converted"
+    check_out(own, exact, torch.bfloat16, f"{kind} prefill, own tiles", ulps=6.0)
+
+
+@pytest.mark.parametrize("case", ["overlapping query ranges", "more queries than positions"])
+def test_quantized_own_tiles_malformed_metadata(D, case, seed, monkeypatch):
+    """Metadata where a token's row is not one sequence position's
+    (cu_seqlens_q decreasing: query ranges overlap), and where a sequence has
+    more queries than positions: no fault, and the bits of every tile
+    through the converters (the pass's check sends the first to them; in the
+    second the tokens past the positions are never keys)."""
+    if D > 128:
+        pytest.skip("a quantized cache at d 256 takes the mma.sync tile kernel")
+    p = make_problem([300, 141, 700], [300, 141, 700], 8, 2, D, 64, device=DEV, seed=seed, **QUANT_KINDS["int8"])
+    if case == "overlapping query ranges":
+        p.cu_seqlens_q.copy_(torch.tensor([0, 300, 200, 1141], dtype=torch.int32))
+    else:
+        p.seq_lens[1] = 100
+    own, converted = own_kv_both_ways(p, monkeypatch)
+    torch.cuda.synchronize()
+    # (tokens 200-299 are rows of two sequences: whichever item stores last)
+    rows = torch.cat([torch.arange(200), torch.arange(300, 1141)]).to(DEV)
+    assert torch.equal(own[rows].view(torch.int16), converted[rows].view(torch.int16)), (
+        f"{case}: other bits than converted")
+
+
 @pytest.mark.parametrize("kind", ["fp8-tensor", "fp8-vector", "int8"])
 def test_quantized_cache_item_per_head(D, kind, seed):
     """A quantized cache with a group that is not a power of two (3): the

@@ -22,6 +22,7 @@
 #include "ops.h"
 #include "tensor_map.h"
 #include "tileinfer/sm90/prefill_kernel.cuh"
+#include "tileinfer/sm90/prefill_own_kv.cuh"
 #include "tileinfer/dispatch.h"
 
 namespace tileinfer::cuda {
@@ -126,6 +127,12 @@ bool prefill_three_consumers(const AttentionParams& a, bool batch_invariant, int
 // prefill other GPUs run; unset or "auto", the rule below. Read at each call,
 // as TILEINFER_PREFILL_PER_HEAD.
 bool tile_kernel_forced() { return env_switch("TILEINFER_PREFILL_KERNEL", "auto", "tile", false); }
+
+// TILEINFER_PREFILL_OWN_KV=0 takes every tile of a quantized cache's prefill
+// through the converter warps, without the pass that turns the step's own
+// keys and values into fp16 first (sm90/prefill_own_kv.cuh; the same bits),
+// to measure what the pass gives; read at each call.
+bool own_kv_pass() { return env_switch("TILEINFER_PREFILL_OWN_KV", "0", "1", true); }
 
 // The Hopper kernel needs bf16 / fp16 queries and a 9.0 device of a build
 // with sm_90a code (setup.py defines TILEINFER_SM90A then; without that code
@@ -331,6 +338,31 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   const dim3 grid(static_cast<unsigned>(plan.grid));
 
   p.a.programmatic = programmatic_launch(c10::cuda::current_device());
+  // A quantized cache: the step's own keys and values in fp16 (rows of
+  // tokens, as q), from one pass over its tokens before the kernel
+  // (sm90/prefill_own_kv.cuh). Allocated on this stream, as the kernel runs.
+  at::Tensor own_k, own_v, own_ok;
+  if constexpr (Cfg::kQuant) {
+    if (own_kv_pass()) {
+      own_k = at::empty({a.num_tokens, a.kv.num_kv_heads, hd}, q.options().dtype(at::kHalf));
+      own_v = at::empty_like(own_k);
+      own_ok = at::empty({1}, q.options().dtype(at::kInt));
+      const uint64_t own_sizes[3] = {uint64_t(hd), uint64_t(a.kv.num_kv_heads), uint64_t(a.num_tokens)};
+      const uint64_t own_strides[2] = {uint64_t(hd) * 2, uint64_t(hd) * 2 * a.kv.num_kv_heads};
+      const uint32_t own_box[3] = {64u, 1u, uint32_t(Cfg::kBlockN)};
+      p.own_k_map =
+          make_tensor_map<3>(own_k.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT16, own_sizes, own_strides, own_box);
+      p.own_v_map =
+          make_tensor_map<3>(own_v.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT16, own_sizes, own_strides, own_box);
+      p.own_ok = own_ok.data_ptr<int>();
+      const int64_t threads = int64_t(a.num_tokens) * a.kv.num_kv_heads * (hd / 8);
+      const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(threads, sm90::kOwnKvThreads), 8 * int64_t(sms));
+      C10_CUDA_CHECK(launch_kernel(sm90::prefill_own_kv<typename Cfg::CacheT>, dim3(unsigned(blocks)),
+                                   dim3(sm90::kOwnKvThreads), 0, stream, p.a.programmatic, p.a,
+                                   static_cast<__half*>(own_k.data_ptr()), static_cast<__half*>(own_v.data_ptr()),
+                                   own_ok.data_ptr<int>()));
+    }
+  }
   // D; the quantized kernels take no hand-out (their converters follow one
   // walk per block), so their mixed steps run in turn.
   const int beside = decodes != nullptr && !Cfg::kQuant ? decode_sms(sms, a.kv.num_seqs) : 0;

@@ -5,7 +5,9 @@
 //     tile (the stored bytes, prefill_producer.cuh) into an fp16 operand
 //     tile in the stage, exactly and without scales (quant.cuh's
 //     x8_to_half: 16 values for eight conversions, two 8-byte loads and
-//     two 16-byte stores). The scales go on the scores (k_scale) and the
+//     two 16-byte stores); a tile of the step's own keys or values lands
+//     in the stage in fp16 already (prefill_own_kv.cuh), and they only
+//     zero its rows past the key end. The scales go on the scores (k_scale) and the
 //     output (v_scale, per tensor) or the probabilities (per vector) in the
 //     consumers; per-vector scales reach them through the scale slots
 //     (hand_on_scales).
@@ -112,6 +114,25 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, 
   }
 }
 
+// An own tile (prefill_own_kv.cuh), copied into the stage in fp16 by the
+// producer: rows from `valid` on and rows of boxes outside the pool become
+// zeros, as convert_tile makes them (past the key end the copy holds other
+// tokens' rows, or anything). Whole 128-byte rows of each 64-column block
+// (the swizzle only permutes inside them).
+template <class Cfg>
+__device__ __forceinline__ void clear_rows(uint8_t* tile, int ctid, int valid, uint32_t outside, int box_shift) {
+  constexpr int BN = Cfg::kBlockN;
+  if (valid >= BN && outside == 0) return;  // (the same in every thread)
+  for (int x = ctid; x < BN * 8; x += 32 * Cfg::kConverterWarps) {
+    const int r = x >> 3;
+    if (r >= valid || ((outside >> (r >> box_shift)) & 1)) {
+#pragma unroll
+      for (int c = 0; c < Cfg::D / 64; ++c)
+        *reinterpret_cast<uint4*>(tile + c * BN * 128 + x * 16) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // Per-vector scales: one converter warp's share of a key tile's scales, from
 // its raw slot into scale slot `slot` (k, then v, in the consumers' order:
 // prefill_tile.h; then vmax).
@@ -182,6 +203,8 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
     uint32_t outside = 0;
     if (lane == 0) outside = sm.raw_mask[raw.stage];
     outside = __shfl_sync(0xffffffffu, outside, 0);
+    const bool own = outside & kOwnTile;
+    outside &= ~kOwnTile;
     // Read by the consumers between their wait on full_k and their release of empty_k.
     if (!values && ctid == 0) sm.stage_mask[slot.stage] = outside;
     const int valid = min(BN, w.key_end - (w.key_begin + i * BN));
@@ -190,8 +213,11 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
         hand_on_scales<Cfg>(sm.raw_scales(raw.stage), sm.scale_slot(count % Cfg::kScaleSlots), valid, outside,
                             box_shift, ctid >> 5, lane, vmax);
     }
-    convert_tile<Cfg>(sm.raw_tile(raw.stage), values ? sm.v(slot.stage) : sm.k(slot.stage), ctid, valid, outside,
-                      box_shift);
+    uint8_t* tile = values ? sm.v(slot.stage) : sm.k(slot.stage);
+    if (own)
+      clear_rows<Cfg>(tile, ctid, valid, outside, box_shift);
+    else
+      convert_tile<Cfg>(sm.raw_tile(raw.stage), tile, ctid, valid, outside, box_shift);
     wgmma::fence_proxy_async_smem();  // the tile, visible to the tensor cores
     // Every thread, after its own reads of the raw slot and writes of the
     // stage and the scales (prefill_smem.cuh).

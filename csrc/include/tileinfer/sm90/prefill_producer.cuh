@@ -30,6 +30,11 @@
 // The converter warps (prefill_convert.cuh) fill the stages from it, zero
 // the rows past the key end and those of boxes outside the pool, and
 // complete the stages' full barriers; this warp finishes no tail itself.
+// A tile whose positions are all the step's own (at or past seq_len -
+// q_count) is copied instead from the step's keys and values in fp16
+// (p.own_k_map, prefill_own_kv.cuh), once its stage is free, straight into
+// the stage; its raw slot then carries only the mask (with kOwnTile) and the
+// per-vector scales, and the converters only zero its rows.
 #pragma once
 
 #include "../attention_work.cuh"
@@ -57,6 +62,9 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
   uint32_t items = 0;  // active items so far: the query ring position
   uint32_t tails = 0;  // tail tiles so far: the tail barrier's phase
   uint32_t raws = 0;   // quantized: raw tiles so far (K and V), the raw ring position
+  // Quantized: whether the step's own tiles come from p.own_k_map (read once,
+  // after the pass that wrote it: the kernel waits for prior grids first).
+  const bool own_kv = Cfg::kQuant && p.own_ok != nullptr && *p.own_ok != 0;
   for (WorkItem w = next(); w.active; w = next()) {
 
     // The query tile: rows (query, head) of the item's heads, token-major,
@@ -101,15 +109,28 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
         // the pool only; the converters zero the others' scales).
         const bool scaled = Cfg::kVectorScales && !values && needed && in_pool;
         const uint32_t scaled_boxes = __popc(__ballot_sync(0xffffffffu, scaled));
+        const int own_begin = w.seq_len - w.q_count;  // the step's first position
+        const bool own = own_kv && tile_pos >= own_begin;
+        uint8_t* stage = nullptr;
+        if (own) {
+          const RingSlot<Cfg::kStages> st(count);
+          mbar_wait(&(values ? sm.empty_v : sm.empty_k)[st.stage], st.parity ^ 1);
+          stage = values ? sm.v(st.stage) : sm.k(st.stage);
+        }
         if (lane == 0) {
-          sm.raw_mask[slot.stage] = outside;  // released by the arrival below
-          mbar_arrive_expect_tx(bar, issued * rows * D + scaled_boxes * 2 * rows * 4);
+          sm.raw_mask[slot.stage] = outside | (own ? kOwnTile : 0u);  // released by the arrival below
+          mbar_arrive_expect_tx(bar, (own ? Cfg::kTileBytes : issued * rows * D) + scaled_boxes * 2 * rows * 4);
         }
         __syncwarp();
         const int in_page = pos & (kv.page_size - 1);
-        if (needed)
+        if (own) {
+          if (lane < kBlocks)
+            tma_load_3d(stage + lane * BN * 128, values ? &p.own_v_map : &p.own_k_map, bar, 64 * lane, w.kv_head,
+                        w.q_begin + (tile_pos - own_begin));
+        } else if (needed) {
           tma_load_4d(sm.raw_tile(slot.stage) + lane * rows * D, values ? &p.v_map : &p.k_map, bar, 0, in_page,
                       w.kv_head, page);
+        }
         if (scaled) {
           const int at = pool_row_on_page(kv, page, w.kv_head, pos);  // (in the pool: not -1)
           float* dst = sm.raw_scales(slot.stage) + lane * rows;

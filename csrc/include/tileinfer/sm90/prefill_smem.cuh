@@ -20,7 +20,10 @@
 //   stage_mask[s]  bit b: box b of the stage is on a page outside the pool
 //   raw_full[r] / raw_empty[r]  a raw slot landed (1 arrival + bytes) / the
 //              converters are done with it (one arrival per converter thread)
-//   raw_mask[r]    stage_mask of a raw slot, handed on by the converters
+//   raw_mask[r]    stage_mask of a raw slot, handed on by the converters; with
+//              kOwnTile set, the slot's tile is one of the step's own, copied
+//              into its stage in fp16 (prefill_own_kv.cuh), and the raw slot
+//              holds only its per-vector scales
 //   scale_empty[c]  the consumers are done with scale slot c (one arrival per
 //              consumer thread); the converters fill it before their arrival on
 //              the tile's full_k
@@ -45,6 +48,9 @@ namespace tileinfer {
 namespace sm90 {
 
 static_assert(sizeof(WorkItem) <= 64, "a work item's room in PrefillTile::kBarBytes");
+
+// raw_mask's flag for an own tile (stage_mask's bits are boxes: 8 at most).
+constexpr uint32_t kOwnTile = 1u << 31;
 
 template <class Cfg>
 struct PrefillSmem {

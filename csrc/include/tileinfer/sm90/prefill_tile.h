@@ -40,6 +40,14 @@ struct PrefillParams {
   // next item's number, [1] the blocks started (prefill_kernel.cuh,
   // hand_out_gate); nullptr: the order above.
   int* item_counter;
+  // A quantized cache: the step's own keys and values in fp16
+  // (prefill_own_kv.cuh), [num_tokens][num_kv_heads][head_dim], box {64, 1,
+  // kBlockN}, and whether their rows map one to one to the sequences'
+  // positions (written by that pass); own_ok null: every tile through the
+  // converters.
+  CUtensorMap own_k_map;
+  CUtensorMap own_v_map;
+  const int* own_ok;
 };
 
 // Shape of one head dim's instantiation.
