@@ -253,6 +253,8 @@ MIXED_CASES = [("512 chunk + 16 decodes, 2k", [(512, 2048)], (16, 2048)),
 
 
 def run_mixed(label, chunks, decodes, args, errors):
+    """One mixed step through the attention op on each cache (graph replays),
+    and with the decodes launched first where the step runs in turn."""
     n_dec, ctx = decodes
     lens = [c for _, c in chunks] + [ctx] * n_dec
     q_lens = [q for q, _ in chunks] + [1] * n_dec

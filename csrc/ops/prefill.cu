@@ -436,9 +436,9 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   // (launch_warp_specialized), when out is written in place; otherwise
   // before the prefill.
   const bool hopper = use_hopper_prefill(s, q.scalar_type(), q.get_device(), p);
-  const bool beside = decodes != nullptr && hopper && rows_aligned16(out) && rows_aligned16(q) &&
-                      q.size(0) > 0 && q.size(1) > 0 && s.num_seqs > 0 && max_q_len > 0;
-  if (decodes != nullptr && !beside) (*decodes)();
+  const bool launcher_decodes = decodes != nullptr && hopper && rows_aligned16(out) && rows_aligned16(q) &&
+                                q.size(0) > 0 && q.size(1) > 0 && s.num_seqs > 0 && max_q_len > 0;
+  if (decodes != nullptr && !launcher_decodes) (*decodes)();
   if (q.size(0) == 0 || q.size(1) == 0 || s.num_seqs == 0 || max_q_len == 0) return;
   p.mixed_queries = static_cast<int>(mixed_queries);
 
@@ -468,7 +468,7 @@ void run_prefill(const char* op, at::Tensor& out, const std::optional<at::Tensor
   if (hopper) {
     TILEINFER_DISPATCH_HALF(q.scalar_type(), op, [&] {
       TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
-        const std::function<void()>* side = beside ? decodes : nullptr;
+        const std::function<void()>* side = launcher_decodes ? decodes : nullptr;
         if (s.quantized) {
           if constexpr (TILE_DIM <= 128)  // (use_hopper_prefill)
             launch_hopper_quant<scalar_t, TILE_DIM>(op, p, s, q_c, stream, side);
