@@ -273,6 +273,36 @@ cudaError_t launch_prefill_kernel(int priority, dim3 grid, cudaStream_t stream, 
                           p);
 }
 
+// The step's own keys and values of a quantized cache in fp16 (rows of
+// tokens, as q), from one pass over its tokens enqueued before the kernel
+// (sm90/prefill_own_kv.cuh), with the maps and flag the producer reads set
+// in p. Allocated on `stream`, where the kernel runs.
+struct OwnKv {
+  at::Tensor k, v, ok;
+};
+template <class Cfg>
+OwnKv launch_own_kv(sm90::PrefillParams& p, const at::Tensor& q, int sms, cudaStream_t stream) {
+  const AttentionParams& a = p.a;
+  const int64_t hd = a.kv.head_dim;
+  OwnKv own;
+  own.k = at::empty({a.num_tokens, a.kv.num_kv_heads, hd}, q.options().dtype(at::kHalf));
+  own.v = at::empty_like(own.k);
+  own.ok = at::empty({1}, q.options().dtype(at::kInt));
+  const uint64_t sizes[3] = {uint64_t(hd), uint64_t(a.kv.num_kv_heads), uint64_t(a.num_tokens)};
+  const uint64_t strides[2] = {uint64_t(hd) * 2, uint64_t(hd) * 2 * a.kv.num_kv_heads};
+  const uint32_t box[3] = {64u, 1u, uint32_t(Cfg::kBlockN)};
+  p.own_k_map = make_tensor_map<3>(own.k.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT16, sizes, strides, box);
+  p.own_v_map = make_tensor_map<3>(own.v.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT16, sizes, strides, box);
+  p.own_ok = own.ok.data_ptr<int>();
+  const int64_t threads = int64_t(a.num_tokens) * a.kv.num_kv_heads * (hd / 8);
+  const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(threads, sm90::kOwnKvThreads), 8 * int64_t(sms));
+  C10_CUDA_CHECK(launch_kernel(sm90::prefill_own_kv<typename Cfg::CacheT>, dim3(unsigned(blocks)),
+                               dim3(sm90::kOwnKvThreads), 0, stream, a.programmatic, a,
+                               static_cast<__half*>(own.k.data_ptr()), static_cast<__half*>(own.v.data_ptr()),
+                               own.ok.data_ptr<int>()));
+  return own;
+}
+
 // Tensor maps and a persistent grid (at most one block per SM) for the
 // warp-specialized kernel. The maps depend on pointers and shapes only.
 // `decodes`: a mixed step's decode launches, enqueued by the call, beside
@@ -338,30 +368,11 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   const dim3 grid(static_cast<unsigned>(plan.grid));
 
   p.a.programmatic = programmatic_launch(c10::cuda::current_device());
-  // A quantized cache: the step's own keys and values in fp16 (rows of
-  // tokens, as q), from one pass over its tokens before the kernel
-  // (sm90/prefill_own_kv.cuh). Allocated on this stream, as the kernel runs.
-  at::Tensor own_k, own_v, own_ok;
+  // A quantized cache: the step's own keys and values in fp16, held until
+  // the kernel is enqueued (this stream's allocations).
+  OwnKv own;
   if constexpr (Cfg::kQuant) {
-    if (own_kv_pass()) {
-      own_k = at::empty({a.num_tokens, a.kv.num_kv_heads, hd}, q.options().dtype(at::kHalf));
-      own_v = at::empty_like(own_k);
-      own_ok = at::empty({1}, q.options().dtype(at::kInt));
-      const uint64_t own_sizes[3] = {uint64_t(hd), uint64_t(a.kv.num_kv_heads), uint64_t(a.num_tokens)};
-      const uint64_t own_strides[2] = {uint64_t(hd) * 2, uint64_t(hd) * 2 * a.kv.num_kv_heads};
-      const uint32_t own_box[3] = {64u, 1u, uint32_t(Cfg::kBlockN)};
-      p.own_k_map =
-          make_tensor_map<3>(own_k.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT16, own_sizes, own_strides, own_box);
-      p.own_v_map =
-          make_tensor_map<3>(own_v.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT16, own_sizes, own_strides, own_box);
-      p.own_ok = own_ok.data_ptr<int>();
-      const int64_t threads = int64_t(a.num_tokens) * a.kv.num_kv_heads * (hd / 8);
-      const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(threads, sm90::kOwnKvThreads), 8 * int64_t(sms));
-      C10_CUDA_CHECK(launch_kernel(sm90::prefill_own_kv<typename Cfg::CacheT>, dim3(unsigned(blocks)),
-                                   dim3(sm90::kOwnKvThreads), 0, stream, p.a.programmatic, p.a,
-                                   static_cast<__half*>(own_k.data_ptr()), static_cast<__half*>(own_v.data_ptr()),
-                                   own_ok.data_ptr<int>()));
-    }
+    if (own_kv_pass()) own = launch_own_kv<Cfg>(p, q, sms, stream);
   }
   // D; the quantized kernels take no hand-out (their converters follow one
   // walk per block), so their mixed steps run in turn.
