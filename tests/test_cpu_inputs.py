@@ -114,6 +114,9 @@ def test_cache_write_quantized(quant, dtype, smooth):
     R.cache_write(rk, rv, k, v, p.block_tables, p.seq_lens, p.cu_seqlens_q, rks, rvs, kw["k_smooth"])
     assert torch.equal(kc, rk) and torch.equal(vc, rv)
     assert torch.equal(ks, rks) and torch.equal(vs, rvs)
+    if ks.numel() > 1:  # per vector: scales of the significant bits the Hopper prefill relies on
+        drop = (1 << (24 - R.SCALE_BITS[kc.dtype])) - 1
+        assert not (ks.view(torch.int32) & drop).any() and not (vs.view(torch.int32) & drop).any()
     assert not torch.isnan(kc.float()).any() and not torch.isnan(vc.float()).any()
     # Dequantized values are close to the inputs, saturated at +-127 / +-448
     # scales: int8 |error| <= scale / 2; e4m3 half its 3-bit mantissa's step

@@ -311,13 +311,65 @@ def test_int8_value_scale_outlier(kind, path, seed):
     length, outlier = (128, 63) if path == "prefill" else (16, 15)
     p = quant_problem(kind, [length], [length], 2, 2, 128, 16, seed=seed, smooth=False)
     page = p.block_tables[0, outlier // 16].item()
-    p.v_scale[page, :, outlier % 16] = 1000.0  # the others: 0.005-0.025
+    p.v_scale[page, :, outlier % 16] = 1024.0  # the others: 0.005-0.025 (a power of two: a scale as written)
     if path == "prefill":
         out, _ = run_prefill(p, True)
     else:
         out = run_attention(p, True)
     exact, _ = exact_attention(p, True)
     check_out(out, exact, torch.bfloat16, f"{kind} {path}, one value scale 1e5x the others")
+
+
+def per_sequence_scales_(p, seq, k_mul, v_mul):
+    """Multiplies the k and v scales of sequence `seq`'s pages (those its
+    length covers) by k_mul / v_mul, tensors broadcast over [pages, heads, slots]."""
+    page = p.k_cache.shape[2]
+    ids = p.block_tables[seq, :math.ceil(int(p.seq_lens[seq]) / page)].long()
+    p.k_scale[ids] *= k_mul
+    p.v_scale[ids] *= v_mul
+
+
+def test_int8_prefill_scale_powers(kind, seed):
+    """Per-vector scales: the Hopper prefill multiplies each key and value
+    by its scale over one power of two per sequence and KV head
+    (sm90/prefill_scale_range.cuh), exactly for scales as the cache writes
+    store them. Scales spread over 2^-6..2^0 (keys) and 2^-6..2^6 (values)
+    within each sequence, one sequence's value scales 2^40 above the others'
+    and its key scales 2^3 above, another's 2^-40 and 2^-3 below: outputs
+    and lse as close to float64 as elsewhere."""
+    need("prefill")
+    if QUANT_KINDS[kind].get("scale_kind") == "tensor":
+        pytest.skip("one scale per tensor")
+    p = quant_problem(kind, [300, 200, 129], [300, 64, 129], 8, 2, 128, 16, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    shape = p.k_scale.shape
+    p.k_scale *= (2.0 ** torch.randint(-6, 1, shape, generator=g).float()).to(DEV)
+    p.v_scale *= (2.0 ** torch.randint(-6, 7, shape, generator=g).float()).to(DEV)
+    per_sequence_scales_(p, 1, 2.0 ** 3, 2.0 ** 40)
+    per_sequence_scales_(p, 2, 2.0 ** -3, 2.0 ** -40)
+    exact, exact_lse = exact_attention(p, True)
+    poison_unowned_(p)
+    out, lse = run_prefill(p, True)
+    check_out(out, exact, torch.bfloat16, f"{kind} prefill, scales over a wide range")
+    check_lse(lse, exact_lse, p, True, f"{kind} prefill lse, scales over a wide range", prefill=True)
+
+
+def test_int8_prefill_unrounded_scales(kind, seed):
+    """Per-vector scales that the cache writes would not store (all their
+    bits used): the Hopper prefill rounds each key and value times its scale
+    to fp16 (docs/CONTRACT.md), 2^-12 of it at most; outputs stay within the
+    tolerance of the exact case."""
+    need("prefill")
+    if QUANT_KINDS[kind].get("scale_kind") == "tensor":
+        pytest.skip("one scale per tensor")
+    p = quant_problem(kind, [700, 90], [700, 33], 8, 2, 128, 64, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    for s in (p.k_scale, p.v_scale):
+        s.copy_((torch.rand(s.shape, generator=g) * 0.02 + 0.005).to(DEV))
+    exact, _ = exact_attention(p, True)
+    poison_unowned_(p)
+    out, _ = run_prefill(p, True)
+    check_out(out, exact, torch.bfloat16, f"{kind} prefill, unrounded scales")
 
 
 @pytest.mark.parametrize("path", ["prefill", "decode"])

@@ -83,7 +83,8 @@ class PagedKVCache:
             set ``cache.k_smooth[layer]`` before writing).
         scale: a quantized cache's scale granularity: ``"vector"`` (one scale
             per cached vector, ``[num_pages, num_kv_heads, page_size]`` per
-            layer, computed by each write as amax / 127 or amax / 448) or, for
+            layer, computed by each write as amax / 127 or amax / 448, rounded up
+            to 4 or 7 significant bits) or, for
             float8_e4m3fn only, ``"tensor"`` (one scale per layer and pool,
             ``k_scales[layer]`` of shape ``[1]``, given by the caller as vLLM's
             ``k_scale`` / ``v_scale``: set it before writing; writes divide by it

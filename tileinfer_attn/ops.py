@@ -415,7 +415,8 @@ def cache_write(
         k_scale, v_scale, k_smooth: quantized pools only: the write quantizes each vector
             symmetrically (keys divided by ``k_smooth`` first), saturating: per vector
             (``[num_pages, num_kv_heads, page_size]``) scale = amax / 127 (int8) or
-            amax / 448 (float8_e4m3fn), stored; per tensor (fp8, ``[1]``) the given scales.
+            amax / 448 (float8_e4m3fn), rounded up to 4 or 7 significant bits
+            (``reference.round_scale_up``), stored; per tensor (fp8, ``[1]``) the given scales.
     """
     _check_tensor("cache_write", "k", k, 3)
     _check_not_meta_mixed("cache_write", k_cache=k_cache, v_cache=v_cache, k=k, v=v, block_tables=block_tables,

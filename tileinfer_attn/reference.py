@@ -53,6 +53,21 @@ def token_positions(seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, num_toke
 # Quantized cache types and the largest magnitude each holds (a per-vector
 # scale is amax / this; writes saturate to it).
 QUANT_MAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
+# Significant bits of a per-vector scale as the cache writes store it: a stored
+# value (int8: 7 bits, e4m3: 4) times its scale then has at most 11, an fp16
+# number up to a power of two, which the Hopper prefill relies on.
+SCALE_BITS = {torch.int8: 4, torch.float8_e4m3fn: 7}
+
+
+def round_scale_up(scale: torch.Tensor, bits: int) -> torch.Tensor:
+    """fp32 scales rounded up to ``bits`` significant bits (the fraction of each
+    positive float cut to bits - 1 bits, rounded up; inf and NaN unchanged):
+    the kernels' rule (csrc/include/tileinfer/scale_rule.h)."""
+    b = scale.float().contiguous().view(torch.int32)
+    drop = (1 << (24 - bits)) - 1
+    finite = (b & 0x7F800000) != 0x7F800000
+    up = torch.where(((b & drop) != 0) & finite, (b | drop) + 1, b)
+    return up.view(torch.float32)
 
 
 def _dequant(cache: torch.Tensor, scale: Optional[torch.Tensor]) -> torch.Tensor:
@@ -66,7 +81,8 @@ def _dequant(cache: torch.Tensor, scale: Optional[torch.Tensor]) -> torch.Tensor
 def quantize(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor] = None):
     """Symmetric quantization of the vectors of x (last dim) into ``dtype``
     (int8 or float8_e4m3fn), as the cache writes do: per vector (``scale``
-    None) scale = amax / 127 or amax / 448 (1 for a zero vector), else the
+    None) scale = amax / 127 or amax / 448 rounded up to SCALE_BITS significant
+    bits (round_scale_up; 1 for a zero vector), else the
     given per-tensor scale. Elements x / scale, in fp32, saturate: int8 rounded
     half-even and clamped to +-127, fp8 clamped to +-448 and rounded to the
     nearest e4m3. Returns (quantized, scale per vector or the given scale)."""
@@ -74,7 +90,10 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor] 
     qmax = QUANT_MAX[dtype]
     if scale is None:
         amax = x.abs().amax(-1)
-        scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+        # A tensor divisor: eager CUDA turns a division by a Python number
+        # into a multiplication by its reciprocal, not the kernels' IEEE division.
+        scale = round_scale_up(amax / torch.full_like(amax, qmax), SCALE_BITS[dtype])
+        scale = torch.where(amax > 0, scale, torch.ones_like(amax))
         y = x / scale[..., None]
     else:
         y = x / scale.reshape(()).float()

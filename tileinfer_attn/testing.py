@@ -13,6 +13,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import reference
+
 __all__ = ["PagedProblem", "make_problem", "poison_", "ulp_error", "rel_error", "ulp"]
 
 
@@ -60,8 +62,8 @@ def make_problem(
     q_lens[i] queries are its last ones), pages shuffled over the pool.
 
     int8=True (or cache_dtype=torch.int8), cache_dtype=torch.float8_e4m3fn: the
-    pools are quantized, with random fp32 scales per vector (``scale_kind="vector"``)
-    or, fp8 only, one per pool (``scale_kind="tensor"``), and random smoothing
+    pools are quantized, with random fp32 scales per vector (``scale_kind="vector"``,
+    rounded up to the significant bits the cache writes keep) or, fp8 only, one per pool (``scale_kind="tensor"``), and random smoothing
     factors (``smooth=False``: none); q has `dtype`."""
     if int8:
         cache_dtype = torch.int8
@@ -91,6 +93,9 @@ def make_problem(
         scale_shape = shape[:3] if scale_kind == "vector" else (1,)
         k_scale = torch.rand(scale_shape, generator=g) * 0.02 + 0.005
         v_scale = torch.rand(scale_shape, generator=g) * 0.02 + 0.005
+        if scale_kind == "vector":  # as the cache writes store them (reference.round_scale_up)
+            k_scale, v_scale = (reference.round_scale_up(x, reference.SCALE_BITS[cache_dtype])
+                                for x in (k_scale, v_scale))
         k_smooth = torch.rand(num_kv_heads, head_dim, generator=g) * 2 + 0.25
         if not smooth:
             k_smooth = None

@@ -4,6 +4,7 @@
 // bit-identical to rms_norm + rope + cache_write.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -13,6 +14,7 @@
 #include "checks.h"
 #include "cpu_common.h"
 #include "ops.h"
+#include "tileinfer/scale_rule.h"
 
 namespace tileinfer::cpu {
 namespace {
@@ -72,7 +74,8 @@ void rope_row(T* out, const T* x, const float* cs, int64_t rotary_dim, int64_t d
 
 // Symmetric quantization of a vector for a quantized pool: keys are divided
 // by their smoothing factors first; per vector (`fixed` null) scale = amax /
-// kMax (1 for a zero vector), per tensor scale = *fixed. Each element x / scale
+// kMax rounded up to 4 (int8) or 7 (e4m3) significant bits (1 for a zero
+// vector), per tensor scale = *fixed. Each element x / scale
 // saturates to +-kMax: int8 rounded half-even to an integer, fp8 to the nearest
 // e4m3 (c10's conversion rounds to nearest even; it gives NaN above 448, hence
 // the clamp first). Returns the scale.
@@ -87,7 +90,13 @@ float quantize_row(cache_t* dst, const T* src, const float* smooth, const float*
     buf[i] = smooth ? to_float(src[i]) / smooth[i] : to_float(src[i]);
     amax = std::max(amax, std::fabs(buf[i]));
   }
-  const float scale = fixed ? *fixed : amax > 0.f ? amax / kMax : 1.f;
+  float scale = fixed ? *fixed : amax > 0.f ? amax / kMax : 1.f;
+  if (!fixed && amax > 0.f) {  // rounded up to kScaleBits significant bits (tileinfer/scale_rule.h)
+    uint32_t bits;
+    std::memcpy(&bits, &scale, 4);
+    bits = kInt8 ? round_scale_bits_up<4>(bits) : round_scale_bits_up<7>(bits);
+    std::memcpy(&scale, &bits, 4);
+  }
   for (int64_t i = 0; i < d; ++i) {
     const float x = buf[i] / scale;
     if constexpr (kInt8) {

@@ -23,6 +23,7 @@
 #include "tensor_map.h"
 #include "tileinfer/sm90/prefill_kernel.cuh"
 #include "tileinfer/sm90/prefill_own_kv.cuh"
+#include "tileinfer/sm90/prefill_scale_range.cuh"
 #include "tileinfer/dispatch.h"
 
 namespace tileinfer::cuda {
@@ -273,6 +274,23 @@ cudaError_t launch_prefill_kernel(int priority, dim3 grid, cudaStream_t stream, 
                           p);
 }
 
+// Per-vector scales: the largest |k_scale| and |v_scale| of each (sequence,
+// KV head), from one pass over the block tables enqueued before the kernel
+// (sm90/prefill_scale_range.cuh), set in p. Allocated on `stream`.
+template <class Cfg>
+at::Tensor launch_scale_range(sm90::PrefillParams& p, const at::Tensor& q, int sms, cudaStream_t stream) {
+  const AttentionParams& a = p.a;
+  at::Tensor top = at::empty({std::max(a.kv.num_seqs, 1), a.kv.num_kv_heads, 2}, q.options().dtype(at::kInt));
+  C10_CUDA_CHECK(cudaMemsetAsync(top.data_ptr(), 0, top.nbytes(), stream));
+  constexpr int kWarps = sm90::kScaleRangeThreads / 32;
+  const int64_t entries = int64_t(a.kv.num_seqs) * a.kv.max_pages;
+  const int64_t blocks = std::clamp<int64_t>(ceil_div<int64_t>(entries, kWarps), 1, 4 * int64_t(sms));
+  p.scale_top = reinterpret_cast<const uint32_t*>(top.data_ptr<int>());
+  C10_CUDA_CHECK(launch_kernel(sm90::prefill_scale_range, dim3(unsigned(blocks)), dim3(sm90::kScaleRangeThreads), 0,
+                               stream, a.programmatic, a, reinterpret_cast<uint32_t*>(top.data_ptr<int>())));
+  return top;
+}
+
 // The step's own keys and values of a quantized cache in fp16 (rows of
 // tokens, as q), from one pass over its tokens enqueued before the kernel
 // (sm90/prefill_own_kv.cuh), with the maps and flag the producer reads set
@@ -296,10 +314,10 @@ OwnKv launch_own_kv(sm90::PrefillParams& p, const at::Tensor& q, int sms, cudaSt
   p.own_ok = own.ok.data_ptr<int>();
   const int64_t threads = int64_t(a.num_tokens) * a.kv.num_kv_heads * (hd / 8);
   const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(threads, sm90::kOwnKvThreads), 8 * int64_t(sms));
-  C10_CUDA_CHECK(launch_kernel(sm90::prefill_own_kv<typename Cfg::CacheT>, dim3(unsigned(blocks)),
-                               dim3(sm90::kOwnKvThreads), 0, stream, a.programmatic, a,
-                               static_cast<__half*>(own.k.data_ptr()), static_cast<__half*>(own.v.data_ptr()),
-                               own.ok.data_ptr<int>()));
+  C10_CUDA_CHECK(launch_kernel(sm90::prefill_own_kv<typename Cfg::CacheT, Cfg::kVectorScales>,
+                               dim3(unsigned(blocks)), dim3(sm90::kOwnKvThreads), 0, stream, a.programmatic, a,
+                               p.scale_top, static_cast<__half*>(own.k.data_ptr()),
+                               static_cast<__half*>(own.v.data_ptr()), own.ok.data_ptr<int>()));
   return own;
 }
 
@@ -368,9 +386,12 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   const dim3 grid(static_cast<unsigned>(plan.grid));
 
   p.a.programmatic = programmatic_launch(c10::cuda::current_device());
-  // A quantized cache: the step's own keys and values in fp16, held until
-  // the kernel is enqueued (this stream's allocations).
+  // A quantized cache: per-vector scales' powers of two and the step's own
+  // keys and values in fp16, held until the kernel is enqueued (this
+  // stream's allocations).
+  at::Tensor scale_top;
   OwnKv own;
+  if constexpr (Cfg::kVectorScales) scale_top = launch_scale_range<Cfg>(p, q, sms, stream);
   if constexpr (Cfg::kQuant) {
     if (own_kv_pass()) own = launch_own_kv<Cfg>(p, q, sms, stream);
   }

@@ -1,7 +1,8 @@
 // A quantized cache's element type as a kernel template argument: int8
 // (int8_t) or float8 e4m3 (__nv_fp8_e4m3), each with fp32 scales. QuantFormat<CacheT>
-// holds what differs between them: the largest stored magnitude (a per-vector
-// scale is amax / kMax), the saturating encode of the cache writes
+// holds what differs between them: the largest stored magnitude and the
+// significant bits of a per-vector scale (amax / kMax, rounded up:
+// scale_rule.h), the saturating encode of the cache writes
 // (inputs.cuh), and the exact conversions to fp16 of the attention kernels
 // (int8.cuh, fp8.cuh; x16_to_half below). Everything else (scales on scores and probabilities,
 // fp16 P V, key smoothing) is shared (attention_kernel.cuh).
@@ -15,6 +16,7 @@
 
 #include "fp8.cuh"
 #include "int8.cuh"
+#include "scale_rule.h"
 
 namespace tileinfer {
 
@@ -27,6 +29,7 @@ struct QuantFormat;
 template <>
 struct QuantFormat<int8_t> {
   static constexpr float kMax = 127.f;
+  static constexpr int kScaleBits = 4;  // stored values take 7 significant bits
   // x / scale rounded half-even, clamped to +-127.
   __device__ static __forceinline__ uint8_t encode(float x) {
     return static_cast<uint8_t>(static_cast<int8_t>(fminf(127.f, fmaxf(-127.f, rintf(x)))));
@@ -42,6 +45,7 @@ struct QuantFormat<int8_t> {
 template <>
 struct QuantFormat<__nv_fp8_e4m3> {
   static constexpr float kMax = 448.f;
+  static constexpr int kScaleBits = 7;  // stored values take 4 significant bits
   // x / scale rounded to nearest even e4m3, saturating to +-448 (no NaN from a finite x).
   __device__ static __forceinline__ uint8_t encode(float x) {
     return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
@@ -53,6 +57,12 @@ struct QuantFormat<__nv_fp8_e4m3> {
     fp8_key_pairs_to_half(lo, hi, b);
   }
 };
+
+// A per-vector scale as the cache writes store it (scale_rule.h).
+template <typename CacheT>
+__device__ __forceinline__ float round_scale_up(float scale) {
+  return __uint_as_float(round_scale_bits_up<QuantFormat<CacheT>::kScaleBits>(__float_as_uint(scale)));
+}
 
 // What the quantized kernels multiply probabilities by before rounding them
 // to fp16 for the P V product (the output factor takes it back): 2^15 keeps

@@ -23,9 +23,8 @@
 //     i - 1, and the mask and softmax of tile i run while that P V does.
 //     ptxas moves the wait for that P V, which shares no register with the
 //     softmax, above the softmax unless a memory operation that needs the
-//     softmax stands before the wait: per-vector scales have one (the
-//     release of the tile's scale slot), and every kernel has a store of
-//     the row sums that never runs (`pin`). ptxas keeps the products'
+//     softmax stands before the wait: every kernel has a store of the row
+//     sums that never runs (`pin`). ptxas keeps the products'
 //     order only if the steady-state loop has no branch on which products
 //     are in flight, so the first tile, the steady state and the last P V
 //     are separate pieces of code.
@@ -35,12 +34,11 @@
 // (k_scale over the row's power of two) joins the softmax's exp2
 // multiplier, and P comes out of the exp2 already times the tile table's
 // kHeadroom (a bias on its argument; the row sums carry the same factor,
-// and the output takes v_scale). Per-vector scales: the row's factor is
-// its power of two alone, each score column takes its key's scale, each
-// probability column its value's scale times kHeadroom over the running
-// vmax, and the output vmax / kHeadroom; the tile's key scales are loaded
-// from its scale slot while S completes. (With a soft-cap the tanh takes
-// the true product: the scores are multiplied by the row factor first.)
+// and the output takes v_scale). Per-vector scales are already on the keys
+// and values, over a power of two per sequence and KV head
+// (prefill_scale_range.cuh), which takes k_scale's and v_scale's place.
+// (With a soft-cap the tanh takes the true product: the scores are
+// multiplied by the row factor first.)
 //
 // Soft-capped scores over a bf16 cache (kFixedOffset, a kernel of its own:
 // prefill_kernel.cuh) take their exponents against a fixed offset
@@ -171,38 +169,11 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 
     const MaskedTiles masked = MaskedTiles::make<BN>(w.key_begin, w.key_end, p.a.causal, wg_qmin,
                                                      window_first_key(qpos[1], p.a.window_left));
-    // Per-vector scales: tile i's scale slot (prefill_smem.cuh), and the
-    // running max of |v_scale| that O is in units of.
-    const uint32_t tile0 = tiles;
-    auto scale_index = [&](int i) { return static_cast<int>((tile0 + i) % max(Cfg::kScaleSlots, 1)); };
-    auto scale_slot = [&](int i) { return static_cast<const float*>(sm.scale_slot(scale_index(i))); };
-    float vmax = 0.f;
 
     float acc[BN / 2];       // S of the tile in flight
     float s[2][BN / 4];      // s[R][2 j + e]: row R, key 8 j + 2 quad + e; then the probabilities
     uint32_t a[BN / 16][4];  // P rounded to T: the A operand of its P V product
     float factor[2];
-    // Per-vector scales: s times the scales of its columns, from `scales`
-    // (this tile's k or v scales in the scale slot: prefill_tile.h), four per load.
-    using Scales = float4[BN / 16];
-    auto load_scales = [&](Scales& f, const float* scales) {
-      const float4* mine = reinterpret_cast<const float4*>(scales + quad * Cfg::kScaleQuadStride);
-#pragma unroll
-      for (int c = 0; c < BN / 16; ++c) f[c] = mine[c];
-    };
-    auto scale_columns = [&](float (&s)[2][BN / 4], const Scales& f4) {
-#pragma unroll
-      for (int c = 0; c < BN / 16; ++c) {
-        const float4 f = f4[c];
-#pragma unroll
-        for (int R = 0; R < 2; ++R) {
-          s[R][4 * c] *= f.x;
-          s[R][4 * c + 1] *= f.y;
-          s[R][4 * c + 2] *= f.z;
-          s[R][4 * c + 3] *= f.w;
-        }
-      }
-    };
     // One arrival per warp on `bar`, once the whole warp is done.
     auto release = [&](uint64_t* bar) {
       __syncwarp();
@@ -211,7 +182,7 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     // Masked online softmax of the S just completed (`outside`: its stage's
     // mask, from take_s): s holds its probabilities, factor what O must
     // be multiplied by.
-    auto softmax = [&](int i, uint32_t outside, const Scales& ks) {
+    auto softmax = [&](int i, uint32_t outside) {
       wgmma::fence_regs(acc);
       wgmma::acc_to_rows<BN>(acc, s);
       if constexpr (Cfg::kQuant) {
@@ -221,7 +192,6 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 #pragma unroll
             for (int c = 0; c < BN / 4; ++c) s[R][c] *= unscale[R];
         }
-        if constexpr (Cfg::kVectorScales) scale_columns(s, ks);  // each key's scale on its column
         smap.template apply_premultiplied<true>(s);
       } else if constexpr (kFixedOffset) {
         smap.template apply_cap<true>(s);
@@ -234,28 +204,11 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       }
       if constexpr (Cfg::kQuant) {
         const float row_k[2] = {smap.cap ? smap.k : unscale[0], smap.cap ? smap.k : unscale[1]};
-        smx.template update<Cfg::kSoftmaxSlack>(s, row_k, factor, Cfg::kProbBias);  // per tensor: P times kHeadroom
+        smx.template update<Cfg::kSoftmaxSlack>(s, row_k, factor, Cfg::kProbBias);  // P times kHeadroom
       } else if constexpr (kFixedOffset) {
         smx.update_fixed(s, smap.k);
       } else {
         smx.template update<Cfg::kSoftmaxSlack>(s, smap.k, factor);
-      }
-      if constexpr (Cfg::kVectorScales) {
-        // Each value's scale on its probabilities, times kHeadroom over
-        // the running vmax (hand_on_scales); a larger vmax rescales O as a
-        // larger row maximum does. Then the tile's scales are released.
-        const float* slot = scale_slot(i);
-        const float top = slot[2 * Cfg::kScaleFloats];
-        if (top != vmax) {  // (uniform: every thread reads the same slot)
-          const float grow = vmax / top;  // 0 on the first tile, where O is still 0
-#pragma unroll
-          for (int R = 0; R < 2; ++R) factor[R] *= grow;
-          vmax = top;
-        }
-        Scales vs;
-        load_scales(vs, slot + Cfg::kScaleFloats);
-        scale_columns(s, vs);
-        mbar_arrive(&sm.scale_empty[scale_index(i)]);  // every thread, after its reads (prefill_smem.cuh)
       }
     };
     auto pack_p = [&]() { wgmma::rows_to_a<T, BN>(s, a); };
@@ -283,14 +236,12 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     // A tile this warpgroup's rows see none of: waited for and released in
     // its turn, so that turns and ring stay in step.
     auto pass = [&]() {
-      const int i = static_cast<int>(tiles - tile0);
       const RingSlot<Cfg::kStages> slot(tiles++);
       mbar_wait(&sm.full_k[slot.stage], slot.parity);
       wait_v(slot);
       named_sync(kTurnBarrier + wg, 256);
       named_arrive(kTurnBarrier + next, 256);
       release(&sm.empty_k[slot.stage]);
-      if constexpr (Cfg::kVectorScales) mbar_arrive(&sm.scale_empty[scale_index(i)]);
       release(&sm.empty_v[slot.stage]);
     };
 
@@ -302,11 +253,9 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       const RingSlot<Cfg::kStages> slot(tiles++);
       const uint32_t outside = take_s(slot);
       named_arrive(kTurnBarrier + next, 256);
-      Scales ks;  // (per-vector scales: loaded while S completes, as below)
-      if constexpr (Cfg::kVectorScales) load_scales(ks, scale_slot(i));
       wgmma::wait<0>();
       release_k(slot.stage);
-      softmax(i, outside, ks);
+      softmax(i, outside);
       pack_p();
       prev = slot;
       ++i;
@@ -319,12 +268,9 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       const uint32_t outside = take_s(slot);
       wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev.stage)));
       named_arrive(kTurnBarrier + next, 256);
-      // Per-vector scales: the tile's key scales load while S completes.
-      Scales ks;
-      if constexpr (Cfg::kVectorScales) load_scales(ks, scale_slot(i));
       wgmma::wait<1>();  // S of tile i
       release_k(slot.stage);
-      softmax(i, outside, ks);
+      softmax(i, outside);
       // Keeps the softmax ahead of the wait for the P V in flight (the top
       // of this file): a store that needs the row sums, never run (`pin`
       // is false at run time, which the compiler cannot tell).
@@ -351,9 +297,9 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
 
     float out_factor[2] = {1.f, 1.f};
     if constexpr (Cfg::kQuant) {
-      // O is in units of vmax / kHeadroom (per vector) or of v_scale (per
-      // tensor, whose row sums carry the headroom as P does).
-      const float v_scale = Cfg::kVectorScales ? vmax * (1.f / Cfg::kHeadroom) : __ldg(p.a.kv.v_scale);
+      // O is in units of v_scale (the row sums carry the headroom as P
+      // does); per vector, of the values' power of two.
+      const float v_scale = Cfg::kVectorScales ? ItemScales::make(p, w, true).v : __ldg(p.a.kv.v_scale);
 #pragma unroll
       for (int R = 0; R < 2; ++R) out_factor[R] = bad[R] ? __int_as_float(0x7fc00000) : v_scale;
     }

@@ -3,14 +3,14 @@
 // those of a bf16 / fp16 cache:
 //   - keys and values: warps 1-3 of the producer warpgroup turn each raw
 //     tile (the stored bytes, prefill_producer.cuh) into an fp16 operand
-//     tile in the stage, exactly and without scales (quant.cuh's
-//     x8_to_half: 16 values for eight conversions, two 8-byte loads and
-//     two 16-byte stores); a tile of the step's own keys or values lands
-//     in the stage in fp16 already (prefill_own_kv.cuh), and they only
-//     zero its rows past the key end. The scales go on the scores (k_scale) and the
-//     output (v_scale, per tensor) or the probabilities (per vector) in the
-//     consumers; per-vector scales reach them through the scale slots
-//     (hand_on_scales).
+//     tile in the stage, exactly (quant.cuh's x8_to_half: 16 values for
+//     eight conversions, two 8-byte loads and two 16-byte stores); with
+//     per-vector scales, each row times its scale over the item's power of
+//     two, also exactly (prefill_scale_range.cuh). A tile of the step's own
+//     keys or values lands in the stage in fp16 already (prefill_own_kv.cuh),
+//     and they only zero its rows past the key end. What remains of the
+//     scales (k_scale, or the power of two of the keys) goes on the scores
+//     in the consumers, and that of the values on the output.
 //   - queries: each consumer warpgroup rounds its rows of the query tile, in
 //     place, to fp16 at a per-row power of two (times the key smoothing
 //     factors), the numerics of the tile kernel (attention_kernel.cuh).
@@ -22,6 +22,7 @@
 #include "../common.cuh"
 #include "../quant.cuh"
 #include "async.cuh"
+#include "prefill_scale_range.cuh"
 #include "prefill_scheduler.cuh"
 #include "prefill_smem.cuh"
 #include "wgmma.cuh"
@@ -34,7 +35,10 @@ namespace sm90 {
 // (c % 8) ^ (r % 8)). Rows from `valid` on (past the item's key end: they
 // hold anything, NaN included) and rows of boxes outside the pool (bit
 // r >> box_shift of `outside`) become zeros, so that no NaN reaches P V;
-// the consumers mask those keys.
+// the consumers mask those keys. Per-vector scales: each row is multiplied by
+// fp16 of its scale (`scales`, the raw slot's) times `factor`, the item's
+// power of two; rows that become zeros take a factor of 0 (their scales
+// were not copied, or hold anything).
 //
 // A thread converts one raw 16-byte chunk c (16 elements: one load, two
 // 16-byte stores, output chunks 2c and 2c + 1) of rows row0 + k * kRowStep.
@@ -50,8 +54,8 @@ namespace sm90 {
 // rows are all keys (every tile but an item's last) takes a loop without
 // the per-row zeroing, unrolled, so that only the last step tests the tile's end.
 template <class Cfg>
-__device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, int ctid, int valid,
-                                             uint32_t outside, int box_shift) {
+__device__ __forceinline__ void convert_tile(const uint8_t* raw, const float* scales, float factor, uint8_t* tile,
+                                             int ctid, int valid, uint32_t outside, int box_shift) {
   constexpr int D = Cfg::D;
   constexpr int BN = Cfg::kBlockN;
   constexpr int kChunks = D / 16;           // raw 16-byte chunks of a row: 8 (d 128) or 4 (d 64)
@@ -85,19 +89,28 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* tile, 
   // is a key of the item.
   auto batch = [&](auto all, int b) {
     constexpr bool kAll = decltype(all)::value;
+    auto take = [&](int off) {
+      const int r = row0 + off;
+      return in_tile(off) && (kAll || (r < valid && ((outside >> (r >> box_shift)) & 1) == 0));
+    };
     uint4 in[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int off = (b + j) * kRowStep;
-      const int r = row0 + off;
-      const bool take = in_tile(off) && (kAll || (r < valid && ((outside >> (r >> box_shift)) & 1) == 0));
-      in[j] = take ? *reinterpret_cast<const uint4*>(src + off * D) : make_uint4(0, 0, 0, 0);
+      in[j] = take(off) ? *reinterpret_cast<const uint4*>(src + off * D) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int off = (b + j) * kRowStep;
       uint4 first, second;
       x16_to_half<typename Cfg::CacheT>(in[j], first, second);
+      // Per-vector scales: the row's factor, loaded here rather than with
+      // the row (six more registers there made the converters spill).
+      if constexpr (Cfg::kVectorScales) {
+        const __half2 f = __float2half2_rn(take(off) ? scales[row0 + off] * factor : 0.f);
+        scale_halves(first, f);
+        scale_halves(second, f);
+      }
       const int flip = (j * kRowStep) & 4 ? 1 : 0;  // (b * kRowStep: a multiple of 8)
       if (in_tile(off)) {
         *reinterpret_cast<uint4*>(out[flip][0] + off * 128) = first;
@@ -133,46 +146,6 @@ __device__ __forceinline__ void clear_rows(uint8_t* tile, int ctid, int valid, u
   }
 }
 
-// Per-vector scales: one converter warp's share of a key tile's scales, from
-// its raw slot into scale slot `slot` (k, then v, in the consumers' order:
-// prefill_tile.h; then vmax).
-// Rows from `valid` on and rows of boxes outside the pool get zeros (their
-// scales were not copied, or hold anything). Every converter warp computes
-// the tile's largest |v_scale| and the item's running maximum `vmax` (the
-// same value in each), and stores the v scales times Cfg::kHeadroom / vmax:
-// the factor that the consumers' probabilities take before they are rounded
-// to fp16 (attention_kernel.cuh has the same numerics: a key with a huge
-// value scale does not push the others into fp16's subnormals). Warp `cw`
-// stores rows lane + 32 k for k = cw, cw + 3, ...
-template <class Cfg>
-__device__ __forceinline__ void hand_on_scales(const float* raw, float* slot, int valid, uint32_t outside,
-                                               int box_shift, int cw, int lane, float& vmax) {
-  constexpr int BN = Cfg::kBlockN;
-  constexpr int kRows = BN / 32;
-  float ks[kRows], vs[kRows];
-  float tile_vmax = 0.f;
-#pragma unroll
-  for (int k = 0; k < kRows; ++k) {
-    const int r = lane + 32 * k;
-    const bool take = r < valid && ((outside >> (r >> box_shift)) & 1) == 0;
-    ks[k] = take ? raw[r] : 0.f;
-    vs[k] = take ? raw[BN + r] : 0.f;
-    tile_vmax = fmaxf(tile_vmax, fabsf(vs[k]));
-  }
-  vmax = fmaxf(vmax, warp_max<32>(tile_vmax));
-  const float top = fmaxf(vmax, 0x1p-100f);  // keeps kHeadroom / top finite for subnormal scales
-  const float factor = Cfg::kHeadroom * (1.f / top);
-  const int at0 = Cfg::scale_at(lane);
-#pragma unroll
-  for (int k = 0; k < kRows; ++k)
-    if (k % Cfg::kConverterWarps == cw) {
-      const int at = at0 + 8 * k;  // scale_at(lane + 32 k)
-      slot[at] = ks[k];
-      slot[Cfg::kScaleFloats + at] = vs[k] * factor;
-    }
-  if (cw == 0 && lane == 0) slot[2 * Cfg::kScaleFloats] = top;
-}
-
 // The converter warps' loop: the producer's items and tiles in the same
 // order (the same scheduler walk, K_i then V_i-1), one raw slot per tile.
 template <class Cfg>
@@ -186,18 +159,12 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
 
   uint32_t tiles = 0;  // the stage ring position, as the producer's
   uint32_t raws = 0;   // the raw ring position
-  float vmax = 0.f;    // per-vector scales: the item's running max of |v_scale|
+  ItemScales factors{1.f, 1.f};  // per-vector scales: the item's powers of two
   // Tile i of item w (keys or values) from the next raw slot into ring position `count`.
   auto convert = [&](const WorkItem& w, bool values, int i, uint32_t count) {
     const RingSlot<Cfg::kRawSlots> raw(raws++);
     const RingSlot<Cfg::kStages> slot(count);
     mbar_wait(&(values ? sm.empty_v : sm.empty_k)[slot.stage], slot.parity ^ 1);
-    if constexpr (Cfg::kVectorScales) {
-      if (!values) {
-        const RingSlot<Cfg::kScaleSlots> scales(count);
-        mbar_wait(&sm.scale_empty[scales.stage], scales.parity ^ 1);
-      }
-    }
     mbar_wait(&sm.raw_full[raw.stage], raw.parity);
     // Lane 0 reads the mask (before its own release of the slot) and hands it on.
     uint32_t outside = 0;
@@ -208,19 +175,15 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
     // Read by the consumers between their wait on full_k and their release of empty_k.
     if (!values && ctid == 0) sm.stage_mask[slot.stage] = outside;
     const int valid = min(BN, w.key_end - (w.key_begin + i * BN));
-    if constexpr (Cfg::kVectorScales) {
-      if (!values)
-        hand_on_scales<Cfg>(sm.raw_scales(raw.stage), sm.scale_slot(count % Cfg::kScaleSlots), valid, outside,
-                            box_shift, ctid >> 5, lane, vmax);
-    }
     uint8_t* tile = values ? sm.v(slot.stage) : sm.k(slot.stage);
     if (own)
       clear_rows<Cfg>(tile, ctid, valid, outside, box_shift);
     else
-      convert_tile<Cfg>(sm.raw_tile(raw.stage), tile, ctid, valid, outside, box_shift);
+      convert_tile<Cfg>(sm.raw_tile(raw.stage), sm.raw_scales(raw.stage), values ? factors.v : factors.k, tile, ctid,
+                        valid, outside, box_shift);
     wgmma::fence_proxy_async_smem();  // the tile, visible to the tensor cores
     // Every thread, after its own reads of the raw slot and writes of the
-    // stage and the scales (prefill_smem.cuh).
+    // stage (prefill_smem.cuh).
     mbar_arrive(&sm.raw_empty[raw.stage]);
     mbar_arrive(&(values ? sm.full_v : sm.full_k)[slot.stage]);
   };
@@ -228,7 +191,7 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
   for (WorkItem w = sched.template next_item<BM>(p, round); w.active;
        w = sched.template next_item<BM>(p, ++round)) {
     const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
-    vmax = 0.f;
+    if constexpr (Cfg::kVectorScales) factors = ItemScales::make(p, w, false);
     for (int i = 0; i < num_tiles; ++i) {
       convert(w, false, i, tiles + i);
       if (i > 0) convert(w, true, i - 1, tiles + i - 1);
@@ -245,7 +208,7 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
 // each), so its 2^e stays in the registers that need it. Returns per row
 // what its scores are multiplied by (`pre`, the score map's factor, times
 // k_scale / 2^e, never negative: the rows take the sign of pre * k_scale;
-// per-vector k scales go on each column instead) and whether
+// per-vector scales: the keys' power of two for k_scale) and whether
 // the row held a non-finite value. The caller makes the writes visible to
 // the tensor cores.
 //
@@ -288,7 +251,7 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t*
     for (int m = 0; m < kMine; ++m) in[R][m] = *chunk(r0 + 8 * R, m);
   // Element k of chunk m of row R, times its factor.
   auto value = [&](int R, int m, int k) { return to_float(reinterpret_cast<const QT*>(&in[R][m])[k]) * f[m][k]; };
-  const float k_scale = Cfg::kVectorScales ? 1.f : __ldg(kv.k_scale);  // (per vector: on each score column)
+  const float k_scale = Cfg::kVectorScales ? ItemScales::make(p, w, true).k : __ldg(kv.k_scale);
 #pragma unroll
   for (int R = 0; R < 2; ++R) {
     float amax = 0.f;

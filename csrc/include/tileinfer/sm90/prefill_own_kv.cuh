@@ -2,8 +2,9 @@
 // queries' positions, which the step has just written) turned into fp16
 // once, before the warp-specialized kernel, as rows [num_tokens]
 // [num_kv_heads][head_dim]: exactly the converter warps' values (quant.cuh:
-// every int8 and e4m3 value is an fp16 number; the scales stay with the
-// consumers). The kernel's producer copies a key or value tile whose
+// every int8 and e4m3 value is an fp16 number; per-vector scales: times its
+// scale over the sequence's power of two, prefill_scale_range.cuh, as the
+// converters multiply). The kernel's producer copies a key or value tile whose
 // positions are all the step's own from there, as over a 16-bit cache,
 // straight into the stage, and the converter warps only zero its rows past
 // the key end (prefill_producer.cuh, prefill_convert.cuh). So a fresh
@@ -27,6 +28,7 @@
 #include "../common.cuh"
 #include "../params.h"
 #include "../quant.cuh"
+#include "prefill_scale_range.cuh"
 
 namespace tileinfer {
 namespace sm90 {
@@ -49,9 +51,10 @@ __device__ __forceinline__ int own_token_seq(const AttentionParams& p, int t) {
 }
 
 // One thread per 8 values of a (token, KV head) row, keys and values.
-template <typename CacheT>
-__global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionParams p, __half* own_k,
-                                                                 __half* own_v, int* ok) {
+// kVectorScales: `top` is prefill_scale_range's.
+template <typename CacheT, bool kVectorScales>
+__global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionParams p, const uint32_t* top,
+                                                                 __half* own_k, __half* own_v, int* ok) {
   wait_for_prior_grids();
   const PagedKVParams& kv = p.kv;
   if (blockIdx.x == 0) {
@@ -68,6 +71,7 @@ __global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionP
     const int t = static_cast<int>(row / kv.num_kv_heads);
     const int h = static_cast<int>(row - int64_t(t) * kv.num_kv_heads);
     uint2 k8 = make_uint2(0, 0), v8 = make_uint2(0, 0);
+    __half2 fk = __float2half2_rn(0.f), fv = fk;  // per-vector scales: the row's factors
     const int s = own_token_seq(p, t);
     if (s >= 0) {
       const int seq_len = clamp_seq_len(kv, kv.seq_lens[s]);
@@ -79,11 +83,22 @@ __global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionP
           const int64_t at = kv_offset(kv, page, h, pos % kv.page_size) + 8 * c;
           k8 = *reinterpret_cast<const uint2*>(static_cast<const CacheT*>(kv.k_cache) + at);
           v8 = *reinterpret_cast<const uint2*>(static_cast<const CacheT*>(kv.v_cache) + at);
+          if constexpr (kVectorScales) {
+            const ItemScales f = ItemScales::make(top, kv.num_kv_heads, s, h, false);
+            const int64_t sc = scale_offset(kv, page, h, pos % kv.page_size);
+            fk = __float2half2_rn(kv.k_scale[sc] * f.k);
+            fv = __float2half2_rn(kv.v_scale[sc] * f.v);
+          }
         }
       }
     }
-    *reinterpret_cast<uint4*>(own_k + row * kv.head_dim + 8 * c) = x8_to_half<CacheT>(k8);
-    *reinterpret_cast<uint4*>(own_v + row * kv.head_dim + 8 * c) = x8_to_half<CacheT>(v8);
+    uint4 k16 = x8_to_half<CacheT>(k8), v16 = x8_to_half<CacheT>(v8);
+    if constexpr (kVectorScales) {
+      scale_halves(k16, fk);
+      scale_halves(v16, fv);
+    }
+    *reinterpret_cast<uint4*>(own_k + row * kv.head_dim + 8 * c) = k16;
+    *reinterpret_cast<uint4*>(own_v + row * kv.head_dim + 8 * c) = v16;
   }
   allow_dependent_launch();
 }

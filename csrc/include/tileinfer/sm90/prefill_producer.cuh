@@ -24,17 +24,16 @@
 // A quantized cache (Cfg::kQuant): the warp copies each K and V tile as
 // stored (bytes: boxes of {D, rows}, zeros past the head dim and for pages
 // outside the pool) into the raw ring, in the same order, K_i then V_i-1;
-// with per-vector scales, each key tile's slot also gets the k and v scales
-// of the tile's positions (the consumers need a tile's value scales with its
-// softmax, long before its values land).
+// with per-vector scales, each slot also gets its tile's k or v scales, which
+// the converters multiply the tile by (prefill_scale_range.cuh).
 // The converter warps (prefill_convert.cuh) fill the stages from it, zero
 // the rows past the key end and those of boxes outside the pool, and
 // complete the stages' full barriers; this warp finishes no tail itself.
 // A tile whose positions are all the step's own (at or past seq_len -
 // q_count) is copied instead from the step's keys and values in fp16
 // (p.own_k_map, prefill_own_kv.cuh), once its stage is free, straight into
-// the stage; its raw slot then carries only the mask (with kOwnTile) and the
-// per-vector scales, and the converters only zero its rows.
+// the stage (scaled already); its raw slot then carries only the mask (with
+// kOwnTile), and the converters only zero its rows.
 #pragma once
 
 #include "../attention_work.cuh"
@@ -104,13 +103,13 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
         const bool in_pool = page_in_pool(kv, page);
         const uint32_t outside = __ballot_sync(0xffffffffu, needed && !in_pool);
         const uint32_t issued = __popc(__ballot_sync(0xffffffffu, needed));
-        // Per-vector scales: a key tile's slot also takes the k and v scales
-        // of its boxes, plain bulk copies (no bounds: boxes on pages inside
-        // the pool only; the converters zero the others' scales).
-        const bool scaled = Cfg::kVectorScales && !values && needed && in_pool;
-        const uint32_t scaled_boxes = __popc(__ballot_sync(0xffffffffu, scaled));
         const int own_begin = w.seq_len - w.q_count;  // the step's first position
         const bool own = own_kv && tile_pos >= own_begin;
+        // Per-vector scales: the slot also takes its tile's scales (k or v),
+        // plain bulk copies (no bounds: boxes on pages inside the pool only;
+        // the converters take no scale for the others' rows).
+        const bool scaled = Cfg::kVectorScales && !own && needed && in_pool;
+        const uint32_t scaled_boxes = __popc(__ballot_sync(0xffffffffu, scaled));
         uint8_t* stage = nullptr;
         if (own) {
           const RingSlot<Cfg::kStages> st(count);
@@ -119,7 +118,7 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
         }
         if (lane == 0) {
           sm.raw_mask[slot.stage] = outside | (own ? kOwnTile : 0u);  // released by the arrival below
-          mbar_arrive_expect_tx(bar, (own ? Cfg::kTileBytes : issued * rows * D) + scaled_boxes * 2 * rows * 4);
+          mbar_arrive_expect_tx(bar, (own ? Cfg::kTileBytes : issued * rows * D) + scaled_boxes * rows * 4);
         }
         __syncwarp();
         const int in_page = pos & (kv.page_size - 1);
@@ -133,9 +132,7 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
         }
         if (scaled) {
           const int at = pool_row_on_page(kv, page, w.kv_head, pos);  // (in the pool: not -1)
-          float* dst = sm.raw_scales(slot.stage) + lane * rows;
-          bulk_load(dst, kv.k_scale + at, rows * 4, bar);
-          bulk_load(dst + BN, kv.v_scale + at, rows * 4, bar);
+          bulk_load(sm.raw_scales(slot.stage) + lane * rows, (values ? kv.v_scale : kv.k_scale) + at, rows * 4, bar);
         }
         return;
       }

@@ -5,9 +5,7 @@
 //           then their output rows, prefill_epilogue.cuh)
 //   stages  [kStages][K, V][D / 64][kBlockN rows][128 B] the ring of key tiles
 //   raw     [kRawSlots][kBlockN rows][D B]   quantized only: K or V tiles as stored
-//           (+ per-vector scales: [2][kBlockN] fp32, a key tile's k and v scales)
-//   scales  [kScaleSlots]: [2][kBlockN] fp32 k and v scales of a tile, then
-//           its running max of |v_scale| (per-vector scales only)
+//           (+ per-vector scales: [kBlockN] fp32, the tile's k or v scales)
 //   full_k[s]  the stage's key tile landed (1 arrival: the producer's, + bytes;
 //              quantized: one arrival per converter thread)
 //   empty_k[s] the consumers are done with it (one arrival per consumer warp)
@@ -23,11 +21,8 @@
 //   raw_mask[r]    stage_mask of a raw slot, handed on by the converters; with
 //              kOwnTile set, the slot's tile is one of the step's own, copied
 //              into its stage in fp16 (prefill_own_kv.cuh), and the raw slot
-//              holds only its per-vector scales
-//   scale_empty[c]  the consumers are done with scale slot c (one arrival per
-//              consumer thread); the converters fill it before their arrival on
-//              the tile's full_k
-// Every thread that reads or writes the raw slots or the scale slots arrives
+//              holds nothing else
+// Every thread that reads or writes the raw slots arrives
 // on their barriers itself, after its own accesses; the other hand-offs have
 // lane 0 arrive for its warp after a warp or named barrier. Both order the
 // accesses, but compute-sanitizer's racecheck credits an arrival only with
@@ -59,7 +54,6 @@ struct PrefillSmem {
   uint8_t* q_tiles;
   uint8_t* stages;
   uint8_t* raw;
-  uint8_t* scales;
   uint64_t* full_k;
   uint64_t* empty_k;
   uint64_t* full_v;
@@ -69,7 +63,6 @@ struct PrefillSmem {
   uint64_t* tail;
   uint64_t* raw_full;
   uint64_t* raw_empty;
-  uint64_t* scale_empty;
   uint32_t* stage_mask;
   uint32_t* raw_mask;
   WorkItem* item;
@@ -81,8 +74,7 @@ struct PrefillSmem {
     q_tiles = buffer + ((Cfg::kAlign - (base & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
     stages = q_tiles + Cfg::kQBuffers * Cfg::kQBytes;
     raw = stages + Cfg::kStages * Cfg::kStageBytes;
-    scales = raw + Cfg::kRawSlots * Cfg::kRawSlotBytes;
-    full_k = reinterpret_cast<uint64_t*>(scales + Cfg::kScaleSlots * Cfg::kScaleSlotBytes);
+    full_k = reinterpret_cast<uint64_t*>(raw + Cfg::kRawSlots * Cfg::kRawSlotBytes);
     empty_k = full_k + Cfg::kStages;
     full_v = empty_k + Cfg::kStages;
     empty_v = full_v + Cfg::kStages;
@@ -91,8 +83,7 @@ struct PrefillSmem {
     tail = q_empty + Cfg::kQBuffers;
     raw_full = tail + 1;
     raw_empty = raw_full + Cfg::kRawSlots;
-    scale_empty = raw_empty + Cfg::kRawSlots;
-    stage_mask = reinterpret_cast<uint32_t*>(scale_empty + Cfg::kScaleSlots);
+    stage_mask = reinterpret_cast<uint32_t*>(raw_empty + Cfg::kRawSlots);
     raw_mask = stage_mask + Cfg::kStages + (Cfg::kStages & 1);
     item = reinterpret_cast<WorkItem*>(raw_mask + Cfg::kRawSlots + (Cfg::kRawSlots & 1));  // 8-byte aligned
   }
@@ -101,10 +92,8 @@ struct PrefillSmem {
   __device__ uint8_t* k(int s) const { return stages + s * Cfg::kStageBytes; }
   __device__ uint8_t* v(int s) const { return k(s) + Cfg::kTileBytes; }
   __device__ uint8_t* raw_tile(int r) const { return raw + r * Cfg::kRawSlotBytes; }
-  // Per-vector scales: the k scales of a raw slot's key tile (its v scales follow, kBlockN on).
+  // Per-vector scales: the scales of a raw slot's tile (k or v, as the tile).
   __device__ float* raw_scales(int r) const { return reinterpret_cast<float*>(raw_tile(r) + Cfg::kBlockN * Cfg::D); }
-  // Scale slot c: k scales, v scales (kBlockN each), then the running max of |v_scale|.
-  __device__ float* scale_slot(int c) const { return reinterpret_cast<float*>(scales + c * Cfg::kScaleSlotBytes); }
 
   // One thread, before the block barrier that precedes every other use.
   __device__ void init() const {
@@ -119,7 +108,6 @@ struct PrefillSmem {
       mbar_init(&raw_full[r], 1);
       mbar_init(&raw_empty[r], 32 * Cfg::kConverterWarps);
     }
-    for (int c = 0; c < Cfg::kScaleSlots; ++c) mbar_init(&scale_empty[c], 32 * kConsumerWarps);
     for (int b = 0; b < Cfg::kQBuffers; ++b) {
       mbar_init(&q_full[b], 1);
       mbar_init(&q_empty[b], kConsumerWarps);

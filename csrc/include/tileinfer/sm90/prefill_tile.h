@@ -48,6 +48,9 @@ struct PrefillParams {
   CUtensorMap own_k_map;
   CUtensorMap own_v_map;
   const int* own_ok;
+  // Per-vector scales: the largest |k_scale| and |v_scale| of each (sequence,
+  // KV head), [num_seqs][num_kv_heads][2] float bits (prefill_scale_range.cuh).
+  const uint32_t* scale_top;
 };
 
 // Shape of one head dim's instantiation.
@@ -73,11 +76,12 @@ struct PrefillParams {
 //     number; prefill_convert.cuh). The products run in fp16 whatever the
 //     queries' type QT: each consumer warpgroup turns its query rows into
 //     fp16 once per item (prefill_consumer.cuh), and the scales go on the
-//     scores and the probabilities (kVectorScales: one per key and value
-//     vector, which travel with the keys' raw slot and reach the consumers
-//     through a ring of kScaleSlots) or on the scores and the output (one
-//     per tensor, fp8 only). d 64 and 128 (80 and 96 through 128); d 256 has
-//     no room for the raw ring.
+//     scores and the output: one per tensor (fp8), or (kVectorScales: one
+//     per key and value vector, which travel with their tile's raw slot) a
+//     power of two per sequence and KV head, the converters having
+//     multiplied each key and value by its scale over that power
+//     (prefill_scale_range.cuh). d 64 and 128 (80 and 96 through 128); d 256
+//     has no room for the raw ring.
 template <typename QT_, int D_, typename CacheT_ = QT_, bool kVectorScales_ = false, int kConsumers_ = 2>
 struct PrefillTile {
   using QT = QT_;        // queries and output
@@ -111,11 +115,9 @@ struct PrefillTile {
   // it moves (SoftmaxRow::enter_tile): O is rescaled only on the tiles where
   // it does, which gained 1-3% at d 128 and 256 (O of 64 and 128 registers a
   // thread) and cost 1% at d 64. P then reaches 2^kSoftmaxSlack, which bf16
-  // and fp16 hold. A quantized cache's P also carries its headroom (below):
-  // per-tensor scales take a slack of 4 (fp8 1 x 2k-8k 2-5% faster);
-  // per-vector ones keep the exact maximum (with the slack, and their value
-  // scales loaded earlier, they ran 1-2% slower).
-  static constexpr int kSoftmaxSlack = D == 64 || kVectorScales ? 0 : kQuant ? 4 : 8;
+  // and fp16 hold. A quantized cache's P also carries its headroom (below),
+  // with a slack of 4 (fp8 per tensor 1 x 2k-8k 2-5% faster than with none).
+  static constexpr int kSoftmaxSlack = D == 64 ? 0 : kQuant ? 4 : 8;
   // A quantized cache: log2 of what the probabilities are multiplied by
   // before they are rounded to fp16 for the P V product (the output factor
   // takes it back), so that the small ones stay out of fp16's subnormals:
@@ -124,9 +126,8 @@ struct PrefillTile {
   static constexpr int kLog2Headroom = kQuant ? 15 - kSoftmaxSlack : 0;
   static constexpr float kHeadroom = static_cast<float>(1 << kLog2Headroom);
   // The headroom as OnlineSoftmax::update's bias (log2 of what P comes out of
-  // the exp2 multiplied by), one scale per tensor; per-vector scales carry
-  // it on the value scales instead (hand_on_scales).
-  static constexpr float kProbBias = kQuant && !kVectorScales ? static_cast<float>(kLog2Headroom) : 0.f;
+  // the exp2 multiplied by).
+  static constexpr float kProbBias = kQuant ? static_cast<float>(kLog2Headroom) : 0.f;
   // Whether P (of type T) has fp32's exponent range, which soft-capped
   // scores against a fixed offset need (softmax.cuh, fixed_offset): bf16
   // products; fp16's range is too narrow for caps past about 10.
@@ -153,37 +154,16 @@ struct PrefillTile {
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage
   static constexpr int kStageBytes = 2 * kTileBytes;
   // Quantized: a raw slot holds one K or V tile as stored ([kBlockN][D]
-  // bytes); 3 slots (1.5 tiles of K and V) at d 128, 4 at d 64; 2 at d 128
-  // with one scale per tensor, whose second query buffer takes the third's
-  // room (below). With
-  // per-vector scales, a key tile's slot also holds the key and value
-  // scales of its kBlockN positions, and a scale slot hands them on to the
-  // consumers: kStages + 1 slots, so that the converters never wait for one
-  // (the consumers release a tile's scales after its softmax, before the key
-  // stage of the next tile, which the converters of the tile kStages + 1 on
-  // wait for first).
-  static constexpr int kScaleBytes = kVectorScales ? 2 * kBlockN * 4 : 0;  // k then v scales of one tile
+  // bytes), with per-vector scales also that tile's kBlockN scales; 2 slots
+  // at d 128 (the second query buffer takes a third's room), 4 at d 64.
+  static constexpr int kScaleBytes = kVectorScales ? kBlockN * 4 : 0;
   static constexpr int kRawSlotBytes = kQuant ? kBlockN * D + kScaleBytes : 0;
-  static constexpr int kRawSlots = !kQuant ? 0 : D == 128 ? (kVectorScales ? 3 : 2) : 4;
-  static constexpr int kScaleSlots = kVectorScales ? kStages + 1 : 0;
-  // A scale slot holds the k scales, then the v scales, each in the order
-  // the consumers read them: the kBlockN / 4 columns of quad q of a thread's
-  // accumulator rows (8 j + 2 q + e: the row's element 2 j + e) together,
-  // from float q * kScaleQuadStride, so that each thread loads its scales
-  // as 16-byte vectors; 4 floats of padding per quad put the four quads'
-  // loads in different banks. Then the running maximum of |v_scale| as of
-  // its tile, padded to 16 bytes.
-  static constexpr int kScaleQuadStride = kBlockN / 4 + 4;
-  static constexpr int kScaleFloats = 4 * kScaleQuadStride;  // one kind of scale of one tile
-  // Where key `key`'s scale sits: column 8 j + 2 q + e is element 2 j + e of quad q's.
-  static constexpr int scale_at(int key) { return ((key & 7) >> 1) * kScaleQuadStride + 2 * (key >> 3) + (key & 1); }
-  static constexpr int kScaleSlotBytes = kVectorScales ? 2 * kScaleFloats * 4 + 16 : 0;
+  static constexpr int kRawSlots = !kQuant ? 0 : D == 128 ? 2 : 4;
   // Query tiles in flight: two where shared memory holds them, so that the
   // producer copies the next item's queries and first tiles while this
   // item's last tiles are computed (with one, it waits for this item's last
-  // S). Not at d 256, nor beside d 128's raw ring with per-vector scales
-  // (fp8 with one scale per tensor has room for two beside two raw slots).
-  static constexpr int kQBuffers = D == 256 || (kVectorScales && D == 128) ? 1 : 2;
+  // S). Not at d 256.
+  static constexpr int kQBuffers = D == 256 ? 1 : 2;
   // With two, an item's query buffer also stages its output rows, so that
   // they leave as whole 16-byte chunks (prefill_epilogue.cuh): the producer
   // refills it only after the epilogue, while the other buffer holds the
@@ -191,13 +171,12 @@ struct PrefillTile {
   static constexpr bool kStagedStore = kQBuffers == 2;
   // Barriers, stage and raw-slot masks (each padded to 8 bytes) and the work
   // items (prefill_smem.cuh).
-  static constexpr int kBarBytes = (4 * kStages + 2 * kQBuffers + 1 + 2 * kRawSlots + kScaleSlots) * 8 +
+  static constexpr int kBarBytes = (4 * kStages + 2 * kQBuffers + 1 + 2 * kRawSlots) * 8 +
                                    (kStages + (kStages & 1)) * 4 + (kRawSlots + (kRawSlots & 1)) * 4 +
                                    64 * kQBuffers;
   static constexpr int kAlign = 1024;
   static constexpr int kSmemBytes =
-      kAlign + kQBuffers * kQBytes + kStages * kStageBytes + kRawSlots * kRawSlotBytes +
-      kScaleSlots * kScaleSlotBytes + kBarBytes;
+      kAlign + kQBuffers * kQBytes + kStages * kStageBytes + kRawSlots * kRawSlotBytes + kBarBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
 

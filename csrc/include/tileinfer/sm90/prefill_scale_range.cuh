@@ -1,0 +1,121 @@
+// Per-vector scales in the Hopper prefill: each key and value is turned into
+// an fp16 operand already multiplied by its scale, so that the consumers run
+// the loop of a cache with one scale per tensor (no scale per score column,
+// none per probability column).
+//
+// That product is exact: a cache write stores scales of 4 (int8) or 7 (e4m3)
+// significant bits (scale_rule.h), so stored value times scale has at most 11,
+// an fp16 number once a power of two brings it into fp16's range. The power
+// of two is one per (sequence, KV head) and kind (k, v), the same for every
+// tile of the sequence, whichever item or path (converter warps, or the pass
+// over the step's own keys: prefill_own_kv.cuh) makes the tile:
+//
+//   factor = 2^(kTopLog2 - e),   e = floor(log2 of the largest |scale|)
+//
+// puts the largest scale in [64, 128): the largest operand is below 2^14
+// (int8) or 57344 (e4m3), and the products stay exact for scales down to
+// 2^-27 (int8) or 2^-15 (e4m3, whose subnormals have 3 bits) of the largest;
+// past that a tiny key or value is rounded to fp16's subnormal step.
+// The consumers multiply scores by 1 / factor where they would by a
+// per-tensor k_scale, and the output by 1 / factor of the values.
+//
+// prefill_scale_range finds the largest |scale| of every (sequence, KV
+// head) of the step before the kernel: a warp per block-table entry (so the
+// grid follows the table's shape, not the lengths), over the positions the
+// kernel may read (below the sequence's clamped length, from the page of the
+// first key its first query sees under a window, on pages of the pool),
+// into `top` ([num_seqs][num_kv_heads][k, v], the bits of non-negative
+// floats, which order as the floats do; zeroed first, by the launcher).
+// NaN scales are left out (their keys give NaN whatever the factor).
+#pragma once
+
+#include <climits>
+#include <cstdint>
+
+#include "../attention_work.cuh"
+#include "../common.cuh"
+#include "../paged_kv.cuh"
+#include "prefill_tile.h"
+
+namespace tileinfer {
+namespace sm90 {
+
+constexpr int kScaleRangeThreads = 256;
+constexpr int kTopLog2 = 6;
+
+__global__ void __launch_bounds__(kScaleRangeThreads) prefill_scale_range(const AttentionParams p, uint32_t* top) {
+  constexpr int kWarps = kScaleRangeThreads / 32;
+  wait_for_prior_grids();  // the step's cache writes, and the launcher's zeroing of `top`
+  const PagedKVParams& kv = p.kv;
+  const int lane = threadIdx.x & 31;
+  const int64_t entries = int64_t(kv.num_seqs) * kv.max_pages;
+  for (int64_t e = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); e < entries;
+       e += int64_t(gridDim.x) * kWarps) {
+    const int s = static_cast<int>(e / kv.max_pages);
+    const int first = static_cast<int>(e - int64_t(s) * kv.max_pages) * kv.page_size;
+    const int seq_len = clamp_seq_len(kv, kv.seq_lens[s]);
+    const int n = min(seq_len - first, kv.page_size);
+    if (n <= 0) continue;
+    if (p.window_left != INT_MAX) {
+      const QueryRange qr = clamp_query_range(kv.cu_seqlens_q[s], kv.cu_seqlens_q[s + 1], p.num_tokens);
+      if (first < window_key_begin(p, seq_len, qr.count, 0)) continue;
+    }
+    const int page = kv.block_tables[e];
+    if (!page_in_pool(kv, page)) continue;
+    for (int h = 0; h < kv.num_kv_heads; ++h) {
+      const int64_t at = scale_offset(kv, page, h, 0);
+      uint32_t k = 0, v = 0;
+      auto bits = [](float x) { return x == x ? __float_as_uint(fabsf(x)) : 0u; };
+      for (int i = lane; i < n; i += 32) {
+        k = max(k, bits(kv.k_scale[at + i]));
+        v = max(v, bits(kv.v_scale[at + i]));
+      }
+      k = __reduce_max_sync(0xffffffffu, k);
+      v = __reduce_max_sync(0xffffffffu, v);
+      if (lane == 0) {
+        uint32_t* mine = top + 2 * (int64_t(s) * kv.num_kv_heads + h);
+        atomicMax(mine, k);
+        atomicMax(mine + 1, v);
+      }
+    }
+  }
+  allow_dependent_launch();
+}
+
+// log2 of the factor for a largest |scale| (`bits`: its float's bits): kTopLog2
+// - e, or 0 for a zero, inf or NaN largest scale (no finite operand to keep
+// in range). e is floored at -120, so that the factor and its inverse are
+// normal floats.
+__device__ __forceinline__ int range_log2(uint32_t bits) {
+  const int e = static_cast<int>(bits >> 23) - 127;
+  return bits == 0 || e == 128 ? 0 : kTopLog2 - max(e, -120);
+}
+
+// What the keys and values of sequence `seq`'s KV head `kv_head` are
+// multiplied by into their fp16 operands (inverse: what its scores and
+// output are multiplied by), from the pass's `top`.
+struct ItemScales {
+  float k;
+  float v;
+  __device__ static ItemScales make(const uint32_t* top, int num_kv_heads, int seq, int kv_head, bool inverse) {
+    const uint2 bits = *reinterpret_cast<const uint2*>(top + 2 * (int64_t(seq) * num_kv_heads + kv_head));
+    auto pow2 = [&](uint32_t b) {
+      const int x = range_log2(b);
+      return __int_as_float((127 + (inverse ? -x : x)) << 23);
+    };
+    return {pow2(bits.x), pow2(bits.y)};
+  }
+  __device__ static ItemScales make(const PrefillParams& p, const WorkItem& w, bool inverse) {
+    return make(p.scale_top, p.a.kv.num_kv_heads, w.seq, w.kv_head, inverse);
+  }
+};
+
+// An fp16 operand's eight values times f.
+__device__ __forceinline__ void scale_halves(uint4& x, __half2 f) {
+  __half2* h = reinterpret_cast<__half2*>(&x);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __hmul2(h[i], f);
+}
+
+}  // namespace sm90
+}  // namespace tileinfer
