@@ -30,6 +30,10 @@ template <>
 struct QuantFormat<int8_t> {
   static constexpr float kMax = 127.f;
   static constexpr int kScaleBits = 4;  // stored values take 7 significant bits
+  // log2 of the largest scaled factor's floor (sm90/prefill_scale_range.cuh):
+  // factors below 32, so that the conversion's bias times a factor, 1152 f,
+  // stays within fp16's range (x8_to_scaled_half).
+  static constexpr int kTopLog2 = 4;
   // x / scale rounded half-even, clamped to +-127.
   __device__ static __forceinline__ uint8_t encode(float x) {
     return static_cast<uint8_t>(static_cast<int8_t>(fminf(127.f, fmaxf(-127.f, rintf(x)))));
@@ -46,6 +50,7 @@ template <>
 struct QuantFormat<__nv_fp8_e4m3> {
   static constexpr float kMax = 448.f;
   static constexpr int kScaleBits = 7;  // stored values take 4 significant bits
+  static constexpr int kTopLog2 = 6;    // factors below 128: 448 f below 57344
   // x / scale rounded to nearest even e4m3, saturating to +-448 (no NaN from a finite x).
   __device__ static __forceinline__ uint8_t encode(float x) {
     return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
@@ -89,6 +94,44 @@ __device__ __forceinline__ uint4 x8_to_half(const uint2& in) {
   uint4 out;
   Q::x4_to_half(in.x, out.x, out.y);
   Q::x4_to_half(in.y, out.z, out.w);
+  return out;
+}
+
+// A row's factor for x8_to_scaled_half: f, and (int8) the conversion's bias
+// times f, -1152 f (exact where f has at most 7 significant bits).
+struct HalfFactor {
+  __half2 f;
+  __half2 bias;
+  __device__ static __forceinline__ HalfFactor make(float x) {
+    const __half2 f = __float2half2_rn(x);
+    return {f, __hmul2(f, __float2half2_rn(-1152.f))};
+  }
+};
+
+// Eight stored elements -> eight fp16 values times f.f, each rounded once:
+// exact where the product is an fp16 number (per-vector scales of the
+// writes' rule: sm90/prefill_scale_range.cuh). int8 folds the multiply into
+// the conversion's subtraction (int8.cuh: h f - 1152 f, one HFMA2 where it
+// had one HSUB2), e4m3 multiplies after its exact conversion.
+template <typename CacheT>
+__device__ __forceinline__ uint4 x8_to_scaled_half(const uint2& in, const HalfFactor& f) {
+  uint4 out;
+  if constexpr (std::is_same_v<CacheT, int8_t>) {
+    auto pair = [&](uint32_t h) {
+      const __half2 v = __hfma2(*reinterpret_cast<const __half2*>(&h), f.f, f.bias);
+      return *reinterpret_cast<const uint32_t*>(&v);
+    };
+    const uint32_t lo = in.x ^ 0x80808080u, hi = in.y ^ 0x80808080u;
+    out.x = pair(__byte_perm(lo, 0x64646464u, 0x5140));
+    out.y = pair(__byte_perm(lo, 0x64646464u, 0x7362));
+    out.z = pair(__byte_perm(hi, 0x64646464u, 0x5140));
+    out.w = pair(__byte_perm(hi, 0x64646464u, 0x7362));
+  } else {
+    out = x8_to_half<CacheT>(in);
+    __half2* h = reinterpret_cast<__half2*>(&out);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __hmul2(h[i], f.f);
+  }
   return out;
 }
 

@@ -299,7 +299,8 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     if constexpr (Cfg::kQuant) {
       // O is in units of v_scale (the row sums carry the headroom as P
       // does); per vector, of the values' power of two.
-      const float v_scale = Cfg::kVectorScales ? ItemScales::make(p, w, true).v : __ldg(p.a.kv.v_scale);
+      const float v_scale =
+          Cfg::kVectorScales ? ItemScales::make<typename Cfg::CacheT>(p, w, true).v : __ldg(p.a.kv.v_scale);
 #pragma unroll
       for (int R = 0; R < 2; ++R) out_factor[R] = bad[R] ? __int_as_float(0x7fc00000) : v_scale;
     }

@@ -103,13 +103,14 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, const float* sc
     for (int j = 0; j < kBatch; ++j) {
       const int off = (b + j) * kRowStep;
       uint4 first, second;
-      x16_to_half<typename Cfg::CacheT>(in[j], first, second);
-      // Per-vector scales: the row's factor, loaded here rather than with
-      // the row (six more registers there made the converters spill).
       if constexpr (Cfg::kVectorScales) {
-        const __half2 f = __float2half2_rn(take(off) ? scales[row0 + off] * factor : 0.f);
-        scale_halves(first, f);
-        scale_halves(second, f);
+        // The row's factor, loaded here rather than with the row (six more
+        // registers there made the converters spill).
+        const HalfFactor f = HalfFactor::make(take(off) ? scales[row0 + off] * factor : 0.f);
+        first = x8_to_scaled_half<typename Cfg::CacheT>(make_uint2(in[j].x, in[j].y), f);
+        second = x8_to_scaled_half<typename Cfg::CacheT>(make_uint2(in[j].z, in[j].w), f);
+      } else {
+        x16_to_half<typename Cfg::CacheT>(in[j], first, second);
       }
       const int flip = (j * kRowStep) & 4 ? 1 : 0;  // (b * kRowStep: a multiple of 8)
       if (in_tile(off)) {
@@ -191,7 +192,7 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
   for (WorkItem w = sched.template next_item<BM>(p, round); w.active;
        w = sched.template next_item<BM>(p, ++round)) {
     const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
-    if constexpr (Cfg::kVectorScales) factors = ItemScales::make(p, w, false);
+    if constexpr (Cfg::kVectorScales) factors = ItemScales::make<typename Cfg::CacheT>(p, w, false);
     for (int i = 0; i < num_tiles; ++i) {
       convert(w, false, i, tiles + i);
       if (i > 0) convert(w, true, i - 1, tiles + i - 1);
@@ -251,7 +252,8 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t*
     for (int m = 0; m < kMine; ++m) in[R][m] = *chunk(r0 + 8 * R, m);
   // Element k of chunk m of row R, times its factor.
   auto value = [&](int R, int m, int k) { return to_float(reinterpret_cast<const QT*>(&in[R][m])[k]) * f[m][k]; };
-  const float k_scale = Cfg::kVectorScales ? ItemScales::make(p, w, true).k : __ldg(kv.k_scale);
+  const float k_scale =
+      Cfg::kVectorScales ? ItemScales::make<typename Cfg::CacheT>(p, w, true).k : __ldg(kv.k_scale);
 #pragma unroll
   for (int R = 0; R < 2; ++R) {
     float amax = 0.f;

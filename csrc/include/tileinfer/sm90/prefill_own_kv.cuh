@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionP
     const int t = static_cast<int>(row / kv.num_kv_heads);
     const int h = static_cast<int>(row - int64_t(t) * kv.num_kv_heads);
     uint2 k8 = make_uint2(0, 0), v8 = make_uint2(0, 0);
-    __half2 fk = __float2half2_rn(0.f), fv = fk;  // per-vector scales: the row's factors
+    float fk = 0.f, fv = 0.f;  // per-vector scales: the row's factors
     const int s = own_token_seq(p, t);
     if (s >= 0) {
       const int seq_len = clamp_seq_len(kv, kv.seq_lens[s]);
@@ -84,18 +84,22 @@ __global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionP
           k8 = *reinterpret_cast<const uint2*>(static_cast<const CacheT*>(kv.k_cache) + at);
           v8 = *reinterpret_cast<const uint2*>(static_cast<const CacheT*>(kv.v_cache) + at);
           if constexpr (kVectorScales) {
-            const ItemScales f = ItemScales::make(top, kv.num_kv_heads, s, h, false);
+            const ItemScales f = ItemScales::make<CacheT>(top, kv.num_kv_heads, s, h, false);
             const int64_t sc = scale_offset(kv, page, h, pos % kv.page_size);
-            fk = __float2half2_rn(kv.k_scale[sc] * f.k);
-            fv = __float2half2_rn(kv.v_scale[sc] * f.v);
+            fk = kv.k_scale[sc] * f.k;
+            fv = kv.v_scale[sc] * f.v;
           }
         }
       }
     }
-    uint4 k16 = x8_to_half<CacheT>(k8), v16 = x8_to_half<CacheT>(v8);
+    // The converters' conversions (prefill_convert.cuh), for the same bits.
+    uint4 k16, v16;
     if constexpr (kVectorScales) {
-      scale_halves(k16, fk);
-      scale_halves(v16, fv);
+      k16 = x8_to_scaled_half<CacheT>(k8, HalfFactor::make(fk));
+      v16 = x8_to_scaled_half<CacheT>(v8, HalfFactor::make(fv));
+    } else {
+      k16 = x8_to_half<CacheT>(k8);
+      v16 = x8_to_half<CacheT>(v8);
     }
     *reinterpret_cast<uint4*>(own_k + row * kv.head_dim + 8 * c) = k16;
     *reinterpret_cast<uint4*>(own_v + row * kv.head_dim + 8 * c) = v16;

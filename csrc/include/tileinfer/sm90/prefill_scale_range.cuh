@@ -12,10 +12,12 @@
 //
 //   factor = 2^(kTopLog2 - e),   e = floor(log2 of the largest |scale|)
 //
-// puts the largest scale in [64, 128): the largest operand is below 2^14
-// (int8) or 57344 (e4m3), and the products stay exact for scales down to
-// 2^-27 (int8) or 2^-15 (e4m3, whose subnormals have 3 bits) of the largest;
-// past that a tiny key or value is rounded to fp16's subnormal step.
+// puts the largest scaled factor in [16, 32) (int8: kTopLog2 4, so that the
+// int8 conversion's 1152 f stays in range, quant.cuh) or [64, 128) (e4m3):
+// the largest operand is below 4064 or 57344, and the products stay exact
+// for scales down to 2^-25 (int8) or 2^-15 (e4m3, whose smallest step is
+// 2^-9) of the largest; past that a tiny key or value is rounded to fp16's
+// subnormal step.
 // The consumers multiply scores by 1 / factor where they would by a
 // per-tensor k_scale, and the output by 1 / factor of the values.
 //
@@ -35,13 +37,13 @@
 #include "../attention_work.cuh"
 #include "../common.cuh"
 #include "../paged_kv.cuh"
+#include "../quant.cuh"
 #include "prefill_tile.h"
 
 namespace tileinfer {
 namespace sm90 {
 
 constexpr int kScaleRangeThreads = 256;
-constexpr int kTopLog2 = 6;
 
 __global__ void __launch_bounds__(kScaleRangeThreads) prefill_scale_range(const AttentionParams p, uint32_t* top) {
   constexpr int kWarps = kScaleRangeThreads / 32;
@@ -82,13 +84,14 @@ __global__ void __launch_bounds__(kScaleRangeThreads) prefill_scale_range(const 
   allow_dependent_launch();
 }
 
-// log2 of the factor for a largest |scale| (`bits`: its float's bits): kTopLog2
-// - e, or 0 for a zero, inf or NaN largest scale (no finite operand to keep
-// in range). e is floored at -120, so that the factor and its inverse are
-// normal floats.
+// log2 of the factor for a largest |scale| (`bits`: its float's bits):
+// kTopLog2 - e, or 0 for a zero or inf largest scale (no finite operand to
+// keep in range). e is floored at -120, so that the factor and its inverse
+// are normal floats.
+template <typename CacheT>
 __device__ __forceinline__ int range_log2(uint32_t bits) {
   const int e = static_cast<int>(bits >> 23) - 127;
-  return bits == 0 || e == 128 ? 0 : kTopLog2 - max(e, -120);
+  return bits == 0 || e == 128 ? 0 : QuantFormat<CacheT>::kTopLog2 - max(e, -120);
 }
 
 // What the keys and values of sequence `seq`'s KV head `kv_head` are
@@ -97,25 +100,20 @@ __device__ __forceinline__ int range_log2(uint32_t bits) {
 struct ItemScales {
   float k;
   float v;
+  template <typename CacheT>
   __device__ static ItemScales make(const uint32_t* top, int num_kv_heads, int seq, int kv_head, bool inverse) {
     const uint2 bits = *reinterpret_cast<const uint2*>(top + 2 * (int64_t(seq) * num_kv_heads + kv_head));
     auto pow2 = [&](uint32_t b) {
-      const int x = range_log2(b);
+      const int x = range_log2<CacheT>(b);
       return __int_as_float((127 + (inverse ? -x : x)) << 23);
     };
     return {pow2(bits.x), pow2(bits.y)};
   }
+  template <typename CacheT>
   __device__ static ItemScales make(const PrefillParams& p, const WorkItem& w, bool inverse) {
-    return make(p.scale_top, p.a.kv.num_kv_heads, w.seq, w.kv_head, inverse);
+    return make<CacheT>(p.scale_top, p.a.kv.num_kv_heads, w.seq, w.kv_head, inverse);
   }
 };
-
-// An fp16 operand's eight values times f.
-__device__ __forceinline__ void scale_halves(uint4& x, __half2 f) {
-  __half2* h = reinterpret_cast<__half2*>(&x);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __hmul2(h[i], f);
-}
 
 }  // namespace sm90
 }  // namespace tileinfer
