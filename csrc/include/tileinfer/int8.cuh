@@ -1,7 +1,8 @@
 // Exact int8 -> fp16 conversion for the int8 KV cache. Every
 // int8 value is exact in fp16, so the tensor cores see the stored integers
 // unchanged; the per-vector scales are applied to scores and probabilities
-// instead (attention_kernel.cuh).
+// instead (attention_kernel.cuh), or, in the Hopper prefill, folded into the
+// conversion's subtraction (quant.cuh, x8_to_scaled_half).
 //
 // The conversion avoids the slow integer-to-float unit (I2F, a quarter of the
 // FP32 rate) with the "magic number" trick: the byte, biased to unsigned
