@@ -275,19 +275,17 @@ cudaError_t launch_prefill_kernel(int priority, dim3 grid, cudaStream_t stream, 
 }
 
 // Per-vector scales: the largest |k_scale| and |v_scale| of each (sequence,
-// KV head), from one pass over the block tables enqueued before the kernel
+// KV head), from one pass enqueued before the kernel, a block per pair
 // (sm90/prefill_scale_range.cuh), set in p. Allocated on `stream`.
 template <class Cfg>
-at::Tensor launch_scale_range(sm90::PrefillParams& p, const at::Tensor& q, int sms, cudaStream_t stream) {
+at::Tensor launch_scale_range(sm90::PrefillParams& p, const at::Tensor& q, cudaStream_t stream) {
   const AttentionParams& a = p.a;
-  at::Tensor top = at::empty({std::max(a.kv.num_seqs, 1), a.kv.num_kv_heads, 2}, q.options().dtype(at::kInt));
-  C10_CUDA_CHECK(cudaMemsetAsync(top.data_ptr(), 0, top.nbytes(), stream));
-  constexpr int kWarps = sm90::kScaleRangeThreads / 32;
-  const int64_t entries = int64_t(a.kv.num_seqs) * a.kv.max_pages;
-  const int64_t blocks = std::clamp<int64_t>(ceil_div<int64_t>(entries, kWarps), 1, 4 * int64_t(sms));
-  p.scale_top = reinterpret_cast<const uint32_t*>(top.data_ptr<int>());
-  C10_CUDA_CHECK(launch_kernel(sm90::prefill_scale_range, dim3(unsigned(blocks)), dim3(sm90::kScaleRangeThreads), 0,
-                               stream, a.programmatic, a, reinterpret_cast<uint32_t*>(top.data_ptr<int>())));
+  const int64_t pairs = int64_t(a.kv.num_seqs) * a.kv.num_kv_heads;
+  at::Tensor top = at::empty({std::max<int64_t>(pairs, 1), 2}, q.options().dtype(at::kInt));
+  p.scale_top = reinterpret_cast<const uint2*>(top.data_ptr<int>());
+  if (pairs > 0)
+    C10_CUDA_CHECK(launch_kernel(sm90::prefill_scale_range, dim3(unsigned(pairs)), dim3(sm90::kScaleRangeThreads), 0,
+                                 stream, a.programmatic, a, reinterpret_cast<uint2*>(top.data_ptr<int>())));
   return top;
 }
 
@@ -391,7 +389,7 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   // stream's allocations).
   at::Tensor scale_top;
   OwnKv own;
-  if constexpr (Cfg::kVectorScales) scale_top = launch_scale_range<Cfg>(p, q, sms, stream);
+  if constexpr (Cfg::kVectorScales) scale_top = launch_scale_range<Cfg>(p, q, stream);
   if constexpr (Cfg::kQuant) {
     if (own_kv_pass()) own = launch_own_kv<Cfg>(p, q, sms, stream);
   }

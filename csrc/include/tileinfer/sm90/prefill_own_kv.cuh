@@ -53,7 +53,7 @@ __device__ __forceinline__ int own_token_seq(const AttentionParams& p, int t) {
 // One thread per 8 values of a (token, KV head) row, keys and values.
 // kVectorScales: `top` is prefill_scale_range's.
 template <typename CacheT, bool kVectorScales>
-__global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionParams p, const uint32_t* top,
+__global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionParams p, const uint2* top,
                                                                  __half* own_k, __half* own_v, int* ok) {
   wait_for_prior_grids();
   const PagedKVParams& kv = p.kv;

@@ -22,12 +22,11 @@
 // per-tensor k_scale, and the output by 1 / factor of the values.
 //
 // prefill_scale_range finds the largest |scale| of every (sequence, KV
-// head) of the step before the kernel: a warp per block-table entry (so the
-// grid follows the table's shape, not the lengths), over the positions the
-// kernel may read (below the sequence's clamped length, from the page of the
-// first key its first query sees under a window, on pages of the pool),
-// into `top` ([num_seqs][num_kv_heads][k, v], the bits of non-negative
-// floats, which order as the floats do; zeroed first, by the launcher).
+// head) of the step before the kernel: a block per pair (a grid from the
+// shapes), over the positions the kernel may read (below the sequence's
+// clamped length, from the page of the first key its first query sees under
+// a window, on pages of the pool), into `top` ([num_seqs][num_kv_heads] of
+// (k, v): the bits of non-negative floats, which order as the floats do).
 // NaN scales are left out (their keys give NaN whatever the factor).
 #pragma once
 
@@ -43,43 +42,45 @@
 namespace tileinfer {
 namespace sm90 {
 
-constexpr int kScaleRangeThreads = 256;
+constexpr int kScaleRangeThreads = 1024;
+static_assert(kScaleRangeThreads == 32 * 32, "one warp's lanes take the warps' maxima");
 
-__global__ void __launch_bounds__(kScaleRangeThreads) prefill_scale_range(const AttentionParams p, uint32_t* top) {
+__global__ void __launch_bounds__(kScaleRangeThreads) prefill_scale_range(const AttentionParams p, uint2* top) {
   constexpr int kWarps = kScaleRangeThreads / 32;
-  wait_for_prior_grids();  // the step's cache writes, and the launcher's zeroing of `top`
+  wait_for_prior_grids();  // the step's cache writes
   const PagedKVParams& kv = p.kv;
+  const int s = blockIdx.x / kv.num_kv_heads;
+  const int h = blockIdx.x - s * kv.num_kv_heads;
+  const int seq_len = clamp_seq_len(kv, kv.seq_lens[s]);
+  int begin = 0;
+  if (p.window_left != INT_MAX) {
+    const QueryRange qr = clamp_query_range(kv.cu_seqlens_q[s], kv.cu_seqlens_q[s + 1], p.num_tokens);
+    begin = window_key_begin(p, seq_len, qr.count, 0);
+  }
+  const int page_shift = __ffs(kv.page_size) - 1;  // page sizes are powers of two (checked on the host)
+  const int32_t* table = kv.block_tables + int64_t(s) * kv.max_pages;
+  auto bits = [](float x) { return x == x ? __float_as_uint(fabsf(x)) : 0u; };
+  uint32_t k = 0, v = 0;
+#pragma unroll 4
+  for (int pos = begin + static_cast<int>(threadIdx.x); pos < seq_len; pos += kScaleRangeThreads) {
+    const int page = table[pos >> page_shift];
+    if (page_in_pool(kv, page)) {
+      const int64_t at = scale_offset(kv, page, h, pos & (kv.page_size - 1));
+      k = max(k, bits(kv.k_scale[at]));
+      v = max(v, bits(kv.v_scale[at]));
+    }
+  }
+  __shared__ uint2 warps[kWarps];
   const int lane = threadIdx.x & 31;
-  const int64_t entries = int64_t(kv.num_seqs) * kv.max_pages;
-  for (int64_t e = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); e < entries;
-       e += int64_t(gridDim.x) * kWarps) {
-    const int s = static_cast<int>(e / kv.max_pages);
-    const int first = static_cast<int>(e - int64_t(s) * kv.max_pages) * kv.page_size;
-    const int seq_len = clamp_seq_len(kv, kv.seq_lens[s]);
-    const int n = min(seq_len - first, kv.page_size);
-    if (n <= 0) continue;
-    if (p.window_left != INT_MAX) {
-      const QueryRange qr = clamp_query_range(kv.cu_seqlens_q[s], kv.cu_seqlens_q[s + 1], p.num_tokens);
-      if (first < window_key_begin(p, seq_len, qr.count, 0)) continue;
-    }
-    const int page = kv.block_tables[e];
-    if (!page_in_pool(kv, page)) continue;
-    for (int h = 0; h < kv.num_kv_heads; ++h) {
-      const int64_t at = scale_offset(kv, page, h, 0);
-      uint32_t k = 0, v = 0;
-      auto bits = [](float x) { return x == x ? __float_as_uint(fabsf(x)) : 0u; };
-      for (int i = lane; i < n; i += 32) {
-        k = max(k, bits(kv.k_scale[at + i]));
-        v = max(v, bits(kv.v_scale[at + i]));
-      }
-      k = __reduce_max_sync(0xffffffffu, k);
-      v = __reduce_max_sync(0xffffffffu, v);
-      if (lane == 0) {
-        uint32_t* mine = top + 2 * (int64_t(s) * kv.num_kv_heads + h);
-        atomicMax(mine, k);
-        atomicMax(mine + 1, v);
-      }
-    }
+  k = __reduce_max_sync(0xffffffffu, k);
+  v = __reduce_max_sync(0xffffffffu, v);
+  if (lane == 0) warps[threadIdx.x >> 5] = make_uint2(k, v);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const uint2 w = warps[lane];  // (kWarps == 32)
+    k = __reduce_max_sync(0xffffffffu, w.x);
+    v = __reduce_max_sync(0xffffffffu, w.y);
+    if (lane == 0) top[blockIdx.x] = make_uint2(k, v);
   }
   allow_dependent_launch();
 }
@@ -101,8 +102,8 @@ struct ItemScales {
   float k;
   float v;
   template <typename CacheT>
-  __device__ static ItemScales make(const uint32_t* top, int num_kv_heads, int seq, int kv_head, bool inverse) {
-    const uint2 bits = *reinterpret_cast<const uint2*>(top + 2 * (int64_t(seq) * num_kv_heads + kv_head));
+  __device__ static ItemScales make(const uint2* top, int num_kv_heads, int seq, int kv_head, bool inverse) {
+    const uint2 bits = top[int64_t(seq) * num_kv_heads + kv_head];
     auto pow2 = [&](uint32_t b) {
       const int x = range_log2<CacheT>(b);
       return __int_as_float((127 + (inverse ? -x : x)) << 23);

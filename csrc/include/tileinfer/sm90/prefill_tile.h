@@ -49,8 +49,8 @@ struct PrefillParams {
   CUtensorMap own_v_map;
   const int* own_ok;
   // Per-vector scales: the largest |k_scale| and |v_scale| of each (sequence,
-  // KV head), [num_seqs][num_kv_heads][2] float bits (prefill_scale_range.cuh).
-  const uint32_t* scale_top;
+  // KV head), [num_seqs][num_kv_heads] float bits (prefill_scale_range.cuh).
+  const uint2* scale_top;
 };
 
 // Shape of one head dim's instantiation.
