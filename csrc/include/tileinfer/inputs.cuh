@@ -437,7 +437,8 @@ __device__ __forceinline__ void rope_stage(Pair<T> (&xp)[RowLayout<T, D>::kPairs
 // Quantization of a row for a quantized cache (CacheT: quant.cuh): keys
 // divided by their smoothing factors first (smooth: the head's [head_dim] row,
 // or null). Per vector (`fixed` null): scale = amax / kMax rounded up to
-// QuantFormat's kScaleBits significant bits (1 for an all-zero vector); per tensor: scale = *fixed, the caller's. Each element is x / scale
+// QuantFormat's kScaleBits significant bits (1 for an all-zero vector); per
+// tensor: scale = *fixed, the caller's. Each element is x / scale
 // encoded with saturation (int8: rounded half-even, clamped to +-127; e4m3:
 // rounded to nearest even, saturating to +-448). Every division is IEEE
 // (__fdiv_rn), as the reference's. Stores when `dst` is not null; returns the scale.

@@ -30,8 +30,9 @@ template <>
 struct QuantFormat<int8_t> {
   static constexpr float kMax = 127.f;
   static constexpr int kScaleBits = 4;  // stored values take 7 significant bits
-  // log2 of the largest scaled factor's floor (sm90/prefill_scale_range.cuh):
-  // factors below 32, so that the conversion's bias times a factor, 1152 f,
+  // The Hopper prefill's largest factor (a scale times its sequence's power
+  // of two: sm90/prefill_scale_range.cuh) lies in [2^kTopLog2, 2^(kTopLog2
+  // + 1)): below 32, so that the conversion's bias times a factor, 1152 f,
   // stays within fp16's range (x8_to_scaled_half).
   static constexpr int kTopLog2 = 4;
   // x / scale rounded half-even, clamped to +-127.
