@@ -51,7 +51,7 @@ def token_positions(seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, num_toke
 
 
 # Quantized cache types and the largest magnitude each holds (a per-vector
-# scale is amax / this; writes saturate to it).
+# scale is amax / this, rounded up to SCALE_BITS; writes saturate to it).
 QUANT_MAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
 # Significant bits of a per-vector scale as the cache writes store it: a stored
 # value (int8: 7 bits, e4m3: 4) times its scale then has at most 11, an fp16
