@@ -216,3 +216,21 @@ def test_wrappers_allocate_and_default():
                             exact=True)
     from tileinfer_attn.testing import ulp_error
     assert ulp_error(out, ref, torch.bfloat16) <= 4
+
+
+@pytest.mark.parametrize("bits", [4, 7])
+def test_round_scale_up(bits):
+    """reference.round_scale_up (the writes' per-vector scale rule): a scale
+    with `bits` significant bits or fewer stays; any other becomes the next
+    such number up (so x / scale stays within the format's range); inf and
+    NaN stay; subnormals keep the same fraction cut."""
+    x = torch.tensor([1.0, 1.5, 0.75, 2.0 ** -127, float("inf")])  # (2^-127: a subnormal, fraction bit 22)
+    assert torch.equal(R.round_scale_up(x, bits), x)
+    assert torch.isnan(R.round_scale_up(torch.tensor([float("nan")]), bits)).all()
+    step = 2.0 ** (1 - bits)  # the kept fraction's last bit at exponent 0
+    y = torch.tensor([1.0 + 2.0 ** -23, 1.0 + step / 2, 2.0 - 2.0 ** -23])
+    assert torch.equal(R.round_scale_up(y, bits), torch.tensor([1.0 + step, 1.0 + step, 2.0]))
+    r = torch.rand(1000) * 10 + 1e-3
+    up = R.round_scale_up(r, bits)
+    assert (up >= r).all() and (up <= r * (1 + step)).all()
+    assert not (up.view(torch.int32) & ((1 << (24 - bits)) - 1)).any()
