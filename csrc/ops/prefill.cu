@@ -277,7 +277,6 @@ cudaError_t launch_prefill_kernel(int priority, dim3 grid, cudaStream_t stream, 
 // Per-vector scales: the largest |k_scale| and |v_scale| of each (sequence,
 // KV head), from one pass enqueued before the kernel, a block per pair
 // (sm90/prefill_scale_range.cuh), set in p. Allocated on `stream`.
-template <class Cfg>
 at::Tensor launch_scale_range(sm90::PrefillParams& p, const at::Tensor& q, cudaStream_t stream) {
   const AttentionParams& a = p.a;
   const int64_t pairs = int64_t(a.kv.num_seqs) * a.kv.num_kv_heads;
@@ -389,7 +388,7 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   // stream's allocations).
   at::Tensor scale_top;
   OwnKv own;
-  if constexpr (Cfg::kVectorScales) scale_top = launch_scale_range<Cfg>(p, q, stream);
+  if constexpr (Cfg::kVectorScales) scale_top = launch_scale_range(p, q, stream);
   if constexpr (Cfg::kQuant) {
     if (own_kv_pass()) own = launch_own_kv<Cfg>(p, q, sms, stream);
   }
