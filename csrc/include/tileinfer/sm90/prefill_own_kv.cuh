@@ -56,6 +56,9 @@ template <typename CacheT, bool kVectorScales>
 __global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionParams p, const uint2* top,
                                                                  __half* own_k, __half* own_v, int* ok) {
   wait_for_prior_grids();
+  // At once, as every small kernel (common.cuh): the next kernel's launch
+  // then overlaps this one, and its wait still holds it until this grid's end.
+  allow_dependent_launch();
   const PagedKVParams& kv = p.kv;
   if (blockIdx.x == 0) {
     int bad = 0;
@@ -104,7 +107,6 @@ __global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionP
     *reinterpret_cast<uint4*>(own_k + row * kv.head_dim + 8 * c) = k16;
     *reinterpret_cast<uint4*>(own_v + row * kv.head_dim + 8 * c) = v16;
   }
-  allow_dependent_launch();
 }
 
 }  // namespace sm90
