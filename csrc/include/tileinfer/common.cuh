@@ -103,7 +103,8 @@ __device__ __forceinline__ float warp_max(float x) {
 // at once when the kernel was launched the ordinary way).
 //
 // Every kernel of this package waits first thing, allows the next one to
-// start (the attention kernels at their epilogue, the small ones at once),
+// start (the attention kernels at their epilogue, the small ones at once but
+// the quantized prefill's passes before its kernel, at their end),
 // and is launched with launch_kernel(..., programmatic = true): its blocks are
 // scheduled while the previous kernel of the stream still runs (when that one
 // allowed it) and wait there before any read or write. Waiting first keeps

@@ -56,9 +56,6 @@ template <typename CacheT, bool kVectorScales>
 __global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionParams p, const uint2* top,
                                                                  __half* own_k, __half* own_v, int* ok) {
   wait_for_prior_grids();
-  // At once, as every small kernel (common.cuh): the next kernel's launch
-  // then overlaps this one, and its wait still holds it until this grid's end.
-  allow_dependent_launch();
   const PagedKVParams& kv = p.kv;
   if (blockIdx.x == 0) {
     int bad = 0;
@@ -107,6 +104,10 @@ __global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionP
     *reinterpret_cast<uint4*>(own_k + row * kv.head_dim + 8 * c) = k16;
     *reinterpret_cast<uint4*>(own_v + row * kv.head_dim + 8 * c) = v16;
   }
+  // At the end, not at once as the other small kernels (common.cuh): with
+  // the kernel's blocks launched while this pass ran, 1 x 2k prefills took
+  // 2-3% longer (docs/PERFORMANCE.md, "What did not pay").
+  allow_dependent_launch();
 }
 
 }  // namespace sm90

@@ -48,9 +48,6 @@ static_assert(kScaleRangeThreads == 32 * 32, "one warp's lanes take the warps' m
 __global__ void __launch_bounds__(kScaleRangeThreads) prefill_scale_range(const AttentionParams p, uint2* top) {
   constexpr int kWarps = kScaleRangeThreads / 32;
   wait_for_prior_grids();  // the step's cache writes
-  // At once, as every small kernel (common.cuh): the next kernel's launch
-  // then overlaps this one, and its wait still holds it until this grid's end.
-  allow_dependent_launch();
   const PagedKVParams& kv = p.kv;
   const int s = blockIdx.x / kv.num_kv_heads;
   const int h = blockIdx.x - s * kv.num_kv_heads;
@@ -85,6 +82,7 @@ __global__ void __launch_bounds__(kScaleRangeThreads) prefill_scale_range(const 
     v = __reduce_max_sync(0xffffffffu, w.y);
     if (lane == 0) top[blockIdx.x] = make_uint2(k, v);
   }
+  allow_dependent_launch();
 }
 
 // log2 of the factor for a largest |scale| (`bits`: its float's bits):
