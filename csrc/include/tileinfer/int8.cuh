@@ -26,12 +26,20 @@ __device__ __forceinline__ uint32_t unbias_half2(uint32_t h) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Four int8 (one 32-bit word, byte 0 first) -> four fp16 in two b32 registers,
-// element order kept (lo holds bytes 0, 1; hi holds bytes 2, 3).
-__device__ __forceinline__ void int8x4_to_half(uint32_t w, uint32_t& lo, uint32_t& hi) {
+// Four int8 (one 32-bit word, byte 0 first) -> four biased fp16 (1024 + x +
+// 128) in two b32 registers, element order kept (lo holds bytes 0, 1; hi
+// holds bytes 2, 3): what unbias_half2 (or a scaled form of it) finishes.
+__device__ __forceinline__ void int8x4_to_biased_half(uint32_t w, uint32_t& lo, uint32_t& hi) {
   const uint32_t u = w ^ 0x80808080u;
-  lo = unbias_half2(__byte_perm(u, 0x64646464u, 0x5140));  // [0x64, u1, 0x64, u0]
-  hi = unbias_half2(__byte_perm(u, 0x64646464u, 0x7362));  // [0x64, u3, 0x64, u2]
+  lo = __byte_perm(u, 0x64646464u, 0x5140);  // [0x64, u1, 0x64, u0]
+  hi = __byte_perm(u, 0x64646464u, 0x7362);  // [0x64, u3, 0x64, u2]
+}
+
+// Four int8 -> four fp16, as above, exactly.
+__device__ __forceinline__ void int8x4_to_half(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  int8x4_to_biased_half(w, lo, hi);
+  lo = unbias_half2(lo);
+  hi = unbias_half2(hi);
 }
 
 // The P V B fragments of 16 keys x 16 columns of int8 values, from a

@@ -118,15 +118,11 @@ template <typename CacheT>
 __device__ __forceinline__ uint4 x8_to_scaled_half(const uint2& in, const HalfFactor& f) {
   uint4 out;
   if constexpr (std::is_same_v<CacheT, int8_t>) {
-    auto pair = [&](uint32_t h) {
-      const __half2 v = __hfma2(*reinterpret_cast<const __half2*>(&h), f.f, f.bias);
-      return *reinterpret_cast<const uint32_t*>(&v);
-    };
-    const uint32_t lo = in.x ^ 0x80808080u, hi = in.y ^ 0x80808080u;
-    out.x = pair(__byte_perm(lo, 0x64646464u, 0x5140));
-    out.y = pair(__byte_perm(lo, 0x64646464u, 0x7362));
-    out.z = pair(__byte_perm(hi, 0x64646464u, 0x5140));
-    out.w = pair(__byte_perm(hi, 0x64646464u, 0x7362));
+    int8x4_to_biased_half(in.x, out.x, out.y);
+    int8x4_to_biased_half(in.y, out.z, out.w);
+    __half2* h = reinterpret_cast<__half2*>(&out);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __hfma2(h[i], f.f, f.bias);
   } else {
     out = x8_to_half<CacheT>(in);
     __half2* h = reinterpret_cast<__half2*>(&out);
