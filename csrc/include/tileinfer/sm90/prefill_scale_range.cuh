@@ -82,6 +82,8 @@ __global__ void __launch_bounds__(kScaleRangeThreads) prefill_scale_range(const 
     v = __reduce_max_sync(0xffffffffu, w.y);
     if (lane == 0) top[blockIdx.x] = make_uint2(k, v);
   }
+  // At the end, as the own-keys pass (prefill_own_kv.cuh): at once, it took
+  // 1 x 512 prompts 1% faster, within the spread (docs/PERFORMANCE.md).
   allow_dependent_launch();
 }
 

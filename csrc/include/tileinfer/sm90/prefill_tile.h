@@ -116,7 +116,8 @@ struct PrefillTile {
   // it does, which gained 1-3% at d 128 and 256 (O of 64 and 128 registers a
   // thread) and cost 1% at d 64. P then reaches 2^kSoftmaxSlack, which bf16
   // and fp16 hold. A quantized cache's P also carries its headroom (below),
-  // with a slack of 4 (fp8 per tensor 1 x 2k-8k 2-5% faster than with none).
+  // with a slack of 4 (fp8 per tensor 1 x 2k-8k 2-5% faster than with none;
+  // 8 measured no faster than 4, docs/PERFORMANCE.md, and leaves P less room).
   static constexpr int kSoftmaxSlack = D == 64 ? 0 : kQuant ? 4 : 8;
   // A quantized cache: log2 of what the probabilities are multiplied by
   // before they are rounded to fp16 for the P V product (the output factor
