@@ -2,7 +2,9 @@
 arguments of attention in the same order; the wrappers reject tensors on the
 meta device mixed with real ones, naming the argument; testing.ulp_error's
 dtype defaults to the output's; the PagedKVCache examples of README and of
-tileinfer_attn.cache run as written on the CPU and on a GPU."""
+tileinfer_attn.cache run as written on the CPU and on a GPU; README's
+performance tables are benchmarks/report.py's rendering of the committed
+results."""
 import inspect
 import os
 import re
@@ -151,3 +153,15 @@ def test_meta_tensor_among_real_ones_is_rejected_by_the_op(op):
     with pytest.raises(RuntimeError, match=rf"^{op}: {meta_name} is on the meta device but {real_name} is on cpu"):
         fn(*mixed)
     fn(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])  # all meta: shapes only
+
+
+# ------------------------------------------------------------------ README's performance tables
+def test_readme_tables_are_rendered_from_the_committed_results():
+    """README's performance tables are what benchmarks/report.py renders from
+    benchmarks/results/*.json, every one of them: a result file committed
+    without re-rendering README, a table edited by hand or a missing result
+    fails here."""
+    child = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "report.py"), "--check"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    said = child.stdout.strip().splitlines()
+    assert child.returncode == 0 and len(said) == 1 and said[0].endswith("is up to date"), child.stdout + child.stderr
