@@ -27,6 +27,24 @@ static_assert(DecodeTileQuantWide<__nv_bfloat16, 128, int8_t>::kSmemBytes * 2 <=
 template <typename T, int D, typename CacheT = T>
 using DecodeTileLarge = TILEINFER_DECODE_TILE(T, D, CacheT, decode_tile_large(D));
 
+// The same tiles with a deep ring of stages, for blocks with an SM each (16-bit caches).
+template <typename T, int D>
+using DecodeTileSmallDeep = TILEINFER_DECODE_TILE(T, D, T, decode_tile_small_deep(D));
+template <typename T, int D>
+using DecodeTileLargeDeep = TILEINFER_DECODE_TILE(T, D, T, decode_tile_large_deep(D));
+// The shared memory a block of a deep tile may take: Hopper's 227 KB (a
+// device attribute the launch checks, decode.cu).
+constexpr int kDecodeDeepSmemBytes = 227 * 1024;
+template <class Cfg>
+constexpr bool fits_one_block_per_sm = Cfg::kSmemBytes + Cfg::kSplitMergeBytes <= kDecodeDeepSmemBytes;
+static_assert(fits_one_block_per_sm<DecodeTileSmallDeep<__nv_bfloat16, 64>> &&
+                  fits_one_block_per_sm<DecodeTileSmallDeep<__nv_bfloat16, 128>> &&
+                  fits_one_block_per_sm<DecodeTileSmallDeep<__nv_bfloat16, 256>> &&
+                  fits_one_block_per_sm<DecodeTileLargeDeep<__nv_bfloat16, 64>> &&
+                  fits_one_block_per_sm<DecodeTileLargeDeep<__nv_bfloat16, 128>> &&
+                  fits_one_block_per_sm<DecodeTileLargeDeep<__nv_bfloat16, 256>>,
+              "a deep decode tile fits its SM's shared memory");
+
 #undef TILEINFER_DECODE_TILE
 
 }  // namespace tileinfer
