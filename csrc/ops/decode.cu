@@ -153,8 +153,10 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   // 227 KB of shared memory (Hopper). Off by default until it is timed
   // against the usual ring (docs/PERFORMANCE.md). Read at each call: a
   // captured graph keeps the ring of its capture.
-  const int64_t grid_blocks = static_cast<int64_t>(p.num_splits) * s.num_kv_heads * s.num_seqs *
-                              ((rows + (small ? 15 : 63)) / (small ? 16 : 64));
+  const int64_t d_tile = tile_head_dim(s.head_dim);
+  const int64_t tile_m = tile_rows(small ? decode_tile_small(d_tile) : decode_tile_large(d_tile));
+  const int64_t grid_blocks =
+      static_cast<int64_t>(p.num_splits) * s.num_kv_heads * s.num_seqs * ((rows + tile_m - 1) / tile_m);
   const bool deep = walks && !s.quantized && grid_blocks <= sm_count(q.device()) &&
                     env_switch("TILEINFER_INVARIANT_DEEP_RING", "0", "1", false) &&
                     cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(q.get_device()) >=

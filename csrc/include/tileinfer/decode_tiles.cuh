@@ -36,13 +36,11 @@ using DecodeTileLargeDeep = TILEINFER_DECODE_TILE(T, D, T, decode_tile_large_dee
 // device attribute the launch checks, decode.cu).
 constexpr int kDecodeDeepSmemBytes = 227 * 1024;
 template <class Cfg>
-constexpr bool fits_one_block_per_sm = Cfg::kSmemBytes + Cfg::kSplitMergeBytes <= kDecodeDeepSmemBytes;
-static_assert(fits_one_block_per_sm<DecodeTileSmallDeep<__nv_bfloat16, 64>> &&
-                  fits_one_block_per_sm<DecodeTileSmallDeep<__nv_bfloat16, 128>> &&
-                  fits_one_block_per_sm<DecodeTileSmallDeep<__nv_bfloat16, 256>> &&
-                  fits_one_block_per_sm<DecodeTileLargeDeep<__nv_bfloat16, 64>> &&
-                  fits_one_block_per_sm<DecodeTileLargeDeep<__nv_bfloat16, 128>> &&
-                  fits_one_block_per_sm<DecodeTileLargeDeep<__nv_bfloat16, 256>>,
+constexpr bool fits_deep_smem = Cfg::kSmemBytes + Cfg::kSplitMergeBytes <= kDecodeDeepSmemBytes;
+template <int D>
+constexpr bool deep_tiles_fit =
+    fits_deep_smem<DecodeTileSmallDeep<__nv_bfloat16, D>> && fits_deep_smem<DecodeTileLargeDeep<__nv_bfloat16, D>>;
+static_assert(deep_tiles_fit<64> && deep_tiles_fit<128> && deep_tiles_fit<256>,
               "a deep decode tile fits its SM's shared memory");
 
 #undef TILEINFER_DECODE_TILE

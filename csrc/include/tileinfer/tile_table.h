@@ -120,6 +120,9 @@ struct TileShape {
   int stages;     // tiles of copies in flight (cp.async)
 };
 
+// Query rows of a tile of shape s: 16-row mma tiles per warp times the warps over rows.
+constexpr int tile_rows(const TileShape& s) { return 16 * s.row_tiles * s.warps_m; }
+
 // Decode, up to 16 packed rows (group x queries: plain decode of any group <= 16,
 // or a few verify queries), or up to 32 with a block per 16 rows (MQA's 32
 // heads: csrc/ops/decode.cu): one 16-row tile, the 4 warps split each 64-key tile
