@@ -236,10 +236,8 @@ def run_splits(label, batch, ctx, cfg, counts, args, errors):
 # Batch-invariant decode (attention's batch_invariant) against the default
 # split rule on the same inputs: with the table as wide as the context (the
 # fewest grid splits) and as an engine sizes it for 128k positions (32 grid
-# splits, the later ones empty), each against the default on the same table;
-# and with the deep ring (TILEINFER_INVARIANT_DEEP_RING=1, which only
-# launches of no more blocks than SMs take). Graph replays; full runs, or
-# --only invariant.
+# splits, the later ones empty), each against the default on the same table.
+# Graph replays; full runs, or --only invariant.
 INVARIANT_CASES = [
     ("1x1k", 1, 1024, QWEN3), ("1x4k", 1, 4096, QWEN3), ("1x32k", 1, 32768, QWEN3), ("8x32k", 8, 32768, QWEN3),
     ("16x4k", 16, 4096, QWEN3), ("32x4k", 32, 4096, QWEN3), ("128x2k", 128, 2048, QWEN3),
@@ -261,21 +259,16 @@ def run_invariant(label, batch, ctx, cfg, args, errors):
                        ("invariant", lambda p: ap.ours_attention(p, batch_invariant=True)),
                        ("default, 128k table", lambda p: ap.ours_attention(p, table_positions=131072)),
                        ("invariant, 128k table",
-                        lambda p: ap.ours_attention(p, batch_invariant=True, table_positions=131072)),
-                       # The deep ring for launches of no more blocks than SMs (decode.cu).
-                       ("invariant, deep ring", lambda p: ap.with_environment(
-                           "TILEINFER_INVARIANT_DEEP_RING", "1", ap.ours_attention(p, batch_invariant=True)))):
+                        lambda p: ap.ours_attention(p, batch_invariant=True, table_positions=131072))):
         r = ap.timed(f"{label} {name}", make, sets, True, errors, **kw)
         times[name] = r[0].median_us if r is not None else None
     del sets
     torch.cuda.empty_cache()
     d, tight = times["default"], times["invariant"]
     dw, wide = times["default, 128k table"], times["invariant, 128k table"]
-    deep = times["invariant, deep ring"]
     return [dict(case=label, default_us=d, invariant_us=tight, default_wide_us=dw, invariant_wide_us=wide,
-                 deep_us=deep, over_default=tight / d if d and tight else None,
-                 wide_over_default=wide / dw if dw and wide else None,
-                 deep_over_default=deep / d if d and deep else None)]
+                 over_default=tight / d if d and tight else None,
+                 wide_over_default=wide / dw if dw and wide else None)]
 
 
 def main():
@@ -351,8 +344,7 @@ def main():
                                        ("invariant us", "invariant_us", ".1f"), ("t / default", "over_default", ".2f"),
                                        ("default, 128k table us", "default_wide_us", ".1f"),
                                        ("invariant, 128k table us", "invariant_wide_us", ".1f"),
-                                       ("t / default", "wide_over_default", ".2f"),
-                                       ("deep ring us", "deep_us", ".1f"), ("t / default", "deep_over_default", ".2f")],
+                                       ("t / default", "wide_over_default", ".2f")],
                            title="\nbatch-invariant decode (attention op, batch_invariant=True) against the default")
     common.save(NAME, dict(env=env, ceilings=ceil, status=status, rows=rows, verify=verify, variants=variants,
                            splits=splits, invariant=invariant, errors=errors), args)

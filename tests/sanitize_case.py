@@ -6,8 +6,7 @@ problems that still reach every code path (several page sizes and head dims,
 causal and not, GQA groups that take the decode and the prefill path, fp32 and
 bf16, int8 and fp8 caches, head dims 80 / 96 on their padded tiles, the
 per-layer variants and a tree mask, empty splits, padded batch slots; attention
-also with batch_invariant, on the deep ring too, and with splits merged
-in clusters), then,
+also with batch_invariant, and with splits merged in clusters), then,
 unless --clean-only, the same ops
 on bad device metadata (page ids outside the pool, lengths beyond the table or
 negative, garbage query offsets), where the kernels must stay inside the
@@ -188,19 +187,6 @@ def main():
             p.seq_lens[3] = p.block_tables.shape[1] * 16 + 1000
             p.seq_lens[4] = -7
             run_attention_ops(p, causal=(True,), with_prefill=False)
-    # The deep ring (TILEINFER_INVARIANT_DEEP_RING=1), which only walking
-    # launches of no more blocks than SMs take: one sequence (12 splits x 2 KV
-    # heads), and 60 whose blocks each merge a pair's splits (120 blocks);
-    # then bad metadata.
-    os.environ["TILEINFER_INVARIANT_DEEP_RING"] = "1"
-    for n in (1, 60):
-        p = make_problem([3000] + [1 + 9 * i for i in range(n - 1)], [1] * n, 8, 2, 128, 16, device=DEV, seed=23)
-        run_attention_ops(p, causal=(True,), with_prefill=False)
-        if not args.clean_only:
-            p.block_tables[0, 100] = p.k_cache.shape[0] + 5
-            p.seq_lens[n - 1] = p.block_tables.shape[1] * 16 + 1000
-            run_attention_ops(p, causal=(True,), with_prefill=False)
-    del os.environ["TILEINFER_INVARIANT_DEEP_RING"]
     # Combine over more splits than a row's lanes (32 at d 128, 16 at d 64),
     # which four warps a row share (combine.cuh): decode into 100 splits, and
     # the attention op's own plan for one KV head (MQA), whose few pairs get

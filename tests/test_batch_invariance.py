@@ -10,8 +10,6 @@ match bit for bit across all of them and stay within the usual bounds of
 float64. A control runs the same steps without the flag (fp32, where a
 different split count shows in the bits), so the comparison can fail.
 """
-import re
-
 import pytest
 import torch
 
@@ -228,53 +226,6 @@ def test_two_blocks_a_pair_become_one_that_merges(seed, monkeypatch):
     monkeypatch.setenv("TILEINFER_INVARIANT_ONE_BLOCK", "2")
     with pytest.raises(RuntimeError, match="TILEINFER_INVARIANT_ONE_BLOCK must be 0 or 1"):
         target_rows(p, q_lens, batch, True)
-
-
-def decode_stages(names):
-    """The ring depths (TileConfig's kStages) of the walking decode kernels
-    among kernel names (kernels_run's), sorted, each once."""
-    tiles = [m.group(1).split(", ") for n in names if "DecodeWalkWork" in n
-             for m in [re.search(r"TileConfig<([^<>]*)>", n)] if m]
-    return sorted({int(args[6]) for args in tiles})
-
-
-@gpu
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("group", [4, 32], ids=["16-row tile", "64-row tile"])
-def test_deep_ring_for_blocks_with_an_sm_each(head_dim, group, seed, monkeypatch):
-    """With TILEINFER_INVARIANT_DEEP_RING=1 a walking launch of no more
-    blocks than SMs takes the deep ring of stages (tile_table.h,
-    decode_tile_small_deep): the target alone (2 KV heads, 12 splits), and a
-    batch of a pair per SM or a little fewer whose blocks each walk and merge
-    a pair's splits (group <= 16, d <= 128); 200 sequences take the usual
-    one, as does the target alone without the switch. Same bits in all."""
-    need_path("attention")
-    if not hopper():
-        pytest.skip("the deep ring takes Hopper's 227 KB of shared memory a block")
-    p, q_lens = universe(3001, 1, torch.bfloat16, "cuda", seed, group=group, head_dim=head_dim)
-    plan = steps(seed)
-
-    def run(name):
-        names, rows = kernels_run(lambda: target_rows(p, q_lens, plan[name][0], True))
-        return decode_stages(names), rows
-
-    usual, alone_usual = run("alone")
-    monkeypatch.setenv("TILEINFER_INVARIANT_DEEP_RING", "1")
-    deep, alone = run("alone")
-    among_stages, among = run("200 at slot 117")
-    assert len(deep) == 1 and among_stages == usual and len(usual) == 1 and deep[0] > usual[0], \
-        f"stages alone {deep}, among 200 {among_stages}, alone without the switch {usual}"
-    assert torch.equal(bits(alone), bits(among)), "the target's bits differ among 200"
-    assert torch.equal(bits(alone), bits(alone_usual)), "the target's bits differ with the usual ring"
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    batch = [0] + [i for i in plan["200 at slot 117"][0] if i != 0][:sms // 2 - 7]  # sms - 12 pairs
-    names, merged = kernels_run(lambda: target_rows(p, q_lens, batch, True))
-    merges = group <= 16 and head_dim <= 128  # one block a pair (decode_plan_one_block), else two
-    assert decode_stages(names) == (deep if merges else usual), f"{len(batch)} sequences: {names}"
-    assert torch.equal(bits(merged), bits(alone)), f"the target's bits differ among {len(batch)}"
-    monkeypatch.setenv("TILEINFER_INVARIANT_DEEP_RING", "2")
-    with pytest.raises(RuntimeError, match="TILEINFER_INVARIANT_DEEP_RING must be 0 or 1"):
-        target_rows(p, q_lens, plan["alone"][0], True)
 
 
 @gpu

@@ -49,12 +49,10 @@ void launch_decode_quant(const char* op, const AttentionParams& p, const PagedSh
   }
 }
 
-// The decode kernel for queries of type T at tile dim D; `deep`: a walking
-// launch over a 16-bit cache whose blocks have an SM each takes the deep ring
-// (tile_table.h, decode_tile_small_deep).
+// The decode kernel for queries of type T at tile dim D.
 template <typename T, int D, class Work>
 void launch_decode_tile(const char* op, const AttentionParams& p, const PagedShape& s, bool small, bool two_per_sm,
-                        bool deep, cudaStream_t stream) {
+                        cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
     launch_fp32<D, DecodeWork>(op, p, stream);  // (never walks: launch_decode)
   } else if (s.quantized) {
@@ -64,14 +62,8 @@ void launch_decode_tile(const char* op, const AttentionParams& p, const PagedSha
       launch_decode_quant<T, D, Work>(op, p, s, small, two_per_sm, stream);
     }
   } else if (small) {
-    if constexpr (Work::kWalks) {
-      if (deep) return launch_tile<DecodeTileSmallDeep<T, D>, Work>(op, p, stream);
-    }
     launch_tile<DecodeTileSmall<T, D>, Work>(op, p, stream);
   } else {
-    if constexpr (Work::kWalks) {
-      if (deep) return launch_tile<DecodeTileLargeDeep<T, D>, Work>(op, p, stream);
-    }
     launch_tile<DecodeTileLarge<T, D>, Work>(op, p, stream);
   }
 }
@@ -146,21 +138,6 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   const bool fits = blocks <= 2 * sm_count(q.device());
   const bool small = by_group ? p.group_size <= 16 : decode_small_tile(rows, fits);
   const bool two_per_sm = !plan.batch_invariant && fits;
-  // A walking launch over a 16-bit cache of no more blocks than SMs (its
-  // grid: attention_work.cuh, DecodeWork::grid) gives each block an SM, which
-  // the deep ring (tile_table.h) would keep busier with copies in flight:
-  // with TILEINFER_INVARIANT_DEEP_RING=1, on cards whose blocks may take its
-  // 227 KB of shared memory (Hopper). Off by default until it is timed
-  // against the usual ring (docs/PERFORMANCE.md). Read at each call: a
-  // captured graph keeps the ring of its capture.
-  const int64_t d_tile = tile_head_dim(s.head_dim);
-  const int64_t tile_m = tile_rows(small ? decode_tile_small(d_tile) : decode_tile_large(d_tile));
-  const int64_t grid_blocks =
-      static_cast<int64_t>(p.num_splits) * s.num_kv_heads * s.num_seqs * ((rows + tile_m - 1) / tile_m);
-  const bool deep = walks && !s.quantized && grid_blocks <= sm_count(q.device()) &&
-                    env_switch("TILEINFER_INVARIANT_DEEP_RING", "0", "1", false) &&
-                    cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(q.get_device()) >=
-                        kDecodeDeepSmemBytes;
 
   // A mixed step's blocks walk their row tiles (attention_work.cuh, "Mixed
   // steps") over a 16-bit cache; around the quantized tiles that loop cost
@@ -171,11 +148,11 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
     TILEINFER_DISPATCH_TILE_DIM(s.head_dim, op, [&] {
       if (walks && !std::is_same_v<scalar_t, float>) {
-        launch_decode_tile<scalar_t, TILE_DIM, DecodeWalkWork>(op, p, s, small, two_per_sm, deep, stream);
+        launch_decode_tile<scalar_t, TILE_DIM, DecodeWalkWork>(op, p, s, small, two_per_sm, stream);
       } else if (row_walk) {
-        launch_decode_tile<scalar_t, TILE_DIM, DecodeRowWalkWork>(op, p, s, small, two_per_sm, false, stream);
+        launch_decode_tile<scalar_t, TILE_DIM, DecodeRowWalkWork>(op, p, s, small, two_per_sm, stream);
       } else {
-        launch_decode_tile<scalar_t, TILE_DIM, DecodeWork>(op, p, s, small, two_per_sm, false, stream);
+        launch_decode_tile<scalar_t, TILE_DIM, DecodeWork>(op, p, s, small, two_per_sm, stream);
       }
     });
   });

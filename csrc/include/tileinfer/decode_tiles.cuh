@@ -27,22 +27,6 @@ static_assert(DecodeTileQuantWide<__nv_bfloat16, 128, int8_t>::kSmemBytes * 2 <=
 template <typename T, int D, typename CacheT = T>
 using DecodeTileLarge = TILEINFER_DECODE_TILE(T, D, CacheT, decode_tile_large(D));
 
-// The same tiles with a deep ring of stages, for blocks with an SM each (16-bit caches).
-template <typename T, int D>
-using DecodeTileSmallDeep = TILEINFER_DECODE_TILE(T, D, T, decode_tile_small_deep(D));
-template <typename T, int D>
-using DecodeTileLargeDeep = TILEINFER_DECODE_TILE(T, D, T, decode_tile_large_deep(D));
-// The shared memory a block of a deep tile may take: Hopper's 227 KB (a
-// device attribute the launch checks, decode.cu).
-constexpr int kDecodeDeepSmemBytes = 227 * 1024;
-template <class Cfg>
-constexpr bool fits_deep_smem = Cfg::kSmemBytes + Cfg::kSplitMergeBytes <= kDecodeDeepSmemBytes;
-template <int D>
-constexpr bool deep_tiles_fit =
-    fits_deep_smem<DecodeTileSmallDeep<__nv_bfloat16, D>> && fits_deep_smem<DecodeTileLargeDeep<__nv_bfloat16, D>>;
-static_assert(deep_tiles_fit<64> && deep_tiles_fit<128> && deep_tiles_fit<256>,
-              "a deep decode tile fits its SM's shared memory");
-
 #undef TILEINFER_DECODE_TILE
 
 }  // namespace tileinfer

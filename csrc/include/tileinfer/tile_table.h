@@ -120,9 +120,6 @@ struct TileShape {
   int stages;     // tiles of copies in flight (cp.async)
 };
 
-// Query rows of a tile of shape s: 16-row mma tiles per warp times the warps over rows.
-constexpr int tile_rows(const TileShape& s) { return 16 * s.row_tiles * s.warps_m; }
-
 // Decode, up to 16 packed rows (group x queries: plain decode of any group <= 16,
 // or a few verify queries), or up to 32 with a block per 16 rows (MQA's 32
 // heads: csrc/ops/decode.cu): one 16-row tile, the 4 warps split each 64-key tile
@@ -146,31 +143,5 @@ constexpr TileShape decode_tile_quant_wide(int64_t) { return {1, 4, 1, 128, 3}; 
 // tiles as prefill's; the grid adds a row-tile dimension and row tiles share the
 // pages through L2. d = 256 halves the key tile to keep two stages in shared memory.
 constexpr TileShape decode_tile_large(int64_t d) { return {4, 1, 1, d >= 256 ? 32 : 64, 2}; }
-
-// Decode blocks with an SM each (a batch-invariant launch of no more blocks
-// than SMs over a 16-bit cache: one sequence, or a few, whose splits are at
-// least 256 positions; csrc/ops/decode.cu, under
-// TILEINFER_INVARIANT_DEEP_RING=1): the tiles above with a ring of
-// stages about 192 KB deep, where the tiles above keep 64-96 KB so that two
-// blocks share an SM. Such a block walks 4-32 tiles one after another, alone
-// on its SM, with two tiles of copies in flight (one on the 64-row tile); the
-// deep ring keeps five in flight at d 128, to hide more of each tile's memory
-// round trip (not yet run or timed: docs/PERFORMANCE.md). The stages change no
-// arithmetic: a sequence's bits are those of the tile above
-// (tests/test_batch_invariance.py).
-constexpr int decode_deep_stages(int64_t d, int block_n) {
-  return static_cast<int>(192 * 1024 / (2 * block_n * d * 2));  // K and V tiles of 16-bit elements
-}
-constexpr TileShape decode_tile_small_deep(int64_t d) {
-  const TileShape s = decode_tile_small(d);
-  return {s.warps_m, s.warps_n, s.row_tiles, s.block_n, decode_deep_stages(d, s.block_n)};
-}
-// d 256: four stages (its 32-key tiles take six in 192 KB): at 255 registers,
-// ptxas spills 28 bytes with five, 12 with four (and with two).
-constexpr TileShape decode_tile_large_deep(int64_t d) {
-  const TileShape s = decode_tile_large(d);
-  const int stages = decode_deep_stages(d, s.block_n);
-  return {s.warps_m, s.warps_n, s.row_tiles, s.block_n, d >= 256 ? stages - 2 : stages};
-}
 
 }  // namespace tileinfer
