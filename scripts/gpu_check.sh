@@ -5,7 +5,8 @@
 #   bash scripts/gpu_check.sh                  # ~8 minutes: full build, tests, --quick benchmarks
 #
 # Options (environment):
-#   SKIP_BUILD=1     use the extension already built in place
+#   SKIP_BUILD=1     use the extension already built in place (or built without a
+#                    GPU by scripts/device_prebuild.sh and carried along)
 #   PYTEST_ARGS="tests"   what pytest runs (default: -m gpu -n 12 tests, the tests
 #                    that need the GPU over 12 workers; CI runs the CPU ones)
 #   SKIP_TESTS=1     no pytest            SKIP_SANITIZE=1  no scripts/sanitize.sh
