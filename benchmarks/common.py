@@ -461,6 +461,33 @@ def _bench_host(fn, sets, warmup_ms, rep_ms, min_reps, max_reps) -> Timing:
     return _stats(times, "host", len(sets))
 
 
+def require_cuda_ops(script: str) -> None:
+    """Exits with the reason where a CUDA device or our extension is missing
+    (for the profile_*.py scripts, which measure nothing without them)."""
+    if not torch.cuda.is_available():
+        sys.exit(f"{script}: needs a CUDA device")
+    loaded, why = load_tileinfer()
+    if loaded is None:
+        sys.exit(f"{script}: {why}")
+
+
+def profiled_calls(fn: Callable, args: tuple, calls: int) -> Optional[float]:
+    """One warm-up call of fn(*args), then `calls` more timed back to back with
+    CUDA events (no graph, no rotation of inputs): us a call, or None for
+    calls <= 0. For scripts a profiler watches (profile_*.py), whose
+    figures match the benchmarks' only roughly."""
+    fn(*args)  # warm-up (and the first call's one-time work)
+    if calls <= 0:
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn(*args)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
 def attempt(label: str, thunk: Callable, errors: Optional[list] = None):
     """Runs thunk(); on an exception prints one line naming `label` and returns
     None, so one failing peer or case never stops a benchmark run."""

@@ -18,8 +18,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import attention_peers as ap  # noqa: E402
 import bench_decode  # noqa: E402
@@ -32,25 +30,14 @@ def main():
     parser.add_argument("--case", default="MQA 32/1 1x32k", choices=sorted(cases), help="the step")
     parser.add_argument("--calls", type=int, default=3, help="timed calls per plan, after one warm-up call (0: none)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("profile_decode.py: needs a CUDA device")
-    loaded, why = common.load_tileinfer()
-    if loaded is None:
-        sys.exit(f"profile_decode.py: {why}")
+    common.require_cuda_ops("profile_decode.py")
     batch, ctx, cfg = cases[args.case]
     p = bench_decode.sets_of(batch, ctx, 1, cfg, cap=1)[0]
     for plan, invariant in (("default", False), ("batch-invariant", True)):
         fn, fn_args = ap.ours_attention(p, batch_invariant=invariant)
-        fn(*fn_args)  # warm-up (and the first call's one-time work)
-        if args.calls <= 0:
+        us = common.profiled_calls(fn, fn_args, args.calls)
+        if us is None:
             continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(args.calls):
-            fn(*fn_args)
-        end.record()
-        torch.cuda.synchronize()
-        us = start.elapsed_time(end) * 1e3 / args.calls
         print(f"{plan}: {us:.1f} us a call ({args.calls} calls, {args.case})", flush=True)
 
 

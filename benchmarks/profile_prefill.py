@@ -16,8 +16,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import attention_peers as ap  # noqa: E402
 import bench_int8  # noqa: E402
@@ -32,25 +30,14 @@ def main():
     parser.add_argument("--calls", type=int, default=3, help="timed calls per cache, after one warm-up call (0: none)")
     parser.add_argument("--caches", default=",".join(CACHES), help=f"comma-separated, of {', '.join(CACHES)}")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("profile_prefill.py: needs a CUDA device")
-    loaded, why = common.load_tileinfer()
-    if loaded is None:
-        sys.exit(f"profile_prefill.py: {why}")
+    common.require_cuda_ops("profile_prefill.py")
     p = bench_int8.make_pair([args.length], [args.length], cap=1)[0]
     for name in args.caches.split(","):
         attr = CACHES[name]
         fn, fn_args = ap.ours_prefill(p) if attr is None else bench_int8.ours_quant(p, "prefill", attr)
-        fn(*fn_args)  # warm-up (and the first call's one-time work)
-        if args.calls <= 0:
+        us = common.profiled_calls(fn, fn_args, args.calls)
+        if us is None:
             continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(args.calls):
-            fn(*fn_args)
-        end.record()
-        torch.cuda.synchronize()
-        us = start.elapsed_time(end) * 1e3 / args.calls
         print(f"{name}: {us:.1f} us a call ({args.calls} calls, 1 x {args.length})", flush=True)
 
 
