@@ -46,7 +46,7 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch" 2>/dev/
   "$venv/bin/pip" install -q --no-deps "$wheel"
   "$venv/bin/pip" install -q "setuptools<82" ninja numpy typing_extensions sympy filelock jinja2 networkx fsspec
   site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  theirs=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0]))" 2>/dev/null || true)
+  theirs=$(python3 -c "import nvidia; print(list(nvidia.__path__)[0])" 2>/dev/null || true)
   if [ -n "$theirs" ] && [ -d "$theirs/cudnn" ]; then
     ln -s "$theirs" "$site/nvidia"
   else
@@ -57,14 +57,17 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch" 2>/dev/
 fi
 
 # A copy of the tracked tree (an in-place build here would leave objects of
-# another ABI in build/), built with the machine's nvcc for sm_90a.
+# another ABI in build/), built with the machine's nvcc for sm_90a. The copy
+# is made anew but for build/, with the files' mtimes, so that ninja rebuilds
+# what changed and no deleted source lingers (setup.py globs csrc/cpu/).
 src=$dir/src-$tag
 mkdir -p "$src"
-git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$src"  # (mtimes kept: ninja rebuilds what changed)
+find "$src" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$src"
 (cd "$src" && TILEINFER_BUILD=cuda TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-2} \
   CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} "$venv/bin/python" setup.py -q build_ext --inplace >"$dir/build-$tag.log" 2>&1) \
   || { tail -30 "$dir/build-$tag.log"; echo "device_prebuild: build failed (log $dir/build-$tag.log)"; exit 1; }
-so=$(cd "$src" && ls tileinfer_attn/_C.cpython-"${py/./}"-*.so)
+so=$(cd "$src" && ls tileinfer_attn/_C.cpython-"${tag#cp}"-*.so)
 cp "$src/$so" "$root/$so"
 "$venv/bin/python" -c "import sys; sys.path.insert(0, '$src'); import tileinfer_attn, torch; torch.ops.tileinfer_attn.attention"
 echo "$so"
