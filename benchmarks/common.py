@@ -471,11 +471,12 @@ def require_cuda_ops(script: str) -> None:
         sys.exit(f"{script}: {why}")
 
 
-def profiled_calls(fn: Callable, args: tuple, calls: int) -> Optional[float]:
+def profiled_calls(fn: Callable, args: tuple, calls: int, label: str) -> Optional[float]:
     """One warm-up call of fn(*args), then `calls` more timed back to back with
-    CUDA events (no graph, no rotation of inputs): us a call, or None for
-    calls <= 0. For scripts a profiler watches (profile_*.py), whose
-    figures match the benchmarks' only roughly."""
+    CUDA events (no graph, no rotation of inputs): prints and returns us a
+    call (`label` names the line), or None for calls <= 0. For scripts a
+    profiler watches (profile_*.py), whose figures match the benchmarks' only
+    roughly."""
     fn(*args)  # warm-up (and the first call's one-time work)
     if calls <= 0:
         return None
@@ -485,7 +486,9 @@ def profiled_calls(fn: Callable, args: tuple, calls: int) -> Optional[float]:
         fn(*args)
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / calls
+    us = start.elapsed_time(end) * 1e3 / calls
+    print(f"{label}: {us:.1f} us a call ({calls} calls)", flush=True)
+    return us
 
 
 def attempt(label: str, thunk: Callable, errors: Optional[list] = None):

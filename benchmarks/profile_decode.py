@@ -35,10 +35,7 @@ def main():
     p = bench_decode.sets_of(batch, ctx, 1, cfg, cap=1)[0]
     for plan, invariant in (("default", False), ("batch-invariant", True)):
         fn, fn_args = ap.ours_attention(p, batch_invariant=invariant)
-        us = common.profiled_calls(fn, fn_args, args.calls)
-        if us is None:
-            continue
-        print(f"{plan}: {us:.1f} us a call ({args.calls} calls, {args.case})", flush=True)
+        common.profiled_calls(fn, fn_args, args.calls, f"{plan}, {args.case}")
 
 
 if __name__ == "__main__":

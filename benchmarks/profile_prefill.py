@@ -35,10 +35,7 @@ def main():
     for name in args.caches.split(","):
         attr = CACHES[name]
         fn, fn_args = ap.ours_prefill(p) if attr is None else bench_int8.ours_quant(p, "prefill", attr)
-        us = common.profiled_calls(fn, fn_args, args.calls)
-        if us is None:
-            continue
-        print(f"{name}: {us:.1f} us a call ({args.calls} calls, 1 x {args.length})", flush=True)
+        common.profiled_calls(fn, fn_args, args.calls, f"{name}, 1 x {args.length}")
 
 
 if __name__ == "__main__":
