@@ -18,7 +18,9 @@ more than 1% of the opcodes differ), and sums the samples per source line:
 
 `--kernel` picks, by a substring of its name, one of the kernels in the CSV
 (default: the first); `--lines` lists the instructions of those lines (offset,
-times executed, samples, SASS). Samples are over all of the kernel's warps:
+times executed, samples, SASS); `--by-count K` groups the instructions by
+how many times they ran (a loop level each: per key tile, per work item, per
+launch) and gives the K groups with the most samples. Samples are over all of the kernel's warps:
 a line's share of them is its share of warp time, whichever role runs it.
 Needs nvdisasm (scripts/sass_check.py says where it looks).
 """
@@ -87,11 +89,12 @@ def at(ins, offset):
     return ins[k] if offset % 16 == 0 and 0 <= k < len(ins) else ("", None)
 
 
-def join(rows, ins):
+def join(rows, ins, base=None):
     """Samples per source line ({line: Counter of stall reasons and SAMPLES}),
     their total, and how many instructions' opcodes differ from the cubin's
-    (`ins`: one function of read_cubin)."""
-    base = int(rows[0]["Address"], 16)
+    (`ins`: one function of read_cubin; `base`: the function's first address,
+    by default that of the first row)."""
+    base = int(rows[0]["Address"], 16) if base is None else base
     reasons = [h for h in rows[0] if h.startswith("stall_") and "Not Issued" not in h]
     per_line = collections.defaultdict(collections.Counter)
     total = collections.Counter()
@@ -106,6 +109,18 @@ def join(rows, ins):
     return per_line, total, mismatched
 
 
+def by_count(rows, ins):
+    """The rows grouped by how many times the kernel's warps executed them:
+    {count: (instructions, per-line samples as join gives them)}. The
+    instructions of one loop level share a count (once a key tile, once a
+    work item, once a launch), so the groups tell the levels apart."""
+    base = int(rows[0]["Address"], 16)
+    groups = collections.defaultdict(list)
+    for r in rows:
+        groups[int(r["Instructions Executed"] or 0)].append(r)
+    return {count: (len(rs), join(rs, ins, base)[0]) for count, rs in groups.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output (.csv or .csv.gz)")
@@ -113,6 +128,8 @@ def main():
     ap.add_argument("--kernel", default="", help="a substring of the kernel's name in the CSV (default: the first)")
     ap.add_argument("--top", type=int, default=30, help="source lines to print, most samples first")
     ap.add_argument("--lines", default="", help="comma-separated file:line whose instructions to list")
+    ap.add_argument("--by-count", type=int, default=0, metavar="K",
+                    help="also the K execution counts with the most samples, each with its top lines")
     args = ap.parse_args()
 
     kernels = [k for k in read_csv(args.csv) if args.kernel in k[0]]
@@ -136,6 +153,12 @@ def main():
         share = 100 * c[SAMPLES] / samples
         top = ", ".join(f"{k[6:]} {v}" for k, v in c.most_common() if k in reasons and v > 0)
         print(f"{share:5.1f}%  {line}: {top[:120]}")
+    groups = sorted(by_count(rows, ins).items(), key=lambda kv: -sum(c[SAMPLES] for c in kv[1][1].values()))
+    for count, (n, lines) in groups[:args.by_count]:
+        share = 100 * sum(c[SAMPLES] for c in lines.values()) / samples
+        print(f"== executed {count} times: {n} instructions, {share:.1f}% of samples")
+        for line, c in sorted(lines.items(), key=lambda kv: -kv[1][SAMPLES])[:6]:
+            print(f"  {100 * c[SAMPLES] / samples:5.1f}%  {line}")
     base = int(rows[0]["Address"], 16)
     for want in filter(None, args.lines.split(",")):
         print(f"== {want}  (offset, executed, samples, SASS)")

@@ -70,3 +70,18 @@ def test_another_build_is_told_apart(tmp_path):
     _, _, mismatched = ncu_lines.join(rows, shifted)
     assert mismatched == 4
     assert ncu_lines.opcode("@!P0 BRA `(.L_x_1)") == "BRA" and ncu_lines.opcode("LDS.128 R8, [R2]") == "LDS"
+
+
+def test_samples_grouped_by_execution_count(tmp_path):
+    # The FMUL of the first kernel ran twice as often as its other instructions: a loop level of its own.
+    path = tmp_path / "rep.csv"
+    path.write_text(CSV.replace('FMUL R4, R8, R4","30","10"', 'FMUL R4, R8, R4","30","20"'))
+    _, rows = ncu_lines.read_csv(str(path))[0]
+    ins = ncu_lines.sass_check.parse(SASS)[0]["_Z4kern"]
+    groups = ncu_lines.by_count(rows, ins)
+    assert sorted(groups) == [10, 20]
+    n, lines = groups[20]
+    assert n == 1 and dict(lines)["prefill_consumer.cuh:199"][ncu_lines.SAMPLES] == 30
+    n, lines = groups[10]
+    assert n == 3 and lines["prefill_consumer.cuh:199"][ncu_lines.SAMPLES] == 2
+    assert lines["prefill_kernel.cuh:10"][ncu_lines.SAMPLES] == 1 and lines["prefill_smem.cuh:143"]["stall_wait"] == 7
