@@ -20,8 +20,9 @@ more than 1% of the opcodes differ), and sums the samples per source line:
 (default: the first); `--lines` lists the instructions of those lines (offset,
 times executed, samples, SASS); `--by-count K` groups the instructions by
 how many times they ran (a loop level each: per key tile, per work item, per
-launch) and gives the K groups with the most samples. Samples are over all of the kernel's warps:
-a line's share of them is its share of warp time, whichever role runs it.
+launch) and gives the K groups with the most samples. Samples are over all
+of the kernel's warps: a line's share of them is its share of warp time,
+whichever role runs it.
 Needs nvdisasm (scripts/sass_check.py says where it looks).
 """
 import argparse

@@ -81,7 +81,7 @@ def test_samples_grouped_by_execution_count(tmp_path):
     groups = ncu_lines.by_count(rows, ins)
     assert sorted(groups) == [10, 20]
     n, lines = groups[20]
-    assert n == 1 and dict(lines)["prefill_consumer.cuh:199"][ncu_lines.SAMPLES] == 30
+    assert n == 1 and lines["prefill_consumer.cuh:199"][ncu_lines.SAMPLES] == 30
     n, lines = groups[10]
     assert n == 3 and lines["prefill_consumer.cuh:199"][ncu_lines.SAMPLES] == 2
     assert lines["prefill_kernel.cuh:10"][ncu_lines.SAMPLES] == 1 and lines["prefill_smem.cuh:143"]["stall_wait"] == 7
