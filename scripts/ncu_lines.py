@@ -154,7 +154,8 @@ def main():
         share = 100 * c[SAMPLES] / samples
         top = ", ".join(f"{k[6:]} {v}" for k, v in c.most_common() if k in reasons and v > 0)
         print(f"{share:5.1f}%  {line}: {top[:120]}")
-    groups = sorted(by_count(rows, ins).items(), key=lambda kv: -sum(c[SAMPLES] for c in kv[1][1].values()))
+    groups = sorted(by_count(rows, ins).items(), key=lambda kv: -sum(c[SAMPLES] for c in kv[1][1].values())) \
+        if args.by_count > 0 else []
     for count, (n, lines) in groups[:args.by_count]:
         share = 100 * sum(c[SAMPLES] for c in lines.values()) / samples
         print(f"== executed {count} times: {n} instructions, {share:.1f}% of samples")
