@@ -214,13 +214,15 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
 // the tensor cores.
 //
 // This runs at every item's start, before the first S product, so its
-// latency is the item's: each thread loads its smoothing factors (the
-// same columns for both rows) and both rows' chunks once, all in flight
-// together, and keeps them for the two passes (the row maximum, then the
-// scaled values). Loaded per chunk and pass, one at a time, this took
-// ~13% of the consumers' time at 1 x 2k (int8, Nsight Compute's stall
-// samples), mostly waiting on those loads. At this point of the item only
-// these values are live (64 registers at d 128).
+// latency and its instructions are the item's (at 1 x 2k a quarter of the
+// consumers' per-item instructions): each thread loads its smoothing
+// factors (the same columns for both rows) and both rows' chunks once, all
+// in flight together, and makes each value q * k_smooth once, kept for
+// both passes (the row maximum, then the scaled values). Loaded per chunk
+// and pass, one at a time, this took ~13% of the consumers' time at 1 x 2k
+// (int8, Nsight Compute's stall samples), mostly waiting on those loads.
+// At this point of the item only these values are live (64 registers at
+// d 128).
 template <class Cfg>
 __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t* q_tile, const WorkItem& w, int r0,
                                                 int quad, float pre, float (&unscale)[2], bool (&bad)[2]) {
@@ -228,43 +230,55 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t*
   constexpr int BM = Cfg::kBlockM;
   constexpr int kMine = Cfg::D / 32;  // 16-byte chunks of a row per quad lane: quad, quad + 4, ...
   const PagedKVParams& kv = p.a.kv;
-  const float* smooth =
-      kv.k_smooth == nullptr ? nullptr : kv.k_smooth + static_cast<int64_t>(w.kv_head) * kv.head_dim;
   // This lane's chunk m of row r (the 128-byte swizzle of wgmma.cuh).
   auto chunk = [&](int r, int m) {
     const int c = quad + 4 * m;
     return reinterpret_cast<uint4*>(q_tile + (c >> 3) * BM * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
   };
-  // The factors of this lane's columns: the smoothing factors (1 without;
-  // 0 past the head dim, where q is 0).
-  float f[kMine][8];
-#pragma unroll
-  for (int m = 0; m < kMine; ++m)
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int col = 8 * (quad + 4 * m) + k;
-      f[m][k] = col >= kv.head_dim ? 0.f : smooth == nullptr ? 1.f : __ldg(smooth + col);
-    }
   uint4 in[2][kMine];
 #pragma unroll
   for (int R = 0; R < 2; ++R)
 #pragma unroll
     for (int m = 0; m < kMine; ++m) in[R][m] = *chunk(r0 + 8 * R, m);
-  // Element k of chunk m of row R, times its factor.
-  auto value = [&](int R, int m, int k) { return to_float(reinterpret_cast<const QT*>(&in[R][m])[k]) * f[m][k]; };
+  // The values q * k_smooth of this lane's columns (without smoothing q
+  // itself: past the head dim q is 0, as the copy engine fills it).
+  float v[2][kMine][8];
+#pragma unroll
+  for (int R = 0; R < 2; ++R)
+#pragma unroll
+    for (int m = 0; m < kMine; ++m)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[R][m][k] = to_float(reinterpret_cast<const QT*>(&in[R][m])[k]);
+  if (kv.k_smooth != nullptr) {
+    const float* smooth = kv.k_smooth + static_cast<int64_t>(w.kv_head) * kv.head_dim;
+#pragma unroll
+    for (int m = 0; m < kMine; ++m) {
+      // A chunk is inside the head dim or past it (head dims are multiples
+      // of 16); one past it reads the last chunk's factors, and takes 0.
+      // (With the load predicated instead, ptxas made each address anew.)
+      const int col = 8 * (quad + 4 * m);
+      const float* at = smooth + min(col, kv.head_dim - 8);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float f = col < kv.head_dim ? __ldg(at + k) : 0.f;
+#pragma unroll
+        for (int R = 0; R < 2; ++R) v[R][m][k] *= f;
+      }
+    }
+  }
   const float k_scale =
       Cfg::kVectorScales ? ItemScales::make<typename Cfg::CacheT>(p, w, true).k : __ldg(kv.k_scale);
 #pragma unroll
   for (int R = 0; R < 2; ++R) {
-    float amax = 0.f;
+    // The row's largest |value|, inf where one is not finite: as unsigned
+    // integers the bits of |x| order as the floats do, and every NaN and
+    // inf lies above the finite ones.
+    uint32_t top = 0;
 #pragma unroll
     for (int m = 0; m < kMine; ++m)
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float x = value(R, m, k);
-        amax = isfinite(x) ? fmaxf(amax, fabsf(x)) : INFINITY;
-      }
-    amax = warp_max<4>(amax);
+      for (int k = 0; k < 8; ++k) top = max(top, __float_as_uint(v[R][m][k]) & 0x7fffffffu);
+    const float amax = warp_max<4>(top < 0x7f800000u ? __uint_as_float(top) : INFINITY);
     // A negative pre (scale < 0, uncapped) or per-tensor k_scale goes into
     // the row, so that the factor the softmax folds into its multiplier
     // stays >= 0 (folding a negative one would turn the row's maximum into
@@ -275,10 +289,8 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t*
 #pragma unroll
     for (int m = 0; m < kMine; ++m)
       *chunk(r0 + 8 * R, m) =
-          make_uint4(pack2<__half>(value(R, m, 0) * qs, value(R, m, 1) * qs),
-                     pack2<__half>(value(R, m, 2) * qs, value(R, m, 3) * qs),
-                     pack2<__half>(value(R, m, 4) * qs, value(R, m, 5) * qs),
-                     pack2<__half>(value(R, m, 6) * qs, value(R, m, 7) * qs));
+          make_uint4(pack2<__half>(v[R][m][0] * qs, v[R][m][1] * qs), pack2<__half>(v[R][m][2] * qs, v[R][m][3] * qs),
+                     pack2<__half>(v[R][m][4] * qs, v[R][m][5] * qs), pack2<__half>(v[R][m][6] * qs, v[R][m][7] * qs));
   }
 }
 
