@@ -47,10 +47,14 @@ def demangle(names):
     return dict(zip(names, out))
 
 
+# The kernels' CapForm (prefill_consumer.cuh) as its demangled value: what short_name adds for it.
+CAP_FORMS = {"0": "", "1": " fixed-offset", "2": " uncapped"}
+
+
 def short_name(full):
-    """'bf16 d128 fp8 vec hand-out fixed-offset' (or 'bf16 d64 3 consumers ...')
-    from the demangled signature."""
-    m = re.search(r"PrefillTile<([^>]*)>\s*,\s*(true|false)\s*,\s*(true|false)", full)
+    """'bf16 d128 fp8 vec hand-out fixed-offset' (or 'bf16 d64 3 consumers ...',
+    'bf16 d128 int8 vec uncapped') from the demangled signature."""
+    m = re.search(r"PrefillTile<([^>]*)>\s*,\s*(true|false)\s*,\s*\([\w:]*CapForm\)(\d)", full)
     if not m:
         return full[:100]
     t, d, cache, vec, *consumers = [x.strip() for x in m.group(1).split(",")]
@@ -58,7 +62,7 @@ def short_name(full):
     cache = names.get(cache, cache)
     s = f"{names.get(t, t)} d{d}" + ("" if cache in ("bf16", "fp16") else f" {cache}" + (" vec" if vec == "true" else " tensor"))
     s += " 3 consumers" if consumers == ["3"] else ""
-    return s + (" hand-out" if m.group(2) == "true" else "") + (" fixed-offset" if m.group(3) == "true" else "")
+    return s + (" hand-out" if m.group(2) == "true" else "") + CAP_FORMS.get(m.group(3), f" cap form {m.group(3)}")
 
 
 def parse(sass):

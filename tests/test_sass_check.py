@@ -70,11 +70,11 @@ def test_a_loop_with_one_product_is_not_the_key_loop():
 
 def test_short_names():
     full = ("void tileinfer::sm90::prefill_kernel<tileinfer::sm90::PrefillTile<__nv_bfloat16, 128, "
-            "__nv_fp8_e4m3, true>, false, true>(tileinfer::sm90::PrefillParams)")
-    assert sass_check.short_name(full) == "bf16 d128 fp8 vec fixed-offset"
-    full = ("void tileinfer::sm90::prefill_kernel<tileinfer::sm90::PrefillTile<__half, 64, __half, false>, "
-            "true, false>(tileinfer::sm90::PrefillParams)")
+            "__nv_fp8_e4m3, true, 2>, false, (tileinfer::sm90::CapForm)2>(tileinfer::sm90::PrefillParams)")
+    assert sass_check.short_name(full) == "bf16 d128 fp8 vec uncapped"
+    full = ("void tileinfer::sm90::prefill_kernel<tileinfer::sm90::PrefillTile<__half, 64, __half, false, 2>, "
+            "true, (tileinfer::sm90::CapForm)0>(tileinfer::sm90::PrefillParams)")
     assert sass_check.short_name(full) == "fp16 d64 hand-out"
     full = ("void tileinfer::sm90::prefill_kernel<tileinfer::sm90::PrefillTile<__nv_bfloat16, 64, "
-            "__nv_bfloat16, false, 3>, false, true>(tileinfer::sm90::PrefillParams)")
+            "__nv_bfloat16, false, 3>, false, (tileinfer::sm90::CapForm)1>(tileinfer::sm90::PrefillParams)")
     assert sass_check.short_name(full) == "bf16 d64 3 consumers fixed-offset"

@@ -261,13 +261,20 @@ class StreamFork {
 // One launch of the warp-specialized kernel, as `kHandOut` says it takes
 // its items (prefill_kernel.cuh), with its soft-capped scores against a fixed
 // offset where the kernel's P has the range for it (softmax.cuh,
-// fixed_offset). Each instantiation opts in to its shared memory once.
-template <class Cfg, bool kHandOut, bool kFixedOffset = false>
+// fixed_offset), and a quantized cache's uncapped steps on the kernel
+// without the tanh (prefill_consumer.cuh). Each instantiation opts in to
+// its shared memory once.
+template <class Cfg, bool kHandOut, sm90::CapForm kCap = sm90::CapForm::kAny>
 cudaError_t launch_prefill_kernel(int priority, dim3 grid, cudaStream_t stream, const sm90::PrefillParams& p) {
-  if constexpr (Cfg::kFixedOffsetFits && !kFixedOffset) {
-    if (fixed_offset_fits(p.a.soft_cap)) return launch_prefill_kernel<Cfg, kHandOut, true>(priority, grid, stream, p);
+  using sm90::CapForm;
+  if constexpr (kCap == CapForm::kAny && Cfg::kFixedOffsetFits) {
+    if (fixed_offset_fits(p.a.soft_cap))
+      return launch_prefill_kernel<Cfg, kHandOut, CapForm::kFixedOffset>(priority, grid, stream, p);
   }
-  constexpr auto kernel = sm90::prefill_kernel<Cfg, kHandOut, kFixedOffset>;
+  if constexpr (kCap == CapForm::kAny && Cfg::kQuant) {
+    if (!(p.a.soft_cap > 0.f)) return launch_prefill_kernel<Cfg, kHandOut, CapForm::kNone>(priority, grid, stream, p);
+  }
+  constexpr auto kernel = sm90::prefill_kernel<Cfg, kHandOut, kCap>;
   static SmemOptIn opt_in;
   opt_in.ensure(kernel, Cfg::kSmemBytes);
   return launch_kernel_ex(priority, 1, kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p.a.programmatic,

@@ -40,10 +40,14 @@
 // (With a soft-cap the tanh takes the true product: the scores are
 // multiplied by the row factor first.)
 //
-// Soft-capped scores over a bf16 cache (kFixedOffset, a kernel of its own:
-// prefill_kernel.cuh) take their exponents against a fixed offset
+// Soft-capped scores over a bf16 cache (CapForm::kFixedOffset, a kernel of
+// its own: prefill_kernel.cuh) take their exponents against a fixed offset
 // (softmax.cuh, fixed_offset) instead of the running maximum: no row
-// maximum per tile, and O is never rescaled.
+// maximum per tile, and O is never rescaled. A quantized cache's steps
+// without a soft-cap run a kernel without the tanh (CapForm::kNone): in
+// the loop, the branch that multiplies a capped row by its factor had
+// ptxas copy 21 of a thread's 64 scores between registers on every tile,
+// capped or not, and spill in the masked tiles.
 //
 // Thread layout (as the mma.m16n8k16 accumulator, repeated over N / 8): lane
 // 4 g + c of warp v holds rows 16 v + g and 16 v + g + 8 of its warpgroup; the
@@ -63,12 +67,21 @@
 namespace tileinfer {
 namespace sm90 {
 
+// What a kernel's consumers do with a soft-cap.
+enum class CapForm {
+  kAny,          // what the step's ScoreMap says, at run time
+  kFixedOffset,  // capped, exponents against a fixed offset (bf16 products: Cfg::kFixedOffsetFits)
+  kNone,         // never capped (quantized caches; their capped steps take kAny)
+};
+
 constexpr int kTurnBarrier = 2;   // named barriers 2-4: "consumer w may issue"
 constexpr int kQueryBarrier = 5;  // named barriers 5-7: consumer w's queries are converted (quantized)
 
-template <class Cfg, bool kFixedOffset = false>
+template <class Cfg, CapForm kCap = CapForm::kAny>
 __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const PrefillSmem<Cfg>& sm, int wg) {
   using T = typename Cfg::T;
+  constexpr bool kFixedOffset = kCap == CapForm::kFixedOffset;
+  static_assert(kCap != CapForm::kNone || Cfg::kQuant, "the bf16 / fp16 loop decides a cap at run time");
   constexpr int D = Cfg::D;
   constexpr int BM = Cfg::kBlockM;
   constexpr int BN = Cfg::kBlockN;
@@ -186,13 +199,15 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
       wgmma::fence_regs(acc);
       wgmma::acc_to_rows<BN>(acc, s);
       if constexpr (Cfg::kQuant) {
-        if (smap.cap) {
+        if constexpr (kCap != CapForm::kNone) {
+          if (smap.cap) {
 #pragma unroll
-          for (int R = 0; R < 2; ++R)
+            for (int R = 0; R < 2; ++R)
 #pragma unroll
-            for (int c = 0; c < BN / 4; ++c) s[R][c] *= unscale[R];
+              for (int c = 0; c < BN / 4; ++c) s[R][c] *= unscale[R];
+          }
+          smap.template apply_premultiplied<true>(s);
         }
-        smap.template apply_premultiplied<true>(s);
       } else if constexpr (kFixedOffset) {
         smap.template apply_cap<true>(s);
       } else {
@@ -203,7 +218,8 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
         mask.template apply<BN>(s, qpos, quad);
       }
       if constexpr (Cfg::kQuant) {
-        const float row_k[2] = {smap.cap ? smap.k : unscale[0], smap.cap ? smap.k : unscale[1]};
+        const bool cap = kCap != CapForm::kNone && smap.cap;
+        const float row_k[2] = {cap ? smap.k : unscale[0], cap ? smap.k : unscale[1]};
         smx.template update<Cfg::kSoftmaxSlack>(s, row_k, factor, Cfg::kProbBias);  // P times kHeadroom
       } else if constexpr (kFixedOffset) {
         smx.update_fixed(s, smap.k);

@@ -24,12 +24,13 @@ namespace tileinfer {
 namespace sm90 {
 
 // kHandOut: the items from p.item_counter (a mixed step beside its decodes,
-// bf16 / fp16 caches), else the scheduler's order. kFixedOffset: soft-capped
-// scores over a bf16 cache, exponents against a fixed offset
-// (prefill_consumer.cuh; the host launches it where fixed_offset_fits).
-template <class Cfg, bool kHandOut = false, bool kFixedOffset = false>
+// bf16 / fp16 caches), else the scheduler's order. kCap: what the consumers
+// do with a soft-cap (prefill_consumer.cuh; the host launches kFixedOffset
+// where fixed_offset_fits, kNone for a quantized cache's uncapped steps).
+template <class Cfg, bool kHandOut = false, CapForm kCap = CapForm::kAny>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_kernel(const __grid_constant__ PrefillParams p) {
-  static_assert(!kFixedOffset || Cfg::kFixedOffsetFits, "a fixed offset needs probabilities with fp32's range");
+  static_assert(kCap != CapForm::kFixedOffset || Cfg::kFixedOffsetFits,
+                "a fixed offset needs probabilities with fp32's range");
 #if TILEINFER_WGMMA_ENABLED
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const PrefillSmem<Cfg> sm(smem_raw);
@@ -58,7 +59,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_kernel(const __grid_
     }
   } else {
     regs_alloc<Cfg::kConsumerRegs>();
-    prefill_consume<Cfg, kFixedOffset>(p, sm, wg - 1);
+    prefill_consume<Cfg, kCap>(p, sm, wg - 1);
     allow_dependent_launch();
   }
 #elif defined(__CUDA_ARCH__)
