@@ -214,15 +214,16 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
 // the tensor cores.
 //
 // This runs at every item's start, before the first S product, so its
-// latency and its instructions are the item's (at 1 x 2k a quarter of the
-// consumers' per-item instructions): each thread loads its smoothing
-// factors (the same columns for both rows) and both rows' chunks once, all
-// in flight together, and makes each value q * k_smooth once, kept for
+// latency and its instructions are the item's: each thread loads both rows'
+// chunks and its smoothing factors (the same columns for both rows) once,
+// all in flight together, and makes each value q * k_smooth once, kept for
 // both passes (the row maximum, then the scaled values). Loaded per chunk
 // and pass, one at a time, this took ~13% of the consumers' time at 1 x 2k
-// (int8, Nsight Compute's stall samples), mostly waiting on those loads.
-// At this point of the item only these values are live (64 registers at
-// d 128).
+// (int8, Nsight Compute's stall samples), mostly waiting on those loads;
+// with each value made twice and checked one by one for the maximum, ~870
+// of a consumer warp's 2111 instructions an item outside the key loop (fp8
+// per tensor; ~320 now). At this point of the item only these values are
+// live (64 registers at d 128).
 template <class Cfg>
 __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t* q_tile, const WorkItem& w, int r0,
                                                 int quad, float pre, float (&unscale)[2], bool (&bad)[2]) {
