@@ -272,6 +272,7 @@ cudaError_t launch_prefill_kernel(int priority, dim3 grid, cudaStream_t stream, 
       return launch_prefill_kernel<Cfg, kHandOut, CapForm::kFixedOffset>(priority, grid, stream, p);
   }
   if constexpr (kCap == CapForm::kAny && Cfg::kQuant) {
+    // (ScoreMap::make's test for a cap, softmax.cuh.)
     if (!(p.a.soft_cap > 0.f)) return launch_prefill_kernel<Cfg, kHandOut, CapForm::kNone>(priority, grid, stream, p);
   }
   constexpr auto kernel = sm90::prefill_kernel<Cfg, kHandOut, kCap>;

@@ -222,8 +222,8 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
 // (int8, Nsight Compute's stall samples), mostly waiting on those loads;
 // with each value made twice and checked one by one for the maximum, ~870
 // of a consumer warp's 2111 instructions an item outside the key loop (fp8
-// per tensor; ~320 now). At this point of the item only these values are
-// live (64 registers at d 128).
+// per tensor), against ~320 in this form. At this point of the item only
+// these values are live (64 registers at d 128).
 template <class Cfg>
 __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t* q_tile, const WorkItem& w, int r0,
                                                 int quad, float pre, float (&unscale)[2], bool (&bad)[2]) {
