@@ -23,12 +23,13 @@ Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, page 64).
   dev rows: each quantized cache with every tile through the converter warps
   (TILEINFER_PREFILL_OWN_KV=0, without the pass over the step's own keys and
   values).
-- Mixed steps (CUDA only), a prompt chunk beside single-query decodes and a
-  lone prompt through the `attention` op on each cache, as graph replays.
-  Over a quantized cache a step runs in turn, its decodes on a side stream
-  after the prefill grid (prefill.cu); dev rows time the same steps with the
-  decodes first on the caller's stream (TILEINFER_MIXED_SIDE_STREAM=0),
-  where a step runs in turn (bf16: the lone prompt).
+- Mixed steps (CUDA only), a prompt chunk beside single-query decodes, 16
+  prompts and a lone prompt through the `attention` op on each cache, as
+  graph replays. A step of two sequences or more runs its prefill beside
+  its decodes (prefill.cu), a lone prompt in turn, its decodes on a side
+  stream after the prefill grid; dev rows time the former with the parts in
+  turn (TILEINFER_MIXED_DECODE_SMS=0), the latter with the decodes first on
+  the caller's stream (TILEINFER_MIXED_SIDE_STREAM=0).
 - Accuracy (no timing): a decode step whose keys, values and queries are
   written through cache_write into a bf16 cache and each quantized cache
   (ACCURACY_CACHES: int8 and fp8 per vector, plain and smoothed with
@@ -248,36 +249,44 @@ def run_prefill(label, length, args, ceil, errors):
 
 # Mixed steps: (label, prompt chunks as (queries, positions), decodes as
 # (count, positions)).
-MIXED_CASES = [("512 chunk + 16 decodes, 2k", [(512, 2048)], (16, 2048)),
+MIXED_CASES = [("2k chunk + 64 decodes, 4k", [(2048, 4096)], (64, 4096)),
+               ("512 chunk + 16 decodes, 2k", [(512, 2048)], (16, 2048)),
+               ("16 x 1k prompts", [(1024, 1024)] * 16, (0, 0)),
                ("1 x 512 prompt", [(512, 512)], (0, 0))]
 
 
 def run_mixed(label, chunks, decodes, args, errors):
-    """One mixed step through the attention op on each cache (graph replays),
-    and with the decodes launched first where the step runs in turn."""
+    """One mixed step through the attention op on each cache (graph replays).
+    Dev rows, on every cache: a step of two sequences or more (beside its
+    decodes by default) with its parts in turn (TILEINFER_MIXED_DECODE_SMS=0);
+    a lone prompt (in turn, its empty decode launches on the side stream)
+    with the decodes first on the caller's stream
+    (TILEINFER_MIXED_SIDE_STREAM=0)."""
     n_dec, ctx = decodes
     lens = [c for _, c in chunks] + [ctx] * n_dec
     q_lens = [q for q, _ in chunks] + [1] * n_dec
     sets = make_pair(lens, q_lens, cap=16)
     kw = dict(rep_ms=60 if args.quick else 200, warmup_ms=20)
+    switch, dev = ("TILEINFER_MIXED_SIDE_STREAM", "decodes first") if len(lens) == 1 else \
+        ("TILEINFER_MIXED_DECODE_SMS", "in turn")
     rows = []
     for name, attr in [(BF16, None)] + [(name, attr) for name, (attr, _) in QUANT.items()]:
         make = ap.ours_attention if attr is None else (lambda p, a=attr: ours_quant(p, "attention", a))
-        in_turn = attr is not None or len(lens) == 1  # (bf16 runs a step of two sequences or more beside)
-        for switch in (None, "0") if in_turn else (None,):
-            impl = name if switch is None else f"{name}, decodes first"
-            with common.environment_variable("TILEINFER_MIXED_SIDE_STREAM", switch):
+        for value in (None, "0"):
+            impl = name if value is None else f"{name}, {dev}"
+            with common.environment_variable(switch, value):
                 r = ap.timed(f"{label} {impl}", make, sets, True, errors, **kw)
             if r is not None:
-                rows.append(dict(case=label, impl=impl, role="ours" if switch is None else "dev",
+                rows.append(dict(case=label, impl=impl, role="ours" if value is None else "dev",
                                  us=r[0].median_us, p10_us=r[0].p10_us, p90_us=r[0].p90_us, mode=r[0].mode,
                                  sets=r[0].sets, **ap.gpu_columns(r[0])))
     del sets
     free_memory()
     t = {r["impl"]: r["us"] for r in rows}
-    for r in rows:  # t_bf16 / t; a dev row: the time with the decodes on the side stream over its own
+    for r in rows:  # t_bf16 / t; a dev row: its time over the default's on the same cache
         r["speedup"] = t[BF16] / r["us"] if BF16 in t and r["role"] == "ours" else None
-        r["side_stream_gain"] = r["us"] / t[r["impl"].split(", decodes first")[0]] if r["role"] == "dev" else None
+        base = t.get(r["impl"].split(f", {dev}")[0])
+        r["dev_over_default"] = r["us"] / base if r["role"] == "dev" and base else None
     return rows
 
 
@@ -436,10 +445,10 @@ def main():
                            title=f"\n{NAME} prefill (causal FLOPs)")
     if mixed:
         common.print_table(mixed, [("case", "case", ""), ("impl", "impl", ""), ("us", "us", ".1f"),
-                                   ("t_bf16 / t", "speedup", ".2f"), ("t / t_side", "side_stream_gain", ".2f"),
+                                   ("t_bf16 / t", "speedup", ".2f"), ("t_dev / t", "dev_over_default", ".2f"),
                                    ("mode", "mode", ""), ("role", "role", "")],
-                           title=f"\n{NAME} mixed steps (attention op; t / t_side: decodes first over the decodes "
-                                 f"on the side stream)")
+                           title=f"\n{NAME} mixed steps (attention op; t_dev / t: a dev row (in turn, or decodes "
+                                 f"first) over the default on its cache)")
     if acc:
         common.print_table(acc, [("keys", "keys", ""), ("impl", "impl", ""), ("rel error", "rel_error", ".2e"),
                                  ("batch", "batch", ""), ("ctx", "ctx", "")],

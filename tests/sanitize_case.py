@@ -210,16 +210,19 @@ def main():
         run_attention_ops(p, causal=(True,))
     # A mixed step with prefill items enough for its prompt chunk to run
     # beside its decodes (two prefill launches sharing the run-time hand-out:
-    # prefill.cu, "Mixed steps beside their decodes"); then, unless clean
-    # only, query counts past max_q_len and a bad length.
+    # prefill.cu, "Mixed steps beside their decodes"), over a bf16 and an
+    # int8 cache (whose converter warps take the items the producer hands
+    # out); then, unless clean only, query counts past max_q_len and a bad
+    # length.
     os.environ["TILEINFER_MIXED_DECODE_SMS"] = "33"
     lens = [1200] + [1 + 37 * i for i in range(20)]
-    p = make_problem(lens, [600] + [1] * 20, 8, 2, 128, 16, device=DEV, seed=19)
-    run_attention_ops(p, causal=(True,))
-    if not args.clean_only:
-        p.cu_seqlens_q[1:] += 500  # sequence 0: 1100 queries against max_q_len 600
-        p.seq_lens[3] = p.block_tables.shape[1] * 16 + 1000
+    for int8 in (False, True):
+        p = make_problem(lens, [600] + [1] * 20, 8, 2, 128, 16, device=DEV, seed=19, int8=int8)
         run_attention_ops(p, causal=(True,))
+        if not args.clean_only:
+            p.cu_seqlens_q[1:] += 500  # sequence 0: 1100 queries against max_q_len 600
+            p.seq_lens[3] = p.block_tables.shape[1] * 16 + 1000
+            run_attention_ops(p, causal=(True,))
     del os.environ["TILEINFER_MIXED_DECODE_SMS"]
     # A 2100-query prompt of a group that is not a power of two, bf16 and
     # int8: on Hopper the warp-specialized kernel with an item per query head

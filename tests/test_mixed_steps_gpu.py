@@ -142,6 +142,28 @@ def test_mixed_step_beside_decodes_same_bits(dtype, head_dim, decode_sms, seed, 
     check_prefill_launches(beside_names, decode_sms)
 
 
+@pytest.mark.parametrize("decode_sms", ["16", "60"])
+@pytest.mark.parametrize("kind", list(QUANT_KINDS))
+def test_mixed_step_beside_decodes_quantized(kind, decode_sms, seed, monkeypatch):
+    """A quantized cache's mixed step beside its decodes: the converter warps
+    take each item as the producer hands it out (prefill_convert.cuh), here
+    by the run-time hand-out of two launches; a chunk after a cached prefix
+    (its prefix's tiles through the converters, its own from the pass before
+    the kernel) and one with more queries than positions (items of no key
+    tile, which release their query buffer without the converters' work).
+    The bits of the parts in turn, which float64 bounds on the dequantized
+    cache (the quantized caches' 6 ulps), and two prefill launches."""
+    need_path("attention")
+    q_lens = [1] * 40 + [700] + [16] * 3 + [250, 300]
+    lens = [200 + 31 * i for i in range(40)] + [1500, 300, 40, 900, 250, 300]
+    p = make_problem(lens, q_lens, 32, 8, 128, 64, dtype=torch.bfloat16, device=DEV, seed=seed, **QUANT_KINDS[kind])
+    p.seq_lens[-1] = 100  # 300 queries, 100 positions: the first 200 see none
+    names, beside_names, default = in_turn_and_beside(p, decode_sms, monkeypatch)
+    check_out(default, exact_attention(p, True)[0], torch.bfloat16, f"{kind} mixed step, the parts in turn", ulps=6.0)
+    check_prefill_launches(names, "0")
+    check_prefill_launches(beside_names, decode_sms)
+
+
 def test_mixed_step_beside_decodes_by_default(seed, monkeypatch):
     """Without TILEINFER_MIXED_DECODE_SMS a step of two sequences or more
     runs its chunks beside its decodes on Hopper, with 16 / 33 of the SMs
@@ -250,10 +272,10 @@ def test_mixed_decode_sms_bad_value(value, monkeypatch):
 @pytest.mark.parametrize("q_lens,lens", [([1] * 6 + [300, 16], [90 + 37 * i for i in range(6)] + [700, 400]),
                                           ([600], [900])], ids=["chunk and decodes", "lone prompt"])
 def test_mixed_step_in_turn_side_stream(q_lens, lens, kind, seed, monkeypatch):
-    """A step in turn (TILEINFER_MIXED_DECODE_SMS=0, a lone prompt, and every
-    step over a quantized cache) launches its decodes on a side stream after
-    the whole prefill grid (prefill.cu, "Mixed steps beside their decodes"):
-    the bits of the decodes launched first on the caller's stream
+    """A step in turn (TILEINFER_MIXED_DECODE_SMS=0, or a lone prompt)
+    launches its decodes on a side stream after the whole prefill grid
+    (prefill.cu, "Mixed steps beside their decodes"): the bits of the
+    decodes launched first on the caller's stream
     (TILEINFER_MIXED_SIDE_STREAM=0), which float64 bounds (on the dequantized
     cache: the quantized caches' 6 ulps), and one prefill launch."""
     need_path("attention")
@@ -359,20 +381,24 @@ GRAPH_CONFIGS = {
 }
 
 
-# (configuration, dtype, head dim): each configuration in bf16 at d 128, and
-# "beside decodes" also at the other tile dims of BESIDE_SHAPES.
-GRAPH_CASES = [pytest.param("small", torch.bfloat16, 128, id="small"),
-               pytest.param("beside decodes", torch.bfloat16, 128, id="beside decodes"),
-               pytest.param("beside decodes", torch.float16, 64, id="beside decodes-fp16-d64"),
-               pytest.param("beside decodes", torch.bfloat16, 256, id="beside decodes-bf16-d256")]
+# (configuration, dtype, head dim, cache): each configuration in bf16 at d
+# 128, and "beside decodes" also at the other tile dims of BESIDE_SHAPES and
+# over an int8 and an fp8 cache (QUANT_KINDS).
+GRAPH_CASES = [pytest.param("small", torch.bfloat16, 128, "bf16", id="small"),
+               pytest.param("beside decodes", torch.bfloat16, 128, "bf16", id="beside decodes"),
+               pytest.param("beside decodes", torch.float16, 64, "bf16", id="beside decodes-fp16-d64"),
+               pytest.param("beside decodes", torch.bfloat16, 256, "bf16", id="beside decodes-bf16-d256"),
+               pytest.param("beside decodes", torch.bfloat16, 128, "int8", id="beside decodes-int8"),
+               pytest.param("beside decodes", torch.bfloat16, 128, "fp8-tensor", id="beside decodes-fp8-tensor")]
 
 
-@pytest.mark.parametrize("config,dtype,d", GRAPH_CASES)
-def test_mixed_steps_in_one_graph(config, dtype, d, seed, monkeypatch):
+@pytest.mark.parametrize("config,dtype,d,kind", GRAPH_CASES)
+def test_mixed_steps_in_one_graph(config, dtype, d, kind, seed, monkeypatch):
     """One graph captured with a token budget and 6 sequence slots, replayed
     over steps of every kind: all decodes, all prompt chunks, mixed, verify
     steps, slots without queries and padding tokens. Each replay equals an
-    eager call bit for bit (real rows) and float64."""
+    eager call bit for bit (real rows) and float64 (on a quantized cache's
+    dequantized values, within its 6 ulps)."""
     need_path("attention")
     if config == "beside decodes":
         monkeypatch.setenv("TILEINFER_MIXED_DECODE_SMS", "33")
@@ -381,8 +407,14 @@ def test_mixed_steps_in_one_graph(config, dtype, d, seed, monkeypatch):
     page, slots = 16, 6
     max_pages = math.ceil(max_len / page)
     num_pages = slots * max_pages + 2
-    k_pool = torch.randn(num_pages, hkv, page, d, generator=g).to(dtype).to(DEV)
-    v_pool = torch.randn(num_pages, hkv, page, d, generator=g).to(dtype).to(DEV)
+    quant = {}
+    if kind in QUANT_KINDS:  # pools of random stored values and scales (make_problem's)
+        pools = make_problem([slots * max_pages * page], [1], hq, hkv, d, page, device=DEV, seed=seed, spare_pages=2,
+                             **QUANT_KINDS[kind])
+        k_pool, v_pool, quant = pools.k_cache, pools.v_cache, pools.quant_kwargs()
+    else:
+        k_pool = torch.randn(num_pages, hkv, page, d, generator=g).to(dtype).to(DEV)
+        v_pool = torch.randn(num_pages, hkv, page, d, generator=g).to(dtype).to(DEV)
     table = torch.randperm(num_pages, generator=g)[:slots * max_pages].view(slots, max_pages).int().to(DEV)
     q = torch.empty(budget, hq, d, dtype=dtype, device=DEV)
     seq_lens = torch.zeros(slots, dtype=torch.int32, device=DEV)
@@ -398,7 +430,7 @@ def test_mixed_steps_in_one_graph(config, dtype, d, seed, monkeypatch):
         cu.copy_(c)
 
     def call(o):
-        ops.attention(o, q, k_pool, v_pool, table, seq_lens, cu, max_q, scale, True)
+        ops.attention(o, q, k_pool, v_pool, table, seq_lens, cu, max_q, scale, True, **quant)
 
     set_step(*steps[0])
     stream = torch.cuda.Stream()
@@ -422,5 +454,7 @@ def test_mixed_steps_in_one_graph(config, dtype, d, seed, monkeypatch):
         c = torch.zeros(len(live) + 1, dtype=torch.int32)
         c[1:] = torch.tensor([q_lens[s] for s in live]).cumsum(0)
         sub = PagedProblem(q=q[:n], k_cache=k_pool, v_cache=v_pool, block_tables=table[live],
-                           seq_lens=seq_lens[live], cu_seqlens_q=c.to(DEV), max_q_len=max(q_lens), scale=scale)
-        check_out(out[:n], exact_attention(sub, True)[0], dtype, f"graph step {i}")
+                           seq_lens=seq_lens[live], cu_seqlens_q=c.to(DEV), max_q_len=max(q_lens), scale=scale,
+                           **quant)
+        check_out(out[:n], exact_attention(sub, True)[0], dtype, f"graph step {i}",
+                  ulps=6.0 if kind in QUANT_KINDS else ULPS)

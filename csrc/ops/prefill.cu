@@ -176,8 +176,10 @@ bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, c
 // spread over the prefill's SMs as those run out of items. Nothing depends on
 // the mix: a step without decodes starts the second launch after two empty
 // kernels, and one without chunks leaves its prefill launches no item.
-// The quantized kernels keep one walk per block (their converters follow it
-// too): their steps run in turn.
+// Over a quantized cache the passes before the kernel (the scale range, the
+// step's own keys and values) are enqueued before the fork, so both launches
+// find them done, and the converter warps take each item from the producer
+// as the consumers do (prefill_convert.cuh), whichever way it came.
 // D: 16 / 33 of the SMs (64 of an H100's or H200's 132), the count that gave
 // the 2k-chunk step of docs/PERFORMANCE.md its lowest time, for a step of two
 // sequences or more; a single sequence is all chunk or all decode, and runs
@@ -400,9 +402,7 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
   if constexpr (Cfg::kQuant) {
     if (own_kv_pass()) own = launch_own_kv<Cfg>(p, q, sms, stream);
   }
-  // D; the quantized kernels take no hand-out (their converters follow one
-  // walk per block), so their mixed steps run in turn.
-  const int beside = decodes != nullptr && !Cfg::kQuant ? decode_sms(sms, a.kv.num_seqs) : 0;
+  const int beside = decodes != nullptr ? decode_sms(sms, a.kv.num_seqs) : 0;
   const bool split = beside > 0 && plan.grid >= 2 * beside;
   if (decodes != nullptr && (split || decodes_on_side_stream())) {
     at::Tensor counter;
@@ -415,19 +415,15 @@ void launch_warp_specialized(const char* op, const AttentionParams& a, const at:
     int least = 0, greatest = 0;
     C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     const int first = plan.grid - beside;  // (split only)
-    if constexpr (!Cfg::kQuant) {
-      if (split) C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(greatest, dim3(first), stream, p)));
-    }
-    if (!split) C10_CUDA_CHECK((launch_prefill_kernel<Cfg, false>(greatest, grid, stream, p)));
+    if (split) C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(greatest, dim3(first), stream, p)));
+    else C10_CUDA_CHECK((launch_prefill_kernel<Cfg, false>(greatest, grid, stream, p)));
     {
       const c10::cuda::CUDAStreamGuard on_side(side);
       if (split && gate_decodes())
         C10_CUDA_CHECK(launch_kernel(sm90::hand_out_gate, dim3(1), dim3(1), 0, side.stream(), false,
                                      p.item_counter + 1, first));
       (*decodes)();
-      if constexpr (!Cfg::kQuant) {
-        if (split) C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(0, dim3(beside), side.stream(), p)));
-      }
+      if (split) C10_CUDA_CHECK((launch_prefill_kernel<Cfg, true>(0, dim3(beside), side.stream(), p)));
     }
     fork.join();
     return;

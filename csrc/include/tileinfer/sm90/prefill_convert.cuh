@@ -23,7 +23,6 @@
 #include "../quant.cuh"
 #include "async.cuh"
 #include "prefill_scale_range.cuh"
-#include "prefill_scheduler.cuh"
 #include "prefill_smem.cuh"
 #include "wgmma.cuh"
 
@@ -147,12 +146,17 @@ __device__ __forceinline__ void clear_rows(uint8_t* tile, int ctid, int valid, u
   }
 }
 
-// The converter warps' loop: the producer's items and tiles in the same
-// order (the same scheduler walk, K_i then V_i-1), one raw slot per tile.
+// The converter warps' loop: the producer's items as it hands them to the
+// consumers (the item beside each query tile, prefill_smem.cuh), so that
+// they follow whichever order the producer takes, the scheduler's or the
+// run-time hand-out of a mixed step beside its decodes; and its tiles in the
+// same order (K_i then V_i-1), one raw slot per tile. Each warp arrives on
+// the query buffer's empty barrier once it has read the item: an item with
+// no key tile makes the consumers release its buffer without waiting for
+// the converters, and the producer's next item there must not overwrite it
+// before they have read it.
 template <class Cfg>
-__device__ __forceinline__ void prefill_convert(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
-                                                const PrefillScheduler& sched) {
-  constexpr int BM = Cfg::kBlockM;
+__device__ __forceinline__ void prefill_convert(const PrefillParams& p, const PrefillSmem<Cfg>& sm) {
   constexpr int BN = Cfg::kBlockN;
   const int ctid = threadIdx.x - 32;  // warps 1-3
   const int lane = threadIdx.x & 31;
@@ -188,9 +192,14 @@ __device__ __forceinline__ void prefill_convert(const PrefillParams& p, const Pr
     mbar_arrive(&sm.raw_empty[raw.stage]);
     mbar_arrive(&(values ? sm.full_v : sm.full_k)[slot.stage]);
   };
-  int round = 0;
-  for (WorkItem w = sched.template next_item<BM>(p, round); w.active;
-       w = sched.template next_item<BM>(p, ++round)) {
+  for (uint32_t items = 0;; ++items) {
+    // Lane 0 reads the item and hands it to its warp (as the consumers do),
+    // ordered before its arrival on q_empty.
+    const RingSlot<Cfg::kQBuffers> qs(items);
+    mbar_wait(&sm.q_full[qs.stage], qs.parity);
+    const WorkItem w = warp_broadcast(lane == 0 ? sm.item[qs.stage] : WorkItem{});
+    if (lane == 0) mbar_arrive(&sm.q_empty[qs.stage]);
+    if (!w.active) break;
     const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
     if constexpr (Cfg::kVectorScales) factors = ItemScales::make<typename Cfg::CacheT>(p, w, false);
     for (int i = 0; i < num_tiles; ++i) {

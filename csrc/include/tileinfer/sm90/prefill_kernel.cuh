@@ -23,10 +23,10 @@
 namespace tileinfer {
 namespace sm90 {
 
-// kHandOut: the items from p.item_counter (a mixed step beside its decodes,
-// bf16 / fp16 caches), else the scheduler's order. kCap: what the consumers
-// do with a soft-cap (prefill_consumer.cuh; the host launches kFixedOffset
-// where fixed_offset_fits, kNone for a quantized cache's uncapped steps).
+// kHandOut: the items from p.item_counter (a mixed step beside its
+// decodes), else the scheduler's order. kCap: what the consumers do with a
+// soft-cap (prefill_consumer.cuh; the host launches kFixedOffset where
+// fixed_offset_fits, kNone for a quantized cache's uncapped steps).
 template <class Cfg, bool kHandOut = false, CapForm kCap = CapForm::kAny>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_kernel(const __grid_constant__ PrefillParams p) {
   static_assert(kCap != CapForm::kFixedOffset || Cfg::kFixedOffsetFits,
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) prefill_kernel(const __grid_
     if (threadIdx.x < 32) {
       prefill_produce<Cfg, kHandOut>(p, sm, sched);
     } else if constexpr (Cfg::kQuant) {
-      prefill_convert<Cfg>(p, sm, sched);
+      prefill_convert<Cfg>(p, sm);
     }
   } else {
     regs_alloc<Cfg::kConsumerRegs>();

@@ -211,10 +211,15 @@ template <class Cfg, bool kHandOut>
 __device__ __forceinline__ void prefill_produce(const PrefillParams& p, const PrefillSmem<Cfg>& sm,
                                                 const PrefillScheduler& sched) {
   constexpr int BM = Cfg::kBlockM;
-  if constexpr (kHandOut) {
-    __shared__ HandOutCursor cursor;
+  auto hand_out = [&](HandOutCursor& cursor) {
     cursor.reset();
     produce_items<Cfg>(p, sm, [&] { return sched.template take_item<BM>(p, cursor); });
+  };
+  if constexpr (kHandOut && Cfg::kQuant) {
+    hand_out(*sm.cursor);  // in the kernel's buffer (prefill_tile.h, kCursorBytes)
+  } else if constexpr (kHandOut) {
+    __shared__ HandOutCursor cursor;
+    hand_out(cursor);
   } else {
     int round = -1;  // next_item sets it to the place of the item it returns
     produce_items<Cfg>(p, sm, [&] { return sched.template next_item<BM>(p, ++round); });

@@ -11,9 +11,15 @@
 //   empty_k[s] the consumers are done with it (one arrival per consumer warp)
 //   full_v[s], empty_v[s]  the same for the value tile
 //   q_full[b] / q_empty[b]   the same for query tile b, once per item (kStagedStore:
-//              empty once the epilogue has stored the rows it staged there)
+//              empty once the epilogue has stored the rows it staged there;
+//              quantized: also one arrival per converter warp, once it has
+//              read item[b])
 //   item[b]    the work item of query tile b (written by the producer before
-//              its arrival on q_full[b]; inactive: no item left)
+//              its arrival on q_full[b]; inactive: no item left), which the
+//              consumers and the converters take from there
+//   cursor     quantized: the producer's place in a run-time hand-out
+//              (prefill_scheduler.cuh; the other kernels keep it in static
+//              shared memory, prefill_producer.cuh)
 //   tail       copies of a stage that the producer finishes itself (below)
 //   stage_mask[s]  bit b: box b of the stage is on a page outside the pool
 //   raw_full[r] / raw_empty[r]  a raw slot landed (1 arrival + bytes) / the
@@ -37,12 +43,15 @@
 
 #include "../attention_work.cuh"
 #include "async.cuh"
+#include "prefill_scheduler.cuh"
 #include "prefill_tile.h"
 
 namespace tileinfer {
 namespace sm90 {
 
 static_assert(sizeof(WorkItem) <= 64, "a work item's room in PrefillTile::kBarBytes");
+static_assert(sizeof(HandOutCursor) <= PrefillTile<__half, 128, int8_t, true>::kCursorBytes,
+              "the cursor's room in PrefillTile::kBarBytes");
 
 // raw_mask's flag for an own tile (stage_mask's bits are boxes: 8 at most).
 constexpr uint32_t kOwnTile = 1u << 31;
@@ -66,6 +75,7 @@ struct PrefillSmem {
   uint32_t* stage_mask;
   uint32_t* raw_mask;
   WorkItem* item;
+  HandOutCursor* cursor;  // quantized only
 
   __device__ explicit PrefillSmem(uint8_t* buffer) {
     // The swizzle is a function of address bits: align to 1024 bytes whatever
@@ -86,6 +96,7 @@ struct PrefillSmem {
     stage_mask = reinterpret_cast<uint32_t*>(raw_empty + Cfg::kRawSlots);
     raw_mask = stage_mask + Cfg::kStages + (Cfg::kStages & 1);
     item = reinterpret_cast<WorkItem*>(raw_mask + Cfg::kRawSlots + (Cfg::kRawSlots & 1));  // 8-byte aligned
+    cursor = reinterpret_cast<HandOutCursor*>(reinterpret_cast<uint8_t*>(item) + 64 * Cfg::kQBuffers);
   }
 
   __device__ uint8_t* q(int b) const { return q_tiles + b * Cfg::kQBytes; }
@@ -110,7 +121,7 @@ struct PrefillSmem {
     }
     for (int b = 0; b < Cfg::kQBuffers; ++b) {
       mbar_init(&q_full[b], 1);
-      mbar_init(&q_empty[b], kConsumerWarps);
+      mbar_init(&q_empty[b], kConsumerWarps + Cfg::kConverterWarps);
     }
     mbar_init(tail, 1);
     mbar_init_fence();

@@ -170,11 +170,15 @@ struct PrefillTile {
   // refills it only after the epilogue, while the other buffer holds the
   // next item's queries.
   static constexpr bool kStagedStore = kQBuffers == 2;
-  // Barriers, stage and raw-slot masks (each padded to 8 bytes) and the work
-  // items (prefill_smem.cuh).
+  // Barriers, stage and raw-slot masks (each padded to 8 bytes), the work
+  // items and, quantized, the run-time hand-out's cursor (prefill_smem.cuh).
+  // The other kernels keep the cursor in static shared memory, where beside
+  // the 1024-byte aligned dynamic buffer it takes 1024 bytes: more than
+  // int8 at d 128 has left of the 227 KB a block may have.
+  static constexpr int kCursorBytes = kQuant ? 4 * 34 : 0;
   static constexpr int kBarBytes = (4 * kStages + 2 * kQBuffers + 1 + 2 * kRawSlots) * 8 +
                                    (kStages + (kStages & 1)) * 4 + (kRawSlots + (kRawSlots & 1)) * 4 +
-                                   64 * kQBuffers;
+                                   64 * kQBuffers + kCursorBytes;
   static constexpr int kAlign = 1024;
   static constexpr int kSmemBytes =
       kAlign + kQBuffers * kQBytes + kStages * kStageBytes + kRawSlots * kRawSlotBytes + kBarBytes;
