@@ -196,6 +196,19 @@ def render_int8(data: dict) -> list:
                                                        for x in (f(i and i.get("tflops")),
                                                                  f(b["us"] / i["us"], ".2f") if i and b else "-")]
                       for c in dict.fromkeys(r["case"] for r in prefill) for b in [_row(prefill, c, pb)]])
+    mixed = [r for r in data.get("mixed") or [] if r.get("role") == "ours"]
+    if mixed:
+        caches = [("bf16", bf16)] + [(label, name) for label, name, _ in QUANT_CACHES
+                                     if any(r["impl"] == name for r in mixed)]
+        out += ["", "Steps through the attention op on each cache (graph replays, us; in parentheses the time of "
+                "the dev row over it: a step of two sequences or more with its parts in turn, a lone prompt "
+                "with its decode launches first):", ""]
+        out += table(["step"] + [label for label, _ in caches],
+                     [[c] + [f"{f(r and r['us'], '.1f')} ({f(d and d.get('dev_over_default'), '.2f')})"
+                             for _, name in caches for r in [_row(mixed, c, name)]
+                             for d in [next((x for x in data["mixed"] if x["case"] == c and x["role"] == "dev"
+                                             and x["impl"].startswith(name + ",")), None)]]
+                      for c in dict.fromkeys(r["case"] for r in mixed)])
     acc = data.get("accuracy") or []
     if acc:
         out += ["", "Relative error ||out - exact|| / ||exact|| of a decode step against float64 attention on the "
