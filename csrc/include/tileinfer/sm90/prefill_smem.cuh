@@ -50,8 +50,6 @@ namespace tileinfer {
 namespace sm90 {
 
 static_assert(sizeof(WorkItem) <= 64, "a work item's room in PrefillTile::kBarBytes");
-static_assert(sizeof(HandOutCursor) <= PrefillTile<__half, 128, int8_t, true>::kCursorBytes,
-              "the cursor's room in PrefillTile::kBarBytes");
 
 // raw_mask's flag for an own tile (stage_mask's bits are boxes: 8 at most).
 constexpr uint32_t kOwnTile = 1u << 31;
@@ -59,6 +57,8 @@ constexpr uint32_t kOwnTile = 1u << 31;
 template <class Cfg>
 struct PrefillSmem {
   static constexpr int kConsumerWarps = 4 * Cfg::kConsumers;
+  static_assert(!Cfg::kQuant || sizeof(HandOutCursor) <= Cfg::kCursorBytes,
+                "the cursor's room in PrefillTile::kBarBytes");
 
   uint8_t* q_tiles;
   uint8_t* stages;
