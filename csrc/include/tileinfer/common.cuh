@@ -104,16 +104,18 @@ __device__ __forceinline__ float warp_max(float x) {
 //
 // Every kernel of this package waits first thing, allows the next one to
 // start (the attention kernels at their epilogue, the small ones at once but
-// the quantized prefill's passes before its kernel, at their end),
+// the quantized prefill's own-keys pass before its kernel, at its end),
 // and is launched with launch_kernel(..., programmatic = true): its blocks are
 // scheduled while the previous kernel of the stream still runs (when that one
 // allowed it) and wait there before any read or write. Waiting first keeps
 // the order of plain launches: nothing is read before its producer is done,
 // nothing written before the previous kernel's reads are, and since every
 // kernel waits before it ends, one that finished implies all the kernels
-// before it did too. Two exceptions: attention_inputs' keys / values kernel,
+// before it did too. Three exceptions: attention_inputs' keys / values kernel,
 // behind its queries kernel (which allows it only after its own wait), waits
-// at its end instead (inputs.cuh); the bf16 / fp16 decode kernel reads the
+// at its end instead (inputs.cuh); the quantized prefill's own-keys pass,
+// behind the scale-range pass (the same), waits after its first row's loads
+// (prefill_own_kv.cuh); the bf16 / fp16 decode kernel reads the
 // step's metadata and first block-table entries before its wait and, when
 // launched programmatically, again after it, starting over if they changed
 // (attention_kernel.cuh).

@@ -55,13 +55,19 @@ __device__ __forceinline__ int own_token_seq(const AttentionParams& p, int t) {
 template <typename CacheT, bool kVectorScales>
 __global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionParams p, const uint2* top,
                                                                  __half* own_k, __half* own_v, int* ok) {
-  wait_for_prior_grids();
+  // Per-vector scales: the range pass before this one lets it start once
+  // that pass's own wait has returned (prefill_scale_range.cuh), so the
+  // step's cache writes and metadata are final here; only `top` is the range
+  // pass's, and each block's first row loads its bytes before the wait
+  // (every store comes after it).
+  // Per-tensor scales: this pass comes right after the cache writes.
+  bool waited = !kVectorScales;
+  if constexpr (!kVectorScales) wait_for_prior_grids();
   const PagedKVParams& kv = p.kv;
+  int bad = 0;  // (block 0: query ranges out of order; written after the wait)
   if (blockIdx.x == 0) {
-    int bad = 0;
     for (int s = threadIdx.x; s < kv.num_seqs; s += blockDim.x) bad |= kv.cu_seqlens_q[s + 1] < kv.cu_seqlens_q[s];
     bad = __syncthreads_or(bad);
-    if (threadIdx.x == 0) *ok = !bad;
   }
   const int lanes = kv.head_dim / 8;
   const int64_t total = int64_t(p.num_tokens) * kv.num_kv_heads * lanes;
@@ -71,7 +77,8 @@ __global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionP
     const int t = static_cast<int>(row / kv.num_kv_heads);
     const int h = static_cast<int>(row - int64_t(t) * kv.num_kv_heads);
     uint2 k8 = make_uint2(0, 0), v8 = make_uint2(0, 0);
-    float fk = 0.f, fv = 0.f;  // per-vector scales: the row's factors
+    float fk = 0.f, fv = 0.f;  // per-vector scales: the row's scales, then factors
+    bool stored = false;        // a row of the step's own keys, on a page of the pool
     const int s = own_token_seq(p, t);
     if (s >= 0) {
       const int seq_len = clamp_seq_len(kv, kv.seq_lens[s]);
@@ -83,13 +90,24 @@ __global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionP
           const int64_t at = kv_offset(kv, page, h, pos % kv.page_size) + 8 * c;
           k8 = *reinterpret_cast<const uint2*>(static_cast<const CacheT*>(kv.k_cache) + at);
           v8 = *reinterpret_cast<const uint2*>(static_cast<const CacheT*>(kv.v_cache) + at);
+          stored = true;
           if constexpr (kVectorScales) {
-            const ItemScales f = ItemScales::make<CacheT>(top, kv.num_kv_heads, s, h, false);
             const int64_t sc = scale_offset(kv, page, h, pos % kv.page_size);
-            fk = kv.k_scale[sc] * f.k;
-            fv = kv.v_scale[sc] * f.v;
+            fk = kv.k_scale[sc];
+            fv = kv.v_scale[sc];
           }
         }
+      }
+    }
+    if constexpr (kVectorScales) {
+      if (!waited) {
+        wait_for_prior_grids();
+        waited = true;
+      }
+      if (stored) {
+        const ItemScales f = ItemScales::make<CacheT>(top, kv.num_kv_heads, s, h, false);
+        fk *= f.k;
+        fv *= f.v;
       }
     }
     // The converters' conversions (prefill_convert.cuh), for the same bits.
@@ -104,6 +122,8 @@ __global__ void __launch_bounds__(kOwnKvThreads) prefill_own_kv(const AttentionP
     *reinterpret_cast<uint4*>(own_k + row * kv.head_dim + 8 * c) = k16;
     *reinterpret_cast<uint4*>(own_v + row * kv.head_dim + 8 * c) = v16;
   }
+  if (!waited) wait_for_prior_grids();  // (a block without rows: it ends after the range pass)
+  if (blockIdx.x == 0 && threadIdx.x == 0) *ok = !bad;
   // At the end, not at once as the other small kernels (common.cuh): with
   // the kernel's blocks launched while this pass ran, 1 x 2k prefills took
   // 2-3% longer (docs/PERFORMANCE.md, "What did not pay").

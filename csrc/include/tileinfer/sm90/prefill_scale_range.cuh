@@ -48,6 +48,10 @@ static_assert(kScaleRangeThreads == 32 * 32, "one warp's lanes take the warps' m
 __global__ void __launch_bounds__(kScaleRangeThreads) prefill_scale_range(const AttentionParams p, uint2* top) {
   constexpr int kWarps = kScaleRangeThreads / 32;
   wait_for_prior_grids();  // the step's cache writes
+  // The own-keys pass after this one loads its rows while this runs, and
+  // waits for `top` (prefill_own_kv.cuh): allowed once this block's wait
+  // has returned, as what that pass loads early is final by then.
+  allow_dependent_launch();
   const PagedKVParams& kv = p.kv;
   const int s = blockIdx.x / kv.num_kv_heads;
   const int h = blockIdx.x - s * kv.num_kv_heads;
@@ -82,9 +86,6 @@ __global__ void __launch_bounds__(kScaleRangeThreads) prefill_scale_range(const 
     v = __reduce_max_sync(0xffffffffu, w.y);
     if (lane == 0) top[blockIdx.x] = make_uint2(k, v);
   }
-  // At the end, as the own-keys pass (prefill_own_kv.cuh): at once, it took
-  // 1 x 512 prompts 1% faster, within the spread (docs/PERFORMANCE.md).
-  allow_dependent_launch();
 }
 
 // log2 of the factor for a largest |scale| (`bits`: its float's bits):
