@@ -6,6 +6,7 @@ output poisoned first, across group sizes, page sizes, dtypes and split
 counts (few sequences: partials indexed by slots and combine; many: decode
 writes the output itself); and one captured CUDA graph replayed over steps
 whose mix changes, bit for bit against eager calls."""
+import dataclasses
 import math
 
 import pytest
@@ -314,6 +315,28 @@ def test_mixed_step_decode_blocks_walk_row_tiles(group, seed, monkeypatch):
     decodes = [n for n in names if "attention_tile_kernel" in n and "Decode" in n]
     assert decodes and all("DecodeRowWalkWork" in n for n in decodes), decodes
     check_out(out, exact_attention(p, True)[0], p.q.dtype, f"mixed step, group {group}, walked row tiles")
+
+
+@pytest.mark.parametrize("kind", list(QUANT_KINDS))
+@pytest.mark.parametrize("q_lens,lens,max_q_len", [([600], [900], 600), ([5], [300], 40), ([16], [70], 40),
+                                                   ([1, 600], [90, 900], 600)],
+                         ids=["lone prompt", "lone 5-query step", "lone 16-query step", "two sequences"])
+def test_mixed_step_quantized_row_walk(q_lens, lens, max_q_len, kind, seed):
+    """Over a quantized cache a mixed step's decode blocks walk their row
+    tiles only in a step of one sequence (decode.cu, launch_decode): a lone
+    prompt (its decode launch finds nothing), a lone step of 5 or 16 queries
+    under a max_q_len of 40 (2 and 4 row tiles at group 4, on the decode
+    path), and a step of two sequences (a block per row tile); float64 on
+    the dequantized cache bounds each."""
+    need_path("attention")
+    p = make_problem(lens, q_lens, 32, 8, 128, 64, dtype=torch.bfloat16, device=DEV, seed=seed, **CACHE_KINDS[kind])
+    p = dataclasses.replace(p, max_q_len=max_q_len)
+    names, out = kernels_run(lambda: run_attention(p, True))
+    decodes = [n for n in names if "attention_tile_kernel" in n and "Decode" in n]
+    walks = len(lens) == 1
+    assert decodes and all(("DecodeRowWalkWork" in n) == walks for n in decodes), decodes
+    check_out(out, exact_attention(p, True)[0], torch.bfloat16, f"{kind}: {len(lens)} sequence(s), max_q_len "
+              f"{max_q_len}", ulps=6.0)
 
 
 @pytest.mark.parametrize("which", ["q", "out"])

@@ -56,11 +56,7 @@ void launch_decode_tile(const char* op, const AttentionParams& p, const PagedSha
   if constexpr (std::is_same_v<T, float>) {
     launch_fp32<D, DecodeWork>(op, p, stream);  // (never walks: launch_decode)
   } else if (s.quantized) {
-    if constexpr (Work::kRowWalk) {
-      TILEINFER_CHECK(false, op, ": row-walking decode blocks are built for 16-bit caches only");  // (launch_decode)
-    } else {
-      launch_decode_quant<T, D, Work>(op, p, s, small, two_per_sm, stream);
-    }
+    launch_decode_quant<T, D, Work>(op, p, s, small, two_per_sm, stream);
   } else if (small) {
     launch_tile<DecodeTileSmall<T, D>, Work>(op, p, stream);
   } else {
@@ -140,9 +136,15 @@ void launch_decode(const char* op, AttentionParams& p, const PagedShape& s, cons
   const bool two_per_sm = !plan.batch_invariant && fits;
 
   // A mixed step's blocks walk their row tiles (attention_work.cuh, "Mixed
-  // steps") over a 16-bit cache; around the quantized tiles that loop cost
-  // up to 124 bytes of spills, and the fp32 kernel has none.
-  const bool row_walk = p.mixed_queries > 0 && !walks && !s.quantized && q.scalar_type() != at::kFloat;
+  // steps"); the fp32 kernel has no such loop. Around the quantized tiles it
+  // costs up to 124 bytes of spills, which slow real decodes (a 2k chunk
+  // with 64 decodes 3-5%), so a quantized step walks only when it holds one
+  // sequence: then that sequence is a prompt or chunk (the decode launch
+  // finds nothing, and a block per row tile only costs starts: a lone
+  // 512-token prompt through `attention` 18-20% less time walking) or a short
+  // step under a larger max_q_len (docs/PERFORMANCE.md, "Mixed steps").
+  const bool row_walk =
+      p.mixed_queries > 0 && !walks && q.scalar_type() != at::kFloat && (!s.quantized || s.num_seqs == 1);
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TILEINFER_DISPATCH_FLOAT(q.scalar_type(), op, [&] {

@@ -190,10 +190,12 @@ __device__ __forceinline__ float* output_lse(const AttentionParams& p, int token
 // has rows in the first only: the others' blocks, and every block of a
 // prompt's sequence, would only find no rows and return; a lone 512-token
 // prompt's empty decode launch took 8.6 us for its 1024 blocks (one H100),
-// two thirds of the prompt's prefill. So the tile kernel's blocks over a
-// 16-bit cache walk their row tiles in turn (DecodeRowWalkWork), up to the
-// first without rows: one block per (sequence, KV head, split), about one
-// wave as the split rule sizes it (decode_splits.h); that launch took 3.4 us.
+// two thirds of the prompt's prefill. So the tile kernel's blocks walk
+// their row tiles in turn (DecodeRowWalkWork), up to the first without
+// rows: one block per (sequence, KV head, split), about one wave as the
+// split rule sizes it (decode_splits.h); that launch took 3.4 us. Over a
+// quantized cache only a step of one sequence walks (decode.cu,
+// launch_decode: the walk's spills there slow real decodes).
 __device__ __forceinline__ bool decode_takes(const AttentionParams& p, int q_count) {
   return p.mixed_queries == 0 || q_count <= p.mixed_queries;
 }
@@ -471,8 +473,8 @@ struct DecodeWork {
   }
 };
 
-// A mixed step's decode over a 16-bit cache (attention_work.cuh, "Mixed
-// steps"): a block per (sequence, KV head, split) that computes its row tiles
+// A mixed step's decode (over a quantized cache, a step of one sequence;
+// attention_work.cuh, "Mixed steps"): a block per (sequence, KV head, split) that computes its row tiles
 // in turn, from the first, up to the first that holds no rows (the kernel's
 // loop: attention_kernel.cuh). A kernel of its own.
 struct DecodeRowWalkWork : DecodeWork {
