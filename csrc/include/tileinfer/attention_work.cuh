@@ -473,10 +473,11 @@ struct DecodeWork {
   }
 };
 
-// A mixed step's decode (over a quantized cache, a step of one sequence;
-// attention_work.cuh, "Mixed steps"): a block per (sequence, KV head, split) that computes its row tiles
-// in turn, from the first, up to the first that holds no rows (the kernel's
-// loop: attention_kernel.cuh). A kernel of its own.
+// A mixed step's decode (over a quantized cache, only a step of one
+// sequence; "Mixed steps" above): a block per (sequence, KV head, split)
+// that computes its row tiles in turn, from the first, up to the first that
+// holds no rows (the kernel's loop: attention_kernel.cuh). A kernel of its
+// own.
 struct DecodeRowWalkWork : DecodeWork {
   static constexpr bool kRowWalk = true;
   template <int kBlockM>

@@ -114,8 +114,9 @@ __device__ __forceinline__ float warp_max(float x) {
 // before it did too. Three exceptions: attention_inputs' keys / values kernel,
 // behind its queries kernel (which allows it only after its own wait), waits
 // at its end instead (inputs.cuh); the quantized prefill's own-keys pass,
-// behind the scale-range pass (the same), waits after its first row's loads
-// (prefill_own_kv.cuh); the bf16 / fp16 decode kernel reads the
+// behind the scale-range pass (which also allows it only after its own
+// wait), waits after its first row's loads (prefill_own_kv.cuh); the
+// bf16 / fp16 decode kernel reads the
 // step's metadata and first block-table entries before its wait and, when
 // launched programmatically, again after it, starting over if they changed
 // (attention_kernel.cuh).
