@@ -175,7 +175,7 @@ struct PrefillTile {
   // The other kernels keep the cursor in static shared memory, where beside
   // the 1024-byte aligned dynamic buffer it takes 1024 bytes: more than
   // int8 at d 128 has left of the 227 KB a block may have.
-  static constexpr int kCursorBytes = kQuant ? 4 * 34 : 0;
+  static constexpr int kCursorBytes = kQuant ? 4 * (2 + 32) : 0;  // HandOutCursor: 2 + 32 ints (prefill_smem.cuh checks)
   static constexpr int kBarBytes = (4 * kStages + 2 * kQBuffers + 1 + 2 * kRawSlots) * 8 +
                                    (kStages + (kStages & 1)) * 4 + (kRawSlots + (kRawSlots & 1)) * 4 +
                                    64 * kQBuffers + kCursorBytes;
