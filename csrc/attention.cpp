@@ -48,13 +48,7 @@ namespace {
 // measurement TILEINFER_INVARIANT_SPLIT_POSITIONS (64 to 4096; read at each
 // call, so a captured graph keeps the value of its capture).
 int64_t invariant_split_positions() {
-  const char* env = std::getenv("TILEINFER_INVARIANT_SPLIT_POSITIONS");
-  if (env == nullptr) return kInvariantSplitPositions;
-  char* end = nullptr;
-  const long long v = std::strtoll(env, &end, 10);
-  TILEINFER_CHECK(end != env && *end == '\0' && v >= 64 && v <= 4096,
-                  "TILEINFER_INVARIANT_SPLIT_POSITIONS must be 64 to 4096, not '", env, "'");
-  return v;
+  return env_int("TILEINFER_INVARIANT_SPLIT_POSITIONS", 64, 4096, kInvariantSplitPositions);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "checks.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -402,6 +403,17 @@ bool env_switch(const char* name, const char* off, const char* on, bool unset) {
   const bool is_on = std::strcmp(env, on) == 0;
   TILEINFER_CHECK(is_on || std::strcmp(env, off) == 0, name, " must be ", off, " or ", on, ", not '", env, "'");
   return is_on;
+}
+
+int64_t env_int(const char* name, int64_t lo, int64_t hi, int64_t unset) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return unset;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(env, &end, 10);
+  TILEINFER_CHECK(end != env && *end == '\0' && errno == 0 && v >= lo && v <= hi, name,
+                  " must be an integer from ", lo, " to ", hi, ", not '", env, "'");
+  return v;
 }
 
 }  // namespace tileinfer

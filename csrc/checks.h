@@ -116,6 +116,9 @@ void check_positions(const char* op, const at::Tensor& positions, const at::Tens
 // graph keeps the value of its capture): `unset` without the variable, false
 // for the value `off`, true for `on`; any other value is an error naming both.
 bool env_switch(const char* name, const char* off, const char* on, bool unset);
+// A measurement setting read the same way: `unset` without the variable, else
+// an integer in [lo, hi] (any other value is an error naming the range).
+int64_t env_int(const char* name, int64_t lo, int64_t hi, int64_t unset);
 // Every argument of attention_inputs but the metadata values; returns the
 // cache's shape and the dtype of q / k / v.
 struct InputsShape {

@@ -109,11 +109,14 @@ def clean_cases():
 
 def bad_cases():
     """Out-of-range and negative page ids, a length beyond the table, a negative
-    length; then the same with garbage cu_seqlens_q. Decode- and prefill-sized steps."""
+    length; then the same with garbage cu_seqlens_q. Decode- and prefill-sized steps
+    (the last: a chunk of 40 queries after a prefix, whose positions the Hopper
+    kernel's pass turns into prefix rows over those bad pages)."""
     int8, fp8_tensor = dict(cache_dtype=torch.int8), dict(cache_dtype=FP8, scale_kind="tensor")
     for dtype, q_lens, quant in ((torch.bfloat16, [1, 2, 1, 1], {}), (torch.bfloat16, [5, 3, 20, 1], {}),
                                  (torch.float32, [1, 2, 1, 1], {}), (torch.bfloat16, [1, 2, 1, 1], int8),
-                                 (torch.bfloat16, [5, 3, 20, 1], int8), (torch.bfloat16, [5, 3, 20, 1], fp8_tensor)):
+                                 (torch.bfloat16, [5, 3, 20, 1], int8), (torch.bfloat16, [5, 3, 20, 1], fp8_tensor),
+                                 (torch.bfloat16, [40, 3, 20, 1], int8)):
         p = make_problem([70, 40, 33, 20], q_lens, 8, 2, 64, 16, dtype=dtype, device=DEV, seed=99, **quant)
         num_pages = p.k_cache.shape[0]
         p.block_tables[0, 1] = num_pages + 5

@@ -150,7 +150,7 @@ def test_split_positions_for_a_measurement(device, seed, monkeypatch):
     assert not torch.equal(bits(alone), bits(at_default)), \
         "6 splits were expected to give other bits than 12 (the 256-position floor)"
     monkeypatch.setenv("TILEINFER_INVARIANT_SPLIT_POSITIONS", "32")
-    with pytest.raises(RuntimeError, match="TILEINFER_INVARIANT_SPLIT_POSITIONS must be 64 to 4096"):
+    with pytest.raises(RuntimeError, match="TILEINFER_INVARIANT_SPLIT_POSITIONS must be an integer from 64 to 4096"):
         target_rows(p, q_lens, plan["alone"][0], True)
 
 

@@ -122,6 +122,43 @@ def test_quantized_own_tiles_same_bits(D, kind, lens, q_lens, seed, monkeypatch)
     check_out(own, exact, torch.bfloat16, f"{kind} prefill, own tiles", ulps=6.0)
 
 
+PREFIX_MB = "TILEINFER_PREFILL_PREFIX_MB"  # room for prefix rows (MiB; "0": none)
+
+
+@pytest.mark.parametrize("kind", ["fp8-tensor", "fp8-vector", "int8"])
+@pytest.mark.parametrize("room", ["0", "1", None], ids=["no room", "room for one", "default room"])
+def test_quantized_prefix_rows_same_bits(D, kind, room, seed, monkeypatch):
+    """Chunks after cached prefixes whose prefix positions the own-keys pass
+    turns into fp16 prefix rows (sm90/prefill_own_kv.cuh), while they fit the
+    room: chunks of more queries than an item holds (200 and 600 at group
+    4), one of fewer (20, through the converters), a fresh prompt (own rows)
+    and a sequence without queries; with 1 MiB of room only the first
+    chunk's 700 prefix positions fit (the second's 1900 do not, at d 64 or
+    128). Prefixes end inside a tile (that tile is converted). The bits of
+    every tile through the converters, NaN in every slot no row may read,
+    within 6 ulps of float64."""
+    if D > 128:
+        pytest.skip("a quantized cache at d 256 takes the mma.sync tile kernel")
+    p = make_problem([900, 300, 2500, 57, 40], [200, 300, 600, 20, 0], 8, 2, D, 16, device=DEV, seed=seed,
+                     **QUANT_KINDS[kind])
+    exact, _ = exact_attention(p, True)
+    poison_unowned_(p)
+    if room is not None:
+        monkeypatch.setenv(PREFIX_MB, room)
+    own, converted = own_kv_both_ways(p, monkeypatch)
+    assert torch.equal(own.view(torch.int16), converted.view(torch.int16)), "prefix rows: other bits than converted"
+    check_out(own, exact, torch.bfloat16, f"{kind} prefill, prefix rows (room {room} MiB)", ulps=6.0)
+
+
+def test_prefix_room_bad_value(monkeypatch):
+    if not (has_cuda_kernel("prefill") and hopper()):
+        pytest.skip("the room is read on the Hopper prefill kernel's path")
+    p = make_problem([300], [100], 8, 2, 128, 64, device=DEV, seed=0, **QUANT_KINDS["int8"])
+    monkeypatch.setenv(PREFIX_MB, "-1")
+    with pytest.raises(RuntimeError, match="TILEINFER_PREFILL_PREFIX_MB must be an integer from 0 to"):
+        run_prefill(p, True)
+
+
 @pytest.mark.parametrize("case", ["overlapping query ranges", "more queries than positions"])
 def test_quantized_own_tiles_malformed_metadata(D, case, seed, monkeypatch):
     """Metadata where a token's row is not one sequence position's

@@ -6,6 +6,7 @@
 //   other quantized cases, other GPUs  the mma.sync tile kernel (attention_kernel.cuh)
 //   fp32                        the CUDA-core kernel (attention_fp32.cuh)
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <functional>
 #include <optional>
@@ -198,14 +199,7 @@ bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, c
 // op 13.8) and overlaps a mixed step's decodes with its prefill's last
 // blocks (2k chunk + 64 decodes in turn 544-545 -> 526-528 us; H100s).
 int decode_sms(int sms, int64_t num_seqs) {
-  if (const char* env = std::getenv("TILEINFER_MIXED_DECODE_SMS")) {
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    TILEINFER_CHECK(end != env && *end == '\0' && v >= 0 && v < sms, "attention",
-                    ": TILEINFER_MIXED_DECODE_SMS must be an integer in [0, ", sms, "), not '", env, "'");
-    return static_cast<int>(v);
-  }
-  return num_seqs >= 2 ? sms * 16 / 33 : 0;
+  return static_cast<int>(env_int("TILEINFER_MIXED_DECODE_SMS", 0, sms - 1, num_seqs >= 2 ? sms * 16 / 33 : 0));
 }
 
 // TILEINFER_MIXED_GATE=0 starts the decodes without waiting for the first
@@ -298,33 +292,58 @@ at::Tensor launch_scale_range(sm90::PrefillParams& p, const at::Tensor& q, cudaS
   return top;
 }
 
+// Room for prefix rows (sm90/prefill_own_kv.cuh): the positions of the
+// chunks after a cached prefix that a step's own-keys pass turns into fp16
+// with their prompts' tokens, so that the kernel copies every tile of such a
+// chunk as over a 16-bit cache instead of converting each one once per work
+// item. At most TILEINFER_PREFILL_PREFIX_MB MiB of fp16 keys and values
+// (default 128, 0 for none; read at each call, so a captured graph keeps the
+// room of its capture), and no more than the block tables can address; none
+// under a window (most positions would be left unread) or past
+// sm90::kPrefixSeqs sequences.
+int64_t prefix_room(const AttentionParams& a) {
+  const int64_t mb = env_int("TILEINFER_PREFILL_PREFIX_MB", 0, int64_t(1) << 20, 128);
+  if (a.window_left != INT_MAX || a.kv.num_seqs > sm90::kPrefixSeqs || a.kv.num_seqs == 0) return 0;
+  const int64_t row_bytes = int64_t(4) * a.kv.num_kv_heads * a.kv.head_dim;  // fp16 keys and values
+  const int64_t addressed = int64_t(a.kv.num_seqs) * a.kv.max_pages * a.kv.page_size;
+  return std::min<int64_t>({(mb << 20) / row_bytes, addressed, INT_MAX - int64_t(a.num_tokens)});
+}
+
 // The step's own keys and values of a quantized cache in fp16 (rows of
-// tokens, as q), from one pass over its tokens enqueued before the kernel
-// (sm90/prefill_own_kv.cuh), with the maps and flag the producer reads set
-// in p. Allocated on `stream`, where the kernel runs.
+// tokens, as q, then prefix rows), from one pass over its tokens enqueued
+// before the kernel (sm90/prefill_own_kv.cuh), with the maps, flag and
+// prefix bases the producer reads set in p. Allocated on `stream`, where the
+// kernel runs.
 struct OwnKv {
-  at::Tensor k, v, ok;
+  at::Tensor k, v, ok, pre_base;
 };
 template <class Cfg>
 OwnKv launch_own_kv(sm90::PrefillParams& p, const at::Tensor& q, int sms, cudaStream_t stream) {
   const AttentionParams& a = p.a;
   const int64_t hd = a.kv.head_dim;
+  const int64_t room = prefix_room(a);
+  const int64_t rows = a.num_tokens + room;
   OwnKv own;
-  own.k = at::empty({a.num_tokens, a.kv.num_kv_heads, hd}, q.options().dtype(at::kHalf));
+  own.k = at::empty({rows, a.kv.num_kv_heads, hd}, q.options().dtype(at::kHalf));
   own.v = at::empty_like(own.k);
   own.ok = at::empty({1}, q.options().dtype(at::kInt));
-  const uint64_t sizes[3] = {uint64_t(hd), uint64_t(a.kv.num_kv_heads), uint64_t(a.num_tokens)};
+  own.pre_base = at::empty({std::max<int64_t>(a.kv.num_seqs, 1)}, q.options().dtype(at::kInt));
+  const uint64_t sizes[3] = {uint64_t(hd), uint64_t(a.kv.num_kv_heads), uint64_t(rows)};
   const uint64_t strides[2] = {uint64_t(hd) * 2, uint64_t(hd) * 2 * a.kv.num_kv_heads};
   const uint32_t box[3] = {64u, 1u, uint32_t(Cfg::kBlockN)};
   p.own_k_map = make_tensor_map<3>(own.k.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT16, sizes, strides, box);
   p.own_v_map = make_tensor_map<3>(own.v.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT16, sizes, strides, box);
   p.own_ok = own.ok.data_ptr<int>();
-  const int64_t threads = int64_t(a.num_tokens) * a.kv.num_kv_heads * (hd / 8);
+  p.pre_base = room > 0 ? own.pre_base.data_ptr<int>() : nullptr;
+  // (A sequence whose queries fit one item converts each tile once anyway.)
+  const int min_queries = Cfg::kBlockM / p.item_group;
+  const int64_t threads = rows * a.kv.num_kv_heads * (hd / 8);
   const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(threads, sm90::kOwnKvThreads), 8 * int64_t(sms));
   C10_CUDA_CHECK(launch_kernel(sm90::prefill_own_kv<typename Cfg::CacheT, Cfg::kVectorScales>,
                                dim3(unsigned(blocks)), dim3(sm90::kOwnKvThreads), 0, stream, a.programmatic, a,
                                p.scale_top, static_cast<__half*>(own.k.data_ptr()),
-                               static_cast<__half*>(own.v.data_ptr()), own.ok.data_ptr<int>()));
+                               static_cast<__half*>(own.v.data_ptr()), own.ok.data_ptr<int>(),
+                               own.pre_base.data_ptr<int>(), static_cast<int>(room), min_queries));
   return own;
 }
 

@@ -33,7 +33,9 @@
 // q_count) is copied instead from the step's keys and values in fp16
 // (p.own_k_map, prefill_own_kv.cuh), once its stage is free, straight into
 // the stage (scaled already); its raw slot then carries only the mask (with
-// kOwnTile), and the converters only zero its rows.
+// kOwnTile), and the converters only zero its rows. So is a tile wholly
+// inside a cached prefix that the pass turned into prefix rows (a chunk
+// after a cached prefix, p.pre_base).
 #pragma once
 
 #include "../attention_work.cuh"
@@ -83,6 +85,15 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
     }
 
     const int num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_begin, BN) : 0;
+    // Quantized: the row of the sequence's position 0 when its prefix
+    // tiles come from the pass's prefix rows, else -1 (prefill_own_kv.cuh).
+    int prefix_row0 = -1;
+    if constexpr (Cfg::kQuant) {
+      if (own_kv && p.pre_base != nullptr) {
+        const int base = p.pre_base[w.seq];
+        if (base >= 0) prefix_row0 = p.a.num_tokens + base;
+      }
+    }
     // Box `lane`'s page in tile i, -1 for no box. Looked up one tile ahead,
     // so that the block-table read overlaps the wait for a free stage.
     auto lookup = [&](int i) {
@@ -104,7 +115,8 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
         const uint32_t outside = __ballot_sync(0xffffffffu, needed && !in_pool);
         const uint32_t issued = __popc(__ballot_sync(0xffffffffu, needed));
         const int own_begin = w.seq_len - w.q_count;  // the step's first position
-        const bool own = own_kv && tile_pos >= own_begin;
+        // A tile of the step's own positions, or one wholly in prefix rows.
+        const bool own = own_kv && (tile_pos >= own_begin || (prefix_row0 >= 0 && tile_pos + BN <= own_begin));
         // Per-vector scales: the slot also takes its tile's scales (k or v),
         // plain bulk copies (no bounds: boxes on pages inside the pool only;
         // the converters take no scale for the others' rows).
@@ -125,7 +137,7 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
         if (own) {
           if (lane < kBlocks)
             tma_load_3d(stage + lane * BN * 128, values ? &p.own_v_map : &p.own_k_map, bar, 64 * lane, w.kv_head,
-                        w.q_begin + (tile_pos - own_begin));
+                        tile_pos < own_begin ? prefix_row0 + tile_pos : w.q_begin + (tile_pos - own_begin));
         } else if (needed) {
           tma_load_4d(sm.raw_tile(slot.stage) + lane * rows * D, values ? &p.v_map : &p.k_map, bar, 0, in_page,
                       w.kv_head, page);

@@ -45,9 +45,13 @@ struct PrefillParams {
   // kBlockN}, and whether their rows map one to one to the sequences'
   // positions (written by that pass); own_ok null: every tile through the
   // converters.
+  // Past the tokens' rows, prefix rows: pre_base[s] (written by that pass)
+  // is the first of sequence s's rows for its positions 0..seq_len, -1 where
+  // its tiles take the paths above; pre_base null: no prefix rows.
   CUtensorMap own_k_map;
   CUtensorMap own_v_map;
   const int* own_ok;
+  const int* pre_base;
   // Per-vector scales: the largest |k_scale| and |v_scale| of each (sequence,
   // KV head), [num_seqs][num_kv_heads] float bits (prefill_scale_range.cuh).
   const uint2* scale_top;
