@@ -110,8 +110,8 @@ def clean_cases():
 def bad_cases():
     """Out-of-range and negative page ids, a length beyond the table, a negative
     length; then the same with garbage cu_seqlens_q. Decode- and prefill-sized steps
-    (the last: a chunk of 40 queries after a prefix, whose positions the Hopper
-    kernel's pass turns into prefix rows over those bad pages)."""
+    (the last: a chunk of 40 queries after a 30-position prefix, which the Hopper
+    kernel's own-keys pass turns into prefix rows over those bad pages)."""
     int8, fp8_tensor = dict(cache_dtype=torch.int8), dict(cache_dtype=FP8, scale_kind="tensor")
     for dtype, q_lens, quant in ((torch.bfloat16, [1, 2, 1, 1], {}), (torch.bfloat16, [5, 3, 20, 1], {}),
                                  (torch.float32, [1, 2, 1, 1], {}), (torch.bfloat16, [1, 2, 1, 1], int8),
