@@ -240,8 +240,11 @@ __global__ void __launch_bounds__(kOwnKvThreads)
     own_kv_entry<CacheT, kVectorScales>(p, top, own_k, own_v, t, s, pos, seq_len, rest / lanes, rest % lanes,
                                         waited);
   }
+  // (A step without candidates, a fresh prompt's, skips the plan: its
+  // sequences fit one block's threads.)
   __shared__ PrefixPlan plan;
-  if (prefixes) {
+  const bool planned = prefixes && (kv.num_seqs > kOwnKvThreads || __syncthreads_or(len0 > 0));
+  if (planned) {
     plan_prefixes(p, min_queries, prefix_room, len0, plan);
     for (int64_t i = first; i < int64_t(plan.rows) * row_threads; i += stride) {
       const int r = static_cast<int>(i / row_threads);
@@ -256,7 +259,7 @@ __global__ void __launch_bounds__(kOwnKvThreads)
   if (blockIdx.x == 0) {
     if (threadIdx.x == 0) *ok = !bad;
     for (int s = threadIdx.x; prefixes && s < kv.num_seqs; s += blockDim.x)
-      pre_base[s] = plan.len[s] > 0 ? plan.first[s] : -1;
+      pre_base[s] = planned && plan.len[s] > 0 ? plan.first[s] : -1;
   }
   // At the end, not at once as the other small kernels (common.cuh): with
   // the kernel's blocks launched while this pass ran, 1 x 2k prefills took
