@@ -292,15 +292,16 @@ at::Tensor launch_scale_range(sm90::PrefillParams& p, const at::Tensor& q, cudaS
   return top;
 }
 
-// Room for prefix rows (sm90/prefill_own_kv.cuh): the positions of the
-// chunks after a cached prefix that a step's own-keys pass turns into fp16
-// with their prompts' tokens, so that the kernel copies every tile of such a
-// chunk as over a 16-bit cache instead of converting each one once per work
-// item. At most TILEINFER_PREFILL_PREFIX_MB MiB of fp16 keys and values
-// (default 128, 0 for none; read at each call, so a captured graph keeps the
-// room of its capture), and no more than the block tables can address; none
-// under a window (most positions would be left unread) or past
-// sm90::kPrefixSeqs sequences.
+// Room for prefix rows (sm90/prefill_own_kv.cuh): the cached prefixes of
+// chunks that a step's own-keys pass turns into fp16 with the step's
+// tokens, so that the kernel copies those tiles as over a 16-bit cache
+// instead of converting each one once per work item. At most
+// TILEINFER_PREFILL_PREFIX_MB MiB of fp16 keys and values (default 128, 0
+// for none; read at each call, so a captured graph keeps the room of its
+// capture), and no more than the block tables can address; none under a
+// window (most positions would be left unread) or past sm90::kPrefixSeqs
+// sequences. The pass's grid is sized for the room: a short chunk's tokens
+// give too few blocks for its prefix (docs/PERFORMANCE.md).
 int64_t prefix_room(const AttentionParams& a) {
   const int64_t mb = env_int("TILEINFER_PREFILL_PREFIX_MB", 0, int64_t(1) << 20, 128);
   if (a.window_left != INT_MAX || a.kv.num_seqs > sm90::kPrefixSeqs || a.kv.num_seqs == 0) return 0;
