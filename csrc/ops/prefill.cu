@@ -328,14 +328,15 @@ OwnKv launch_own_kv(sm90::PrefillParams& p, const at::Tensor& q, int sms, cudaSt
   own.k = at::empty({rows, a.kv.num_kv_heads, hd}, q.options().dtype(at::kHalf));
   own.v = at::empty_like(own.k);
   own.ok = at::empty({1}, q.options().dtype(at::kInt));
-  own.pre_base = at::empty({std::max<int64_t>(a.kv.num_seqs, 1)}, q.options().dtype(at::kInt));
+  if (room > 0) own.pre_base = at::empty({a.kv.num_seqs}, q.options().dtype(at::kInt));
   const uint64_t sizes[3] = {uint64_t(hd), uint64_t(a.kv.num_kv_heads), uint64_t(rows)};
   const uint64_t strides[2] = {uint64_t(hd) * 2, uint64_t(hd) * 2 * a.kv.num_kv_heads};
   const uint32_t box[3] = {64u, 1u, uint32_t(Cfg::kBlockN)};
   p.own_k_map = make_tensor_map<3>(own.k.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT16, sizes, strides, box);
   p.own_v_map = make_tensor_map<3>(own.v.data_ptr(), CU_TENSOR_MAP_DATA_TYPE_FLOAT16, sizes, strides, box);
   p.own_ok = own.ok.data_ptr<int>();
-  p.pre_base = room > 0 ? own.pre_base.data_ptr<int>() : nullptr;
+  int* pre_base = room > 0 ? own.pre_base.data_ptr<int>() : nullptr;  // (the pass writes it only then)
+  p.pre_base = pre_base;
   // (A sequence whose queries fit one item converts each tile once anyway.)
   const int min_queries = Cfg::kBlockM / p.item_group;
   const int64_t threads = rows * a.kv.num_kv_heads * (hd / 8);
@@ -344,7 +345,7 @@ OwnKv launch_own_kv(sm90::PrefillParams& p, const at::Tensor& q, int sms, cudaSt
                                dim3(unsigned(blocks)), dim3(sm90::kOwnKvThreads), 0, stream, a.programmatic, a,
                                p.scale_top, static_cast<__half*>(own.k.data_ptr()),
                                static_cast<__half*>(own.v.data_ptr()), own.ok.data_ptr<int>(),
-                               own.pre_base.data_ptr<int>(), static_cast<int>(room), min_queries));
+                               pre_base, static_cast<int>(room), min_queries));
   return own;
 }
 

@@ -88,8 +88,7 @@ __device__ __forceinline__ void produce_items(const PrefillParams& p, const Pref
     // Quantized: the row of the sequence's position 0 when its prefix
     // tiles come from the pass's prefix rows, else -1 (prefill_own_kv.cuh).
     // Read only where the item has a tile wholly before its queries: the
-    // first tile's copy would wait for it (a fresh prompt's items, 1 us a
-    // 512-token prompt).
+    // first tile's copy would wait for it, on every item of a fresh prompt.
     int prefix_row0 = -1;
     if constexpr (Cfg::kQuant) {
       if (own_kv && p.pre_base != nullptr && w.key_begin + BN <= w.seq_len - w.q_count) {

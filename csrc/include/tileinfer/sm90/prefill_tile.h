@@ -46,8 +46,9 @@ struct PrefillParams {
   // positions (written by that pass); own_ok null: every tile through the
   // converters.
   // Past the tokens' rows, prefix rows: pre_base[s] (written by that pass)
-  // is the first of sequence s's rows for its positions 0..seq_len, -1 where
-  // its tiles take the paths above; pre_base null: no prefix rows.
+  // is the row past the tokens' of sequence s's position 0, its cached
+  // prefix's rows holding positions 0 .. seq_len - q_count; -1 where its
+  // prefix's tiles go through the converters; pre_base null: no prefix rows.
   CUtensorMap own_k_map;
   CUtensorMap own_v_map;
   const int* own_ok;
