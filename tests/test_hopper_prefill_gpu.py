@@ -150,6 +150,45 @@ def test_quantized_prefix_rows_same_bits(D, kind, room, seed, monkeypatch):
     check_out(own, exact, torch.bfloat16, f"{kind} prefill, prefix rows (room {room} MiB)", ulps=6.0)
 
 
+NAN_ROWS = "TILEINFER_PREFILL_NAN_ROWS"  # a test hook: NaN in the pass's token rows (1), prefix rows (2)
+
+
+@pytest.mark.parametrize("kind", ["fp8-tensor", "fp8-vector", "int8"])
+@pytest.mark.parametrize("room", [None, "1"], ids=["default room", "1 MiB"])
+def test_quantized_pass_rows_are_read(D, kind, room, seed, monkeypatch):
+    """The outputs that read the own-keys pass's rows, seen by filling them
+    with NaN (TILEINFER_PREFILL_NAN_ROWS), so that the same-bits tests above
+    cannot pass with the rows never read: token rows reach every output of
+    a fresh prompt; prefix rows reach every output of the chunks whose
+    prefixes fit the room (both by default, the first alone in 1 MiB), and
+    no other output, whose bits stay those of the step without NaN."""
+    if D > 128:
+        pytest.skip("a quantized cache at d 256 takes the mma.sync tile kernel")
+    lens, q_lens = [900, 300, 2500, 57, 40], [200, 300, 600, 20, 0]
+    p = make_problem(lens, q_lens, 8, 2, D, 16, device=DEV, seed=seed, **QUANT_KINDS[kind])
+    poison_unowned_(p)
+    if room is not None:
+        monkeypatch.setenv(PREFIX_MB, room)
+    clean, _ = run_prefill(p, True)
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    tokens = [slice(starts[i], starts[i + 1]) for i in range(len(q_lens))]
+    assert not clean.isnan().any(), "NaN without the hook"  # (so the NaN below come from the rows)
+    monkeypatch.setenv(NAN_ROWS, "1")
+    out, _ = run_prefill(p, True)
+    assert out[tokens[1]].isnan().any(-1).all(), "token rows: the fresh prompt did not read them"
+    monkeypatch.setenv(NAN_ROWS, "2")
+    out, _ = run_prefill(p, True)
+    read = [True, False, room is None, False, False]  # (the second chunk's 1900 positions need > 1 MiB)
+    for i, r in enumerate(read):
+        if r:
+            assert out[tokens[i]].isnan().any(-1).all(), f"prefix rows: sequence {i} did not read them"
+        else:
+            assert torch.equal(out[tokens[i]].view(torch.int16), clean[tokens[i]].view(torch.int16)), (
+                f"prefix rows: sequence {i} read rows not its own, or other bits")
+
+
 def test_prefix_room_bad_value(monkeypatch):
     if not (has_cuda_kernel("prefill") and hopper()):
         pytest.skip("the room is read on the Hopper prefill kernel's path")
