@@ -340,12 +340,23 @@ OwnKv launch_own_kv(sm90::PrefillParams& p, const at::Tensor& q, int sms, cudaSt
   // (A sequence whose queries fit one item converts each tile once anyway.)
   const int min_queries = Cfg::kBlockM / p.item_group;
   const int64_t threads = rows * a.kv.num_kv_heads * (hd / 8);
-  const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(threads, sm90::kOwnKvThreads), 8 * int64_t(sms));
-  C10_CUDA_CHECK(launch_kernel(sm90::prefill_own_kv<typename Cfg::CacheT, Cfg::kVectorScales>,
-                               dim3(unsigned(blocks)), dim3(sm90::kOwnKvThreads), 0, stream, a.programmatic, a,
+  // One wave at most (the loops stride over the rows): as many blocks as the
+  // SMs hold at once (six, not eight, at 40 registers a thread).
+  const auto kernel = sm90::prefill_own_kv<typename Cfg::CacheT, Cfg::kVectorScales>;
+  static const int resident = [&] {
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, sm90::kOwnKvThreads, 0));
+    return std::max(n, 1);
+  }();
+  const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(threads, sm90::kOwnKvThreads), int64_t(resident) * sms);
+  // A test hook: NaN in the tokens' rows (1), the prefix rows (2) or both,
+  // so that a test sees which outputs read them (the bits are otherwise the
+  // converters').
+  const int nan_rows = static_cast<int>(env_int("TILEINFER_PREFILL_NAN_ROWS", 0, 3, 0));
+  C10_CUDA_CHECK(launch_kernel(kernel, dim3(unsigned(blocks)), dim3(sm90::kOwnKvThreads), 0, stream, a.programmatic, a,
                                p.scale_top, static_cast<__half*>(own.k.data_ptr()),
                                static_cast<__half*>(own.v.data_ptr()), own.ok.data_ptr<int>(),
-                               pre_base, static_cast<int>(room), min_queries));
+                               pre_base, static_cast<int>(room), min_queries, nan_rows));
   return own;
 }
 

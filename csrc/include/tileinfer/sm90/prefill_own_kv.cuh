@@ -149,11 +149,12 @@ __device__ __forceinline__ int prefix_row_seq(const PrefixPlan& plan, int num_se
 // head_dim / 8): position pos of sequence s (s -1, or pos outside [0, end):
 // zeros) in fp16, the converters' values, stored at row `row`. Per-vector
 // scales: `waited` says whether this thread has waited for the range pass,
-// which it does here between its loads and its stores.
+// which it does here between its loads and its stores. `nan`: NaN stored
+// instead (a test's way to see which outputs read these rows).
 template <typename CacheT, bool kVectorScales>
 __device__ __forceinline__ void own_kv_entry(const AttentionParams& p, const uint2* top, __half* own_k,
                                              __half* own_v, int64_t row, int s, int pos, int end, int h, int c,
-                                             bool& waited) {
+                                             bool nan, bool& waited) {
   const PagedKVParams& kv = p.kv;
   uint2 k8 = make_uint2(0, 0), v8 = make_uint2(0, 0);
   float fk = 0.f, fv = 0.f;  // per-vector scales: the row's scales, then factors
@@ -192,6 +193,7 @@ __device__ __forceinline__ void own_kv_entry(const AttentionParams& p, const uin
     k16 = x8_to_half<CacheT>(k8);
     v16 = x8_to_half<CacheT>(v8);
   }
+  if (nan) k16 = v16 = make_uint4(0x7e007e00u, 0x7e007e00u, 0x7e007e00u, 0x7e007e00u);
   const int64_t at = (row * kv.num_kv_heads + h) * kv.head_dim + 8 * c;
   *reinterpret_cast<uint4*>(own_k + at) = k16;
   *reinterpret_cast<uint4*>(own_v + at) = v16;
@@ -202,11 +204,12 @@ __device__ __forceinline__ void own_kv_entry(const AttentionParams& p, const uin
 // the plan takes, planned once the tokens' rows are done (the plan's loads
 // were issued at the start, beside the first row's), and pre_base[s]:
 // their first row past the tokens', or -1. kVectorScales: `top` is
-// prefill_scale_range's.
+// prefill_scale_range's. `nan_rows` (tests only; prefill.cu): bit 0 fills
+// the tokens' rows with NaN, bit 1 the prefix rows.
 template <typename CacheT, bool kVectorScales>
 __global__ void __launch_bounds__(kOwnKvThreads)
     prefill_own_kv(const AttentionParams p, const uint2* top, __half* own_k, __half* own_v, int* ok, int* pre_base,
-                   int prefix_room, int min_queries) {
+                   int prefix_room, int min_queries, int nan_rows) {
   // Per-vector scales: the range pass before this one lets it start once
   // that pass's own wait has returned (prefill_scale_range.cuh), so the
   // step's cache writes and metadata are final here; only `top` is the range
@@ -238,7 +241,7 @@ __global__ void __launch_bounds__(kOwnKvThreads)
       if (p.mixed_queries > 0 && decode_takes(p, qr.count)) s = -1;
     }
     own_kv_entry<CacheT, kVectorScales>(p, top, own_k, own_v, t, s, pos, seq_len, rest / lanes, rest % lanes,
-                                        waited);
+                                        (nan_rows & 1) != 0, waited);
   }
   // (A step without candidates, a fresh prompt's, skips the plan: its
   // sequences fit one block's threads.)
@@ -252,7 +255,8 @@ __global__ void __launch_bounds__(kOwnKvThreads)
       const int s = prefix_row_seq(plan, kv.num_seqs, r);
       const int pos = s >= 0 ? r - plan.first[s] : 0;
       own_kv_entry<CacheT, kVectorScales>(p, top, own_k, own_v, p.num_tokens + int64_t(r), s, pos,
-                                          s >= 0 ? plan.len[s] : 0, rest / lanes, rest % lanes, waited);
+                                          s >= 0 ? plan.len[s] : 0, rest / lanes, rest % lanes, (nan_rows & 2) != 0,
+                                          waited);
     }
   }
   if (!waited) wait_for_prior_grids();  // (a block without rows: it ends after the range pass)
