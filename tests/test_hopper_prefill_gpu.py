@@ -123,6 +123,10 @@ def test_quantized_own_tiles_same_bits(D, kind, lens, q_lens, seed, monkeypatch)
 
 
 PREFIX_MB = "TILEINFER_PREFILL_PREFIX_MB"  # room for prefix rows (MiB; "0": none)
+# Two chunks of more queries than an item holds (200 and 600 at group 4; 700
+# and 1900 prefix positions), a fresh prompt, a chunk of fewer queries (20)
+# and a sequence without queries: seq_lens, then query counts.
+PREFIX_CHUNKS = ([900, 300, 2500, 57, 40], [200, 300, 600, 20, 0])
 
 
 @pytest.mark.parametrize("kind", ["fp8-tensor", "fp8-vector", "int8"])
@@ -139,8 +143,7 @@ def test_quantized_prefix_rows_same_bits(D, kind, room, seed, monkeypatch):
     within 6 ulps of float64."""
     if D > 128:
         pytest.skip("a quantized cache at d 256 takes the mma.sync tile kernel")
-    p = make_problem([900, 300, 2500, 57, 40], [200, 300, 600, 20, 0], 8, 2, D, 16, device=DEV, seed=seed,
-                     **QUANT_KINDS[kind])
+    p = make_problem(*PREFIX_CHUNKS, 8, 2, D, 16, device=DEV, seed=seed, **QUANT_KINDS[kind])
     exact, _ = exact_attention(p, True)
     poison_unowned_(p)
     if room is not None:
@@ -164,16 +167,13 @@ def test_quantized_pass_rows_are_read(D, kind, room, seed, monkeypatch):
     no other output, whose bits stay those of the step without NaN."""
     if D > 128:
         pytest.skip("a quantized cache at d 256 takes the mma.sync tile kernel")
-    lens, q_lens = [900, 300, 2500, 57, 40], [200, 300, 600, 20, 0]
-    p = make_problem(lens, q_lens, 8, 2, D, 16, device=DEV, seed=seed, **QUANT_KINDS[kind])
+    p = make_problem(*PREFIX_CHUNKS, 8, 2, D, 16, device=DEV, seed=seed, **QUANT_KINDS[kind])
     poison_unowned_(p)
     if room is not None:
         monkeypatch.setenv(PREFIX_MB, room)
     clean, _ = run_prefill(p, True)
-    starts = [0]
-    for n in q_lens:
-        starts.append(starts[-1] + n)
-    tokens = [slice(starts[i], starts[i + 1]) for i in range(len(q_lens))]
+    cu = p.cu_seqlens_q.tolist()
+    tokens = [slice(cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
     assert not clean.isnan().any(), "NaN without the hook"  # (so the NaN below come from the rows)
     monkeypatch.setenv(NAN_ROWS, "1")
     out, _ = run_prefill(p, True)
