@@ -18,9 +18,10 @@ Shapes: Qwen3-4B attention (32 query heads, 8 KV heads, head dim 128, page 64).
   bandwidth measured in this run. The per-vector calls pass k_smooth (ones,
   PagedKVCache's default), as a model does; the fp8 per-tensor scales are
   amax / 448 of the pools (a calibrated scale).
-- Prefill, causal, one prompt of 2k / 8k / 16k and a 2k chunk after a 6k
-  cached prefix: the prefill op on each cache, TFLOP/s of causal FLOPs
-  (2 * 2 * L * L / 2 * d * Hq for a prompt, as bench_prefill.py); dev rows:
+- Prefill, causal, one prompt of 2k / 8k / 16k, 16 prompts of 1k (a varlen
+  batch) and a 2k chunk after a 6k cached prefix: the prefill op on each
+  cache, TFLOP/s of causal FLOPs (2 * 2 * L * L / 2 * d * Hq for a prompt,
+  as bench_prefill.py); dev rows:
   each quantized cache with every tile through the converter warps
   (TILEINFER_PREFILL_OWN_KV=0, without the pass over the step's own keys and
   values), and for the chunk without prefix rows
@@ -89,12 +90,13 @@ DECODE_CASES = [
     ("MQA 32/1 1x32k", 1, 32768, MQA),
     ("MQA 32/1 32x4k", 32, 4096, MQA),
 ]
-# (label, queries, positions): prompts, and a chunk after a cached prefix.
-PREFILL_CASES = [("1x2k", 2048, 2048), ("1x8k", 8192, 8192), ("1x16k", 16384, 16384),
-                 ("2k chunk at 8k", 2048, 8192)]
+# (label, queries, positions), a list each (a sequence each): prompts, a
+# varlen batch of prompts, and a chunk after a cached prefix.
+PREFILL_CASES = [("1x2k", [2048], [2048]), ("1x8k", [8192], [8192]), ("1x16k", [16384], [16384]),
+                 ("16x1k", [1024] * 16, [1024] * 16), ("2k chunk at 8k", [2048], [8192])]
 # CPU smoke run (no CUDA device): the same code paths on tiny sizes.
 SMOKE_DECODE = [("1x256", 1, 256, QWEN3), ("2x512", 2, 512, QWEN3)]
-SMOKE_PREFILL = [("1x128", 128, 128)]
+SMOKE_PREFILL = [("1x128", [128], [128])]
 
 INT8 = "tileinfer int8 (attention op)"
 BF16 = "tileinfer bf16 (attention op)"
@@ -222,8 +224,8 @@ def run_decode(label, batch, ctx, heads, args, ceil, errors):
     return rows
 
 
-def run_prefill(label, q_len, length, args, ceil, errors):
-    sets = make_pair([length], [q_len], cap=16)
+def run_prefill(label, q_lens, lens, args, ceil, errors):
+    sets = make_pair(lens, q_lens, cap=16)
     flops = ap.attention_flops(sets[0], causal=True)
     kw = dict(rep_ms=60 if args.quick else 200, warmup_ms=20)
     impls = [(PRE_BF16, lambda p: ap.ours_prefill(p), True)] + [
@@ -233,7 +235,7 @@ def run_prefill(label, q_len, length, args, ceil, errors):
     impls += [(f"{pre}, every tile converted",
                lambda p, a=attr: ap.with_environment("TILEINFER_PREFILL_OWN_KV", "0", ours_quant(p, "prefill", a)),
                True, "dev") for attr, pre in QUANT.values()]
-    if q_len < length:  # a chunk: its prefix's tiles through the converters (prefill.cu, prefix_room)
+    if sum(q_lens) < sum(lens):  # a chunk: its prefix's tiles through the converters (prefill.cu, prefix_room)
         impls += [(f"{pre}, no prefix rows",
                    lambda p, a=attr: ap.with_environment("TILEINFER_PREFILL_PREFIX_MB", "0",
                                                          ours_quant(p, "prefill", a)),
@@ -243,7 +245,7 @@ def run_prefill(label, q_len, length, args, ceil, errors):
         tflops = flops / t.seconds / 1e12
         return dict(tflops=tflops, pct_gemm=100 * tflops / ceil["gemm_tflops"] if ceil.get("gemm_tflops") else None)
     rows = ap.time_impls(label, impls, sets, errors, ours=PRE_INT8, base=[PRE_BF16], metrics=metrics,
-                         extra=dict(lens=[length], q_lens=[q_len], page=PAGE, **QWEN3), **kw)
+                         extra=dict(lens=lens, q_lens=q_lens, page=PAGE, **QWEN3), **kw)
     for r in rows:  # both caches are ours
         if r["role"] != "dev":
             r["role"] = "ours"
@@ -418,12 +420,12 @@ def main():
                                    lambda a=(label, batch, ctx, heads): run_decode(*a, args, ceil, errors),
                                    errors) or []
         if not args.no_prefill:
-            for label, q_len, length in (PREFILL_CASES if cuda else SMOKE_PREFILL):
+            for label, q_lens, lens in (PREFILL_CASES if cuda else SMOKE_PREFILL):
                 if args.only and args.only not in label:
                     continue
                 print(f"-- prefill {label}: causal, 32/8 heads, d 128, page {PAGE}")
                 prefill += common.attempt(f"prefill {label}",
-                                          lambda a=(label, q_len, length): run_prefill(*a, args, ceil, errors),
+                                          lambda a=(label, q_lens, lens): run_prefill(*a, args, ceil, errors),
                                           errors) or []
         if cuda:
             for label, chunks, decodes in MIXED_CASES:
