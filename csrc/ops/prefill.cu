@@ -101,11 +101,11 @@ int prefill_item_group(int group, int block_m) {
 // counts its decodes' tokens, not a prompt each). Fewer and larger items
 // leave SMs idle on short prompts: 1 x 512 at 32 / 8 heads has 88 items of
 // 192 rows for 132 SMs (128 of 128 rows) and takes ~1.2x the two-consumer
-// time, while 1 x 8k and 1 x 16k gain 4-8% (H100, docs/PERFORMANCE.md,
+// time, while 1 x 8k takes 0.88-0.92x of it (H100, docs/PERFORMANCE.md,
 // "Prefill"). A sliding window of fewer than kThreeConsumerMinWindow keys
 // keeps two consumers: its items see a few key tiles, each masked, and the
 // three-consumer kernel spills in the masked-tile branch (gpt-oss's 128-key
-// window: 1.04-1.09x the two-consumer time at 1 x 8k, 1.08-1.2x at 1 x 2k;
+// window: 1.07-1.09x the two-consumer time at 1 x 8k, 1.08-1.14x at 1 x 2k;
 // the crossover sits near 1024 keys). A batch-invariant step keeps two
 // consumers, so that its item rows do not follow the batch.
 // TILEINFER_PREFILL_CONSUMERS=2 or 3 puts every other d 64 step on that
