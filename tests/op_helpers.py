@@ -171,11 +171,12 @@ def prefill_consumers(names):
 def hopper_quantized_prefill(p):
     """Whether `prefill` runs problem p (a quantized cache) on the Hopper
     warp-specialized kernel: a compute-capability 9.0 device, bf16 / fp16
-    queries, head dims up to 128, per-vector scales starting 16-byte aligned
-    (and a build with sm_90a code, setup.py's default), unless
+    queries, head dims up to 128, per-vector scales and k_smooth starting
+    16-byte aligned (and a build with sm_90a code, setup.py's default), unless
     TILEINFER_PREFILL_KERNEL=tile sends it to the tile kernel. That kernel
     rounds int8 problems' queries to fp16, as for fp8."""
     aligned = p.k_scale.numel() == 1 or (p.k_scale.data_ptr() % 16 == 0 and p.v_scale.data_ptr() % 16 == 0)
+    aligned = aligned and (p.k_smooth is None or p.k_smooth.data_ptr() % 16 == 0)
     forced = os.environ.get("TILEINFER_PREFILL_KERNEL") == "tile"
     return hopper() and not forced and p.q.dtype in (torch.bfloat16, torch.float16) and p.q.shape[-1] <= 128 and aligned
 

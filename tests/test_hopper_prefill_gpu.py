@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from op_helpers import (QUANT_KINDS, check_lse, check_out, exact_attention, has_cuda_kernel, hopper, kernels_run,
-                        misalign_scales_, ops, poison_, poison_unowned_, prefill_consumers, run_prefill)
+                        misalign_scales_, misaligned_copy, ops, poison_, poison_unowned_, prefill_consumers, run_prefill)
 from tileinfer_attn.testing import make_problem
 
 pytestmark = pytest.mark.gpu
@@ -243,23 +243,29 @@ def test_per_head_bad_value(D, value, monkeypatch):
         run_prefill(p, True)
 
 
-@pytest.mark.parametrize("kind", ["fp8-vector", "int8"])
-def test_misaligned_vector_scales_take_the_tile_kernel(kind, seed):
+@pytest.mark.parametrize("kind, what", [("fp8-vector", "scales"), ("int8", "scales"), ("fp8-tensor", "k_smooth"),
+                                        ("int8", "k_smooth")])
+def test_misaligned_scales_take_the_tile_kernel(kind, what, seed):
     """Per-vector scales that start 4 bytes past a 16-byte boundary (a
-    contiguous view into a larger buffer: valid input) cannot be bulk-copied:
-    prefill takes the mma.sync tile kernel for them, and stays right."""
+    contiguous view into a larger buffer: valid input) cannot be bulk-copied,
+    nor can such a k_smooth be loaded 16 bytes at a time: prefill takes the
+    mma.sync tile kernel for them, and stays right."""
     if not has_cuda_kernel("prefill"):
         pytest.skip("this build has no CUDA kernel for tileinfer_attn::prefill")
     if not hopper():
         pytest.skip("the kernel choice tested here is Hopper's")
-    p = misalign_scales_(make_problem([300, 41], [300, 41], 8, 2, 128, 64, device=DEV, seed=seed,
-                                      **QUANT_KINDS[kind]))
+    p = make_problem([300, 41], [300, 41], 8, 2, 128, 64, device=DEV, seed=seed,
+                     **QUANT_KINDS[kind])
+    if what == "scales":
+        misalign_scales_(p)
+    else:
+        p.k_smooth = misaligned_copy(p.k_smooth)
     run_prefill(p, True)  # warm-up outside the profile
     torch.cuda.synchronize()
     names, (out, _) = kernels_run(lambda: run_prefill(p, True))
     assert any(TILE in n for n in names), f"{TILE} did not run; kernels seen: {sorted(set(names))}"
     exact, _ = exact_attention(p, True)
-    check_out(out, exact, torch.bfloat16, f"{kind} prefill, misaligned scales", ulps=6.0)
+    check_out(out, exact, torch.bfloat16, f"{kind} prefill, misaligned {what}", ulps=6.0)
 
 
 @pytest.mark.parametrize("group, per_head", [(4, "0"), (4, "1"), (7, "0")],

@@ -140,7 +140,8 @@ bool own_kv_pass() { return env_switch("TILEINFER_PREFILL_OWN_KV", "0", "1", tru
 // with sm_90a code (setup.py defines TILEINFER_SM90A then; without that code
 // the kernel would trap). Over a quantized cache (int8, fp8), its converters
 // take tile dims up to 128, and per-vector scales whose tensors start 16-byte
-// aligned (the bulk copies' unit; an offset view takes the tile kernel).
+// aligned (the bulk copies' unit; an offset view takes the tile kernel), as
+// must k_smooth (the consumers load it 16 bytes at a time).
 bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, const AttentionParams& p) {
   const bool forced_tile = tile_kernel_forced();  // (its value checked on every build)
 #ifdef TILEINFER_SM90A
@@ -151,6 +152,7 @@ bool use_hopper_prefill(const PagedShape& s, at::ScalarType dtype, int device, c
     if (tile_head_dim(s.head_dim) > 128) return false;
     const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
     if (!s.scale_per_tensor && !(aligned(p.kv.k_scale) && aligned(p.kv.v_scale))) return false;
+    if (!aligned(p.kv.k_smooth)) return false;  // (nullptr: aligned)
   }
   return true;
 #else

@@ -88,6 +88,14 @@ __device__ __forceinline__ float query_row_scale(float amax) {
   return __int_as_float((127 + min(14 - e, 126)) << 23);     // 2^(14 - e), a normal float
 }
 
+// 1 / x for x = +-2^k with both 2^k and 2^-k normal floats (query_row_scale's
+// values, negated or not), exactly: so that a row's factor is a product, not a
+// division (the same bits: pre / x rounds pre * 2^-k as pre * (1 / x) does).
+__device__ __forceinline__ float pow2_inverse(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  return __uint_as_float((bits & 0x80000000u) | (0x7f000000u - (bits & 0x7fffffffu)));
+}
+
 // Eight stored elements (8 bytes) -> eight fp16 (one 16-byte vector), exactly.
 template <typename CacheT>
 __device__ __forceinline__ uint4 x8_to_half(const uint2& in) {

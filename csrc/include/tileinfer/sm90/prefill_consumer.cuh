@@ -303,20 +303,28 @@ __device__ __forceinline__ void prefill_consume(const PrefillParams& p, const Pr
     // Every S product has completed: the query tile is free (kStagedStore:
     // once the epilogue has stored the output rows it stages there).
     if (!Cfg::kStagedStore && lane == 0) mbar_arrive(&sm.q_empty[qs.stage]);
+    // Quantized: O is in units of v_scale (the row sums carry the headroom as
+    // P does); per vector, of the values' power of two. Loaded while the
+    // item's last P V runs: loaded in the epilogue, the wait for it was the
+    // item's, on the consumers' path.
+    float v_scale = 1.f;
+    auto load_v_scale = [&] {
+      if constexpr (Cfg::kQuant)
+        v_scale = Cfg::kVectorScales ? ItemScales::make<typename Cfg::CacheT>(p, w, true).v : __ldg(p.a.kv.v_scale);
+    };
     if (my_tiles > my_first) {
       wait_v(prev);
       wgmma::issue_pv<T, D, BN>(o, a, smem_u32(sm.v(prev.stage)));
+      load_v_scale();
       wgmma::wait_pv<D, BN>(o, a);
       release(&sm.empty_v[prev.stage]);
+    } else {
+      load_v_scale();
     }
     for (; i < num_tiles; ++i) pass();  // past this warpgroup's rows
 
     float out_factor[2] = {1.f, 1.f};
     if constexpr (Cfg::kQuant) {
-      // O is in units of v_scale (the row sums carry the headroom as P
-      // does); per vector, of the values' power of two.
-      const float v_scale =
-          Cfg::kVectorScales ? ItemScales::make<typename Cfg::CacheT>(p, w, true).v : __ldg(p.a.kv.v_scale);
 #pragma unroll
       for (int R = 0; R < 2; ++R) out_factor[R] = bad[R] ? __int_as_float(0x7fc00000) : v_scale;
     }

@@ -260,6 +260,9 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t*
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[R][m][k] = to_float(reinterpret_cast<const QT*>(&in[R][m])[k]);
   if (kv.k_smooth != nullptr) {
+    // Two 16-byte loads a chunk (the host takes this kernel only where
+    // k_smooth starts 16-byte aligned, prefill.cu); one float at a time,
+    // each load had its own 64-bit address: ~130 more instructions an item.
     const float* smooth = kv.k_smooth + static_cast<int64_t>(w.kv_head) * kv.head_dim;
 #pragma unroll
     for (int m = 0; m < kMine; ++m) {
@@ -267,13 +270,13 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t*
       // of 16); one past it reads the last chunk's factors, and takes 0.
       // (With the load predicated instead, ptxas made each address anew.)
       const int col = 8 * (quad + 4 * m);
-      const float* at = smooth + min(col, kv.head_dim - 8);
+      const float4* at = reinterpret_cast<const float4*>(smooth + min(col, kv.head_dim - 8));
+      const float4 lo = __ldg(at), hi = __ldg(at + 1);
+      const float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float f = col < kv.head_dim ? __ldg(at + k) : 0.f;
+      for (int k = 0; k < 8; ++k)
 #pragma unroll
-        for (int R = 0; R < 2; ++R) v[R][m][k] *= f;
-      }
+        for (int R = 0; R < 2; ++R) v[R][m][k] *= col < kv.head_dim ? f[k] : 0.f;
     }
   }
   const float k_scale =
@@ -295,7 +298,7 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t*
     // its minimum).
     const float qs = (pre < 0.f) != (k_scale < 0.f) ? -query_row_scale(amax) : query_row_scale(amax);
     bad[R] = isinf(amax);
-    unscale[R] = pre / qs * k_scale;
+    unscale[R] = pre * pow2_inverse(qs) * k_scale;
 #pragma unroll
     for (int m = 0; m < kMine; ++m)
       *chunk(r0 + 8 * R, m) =
