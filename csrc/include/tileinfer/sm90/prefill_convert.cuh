@@ -261,8 +261,9 @@ __device__ __forceinline__ void convert_queries(const PrefillParams& p, uint8_t*
       for (int k = 0; k < 8; ++k) v[R][m][k] = to_float(reinterpret_cast<const QT*>(&in[R][m])[k]);
   if (kv.k_smooth != nullptr) {
     // Two 16-byte loads a chunk (the host takes this kernel only where
-    // k_smooth starts 16-byte aligned, prefill.cu); one float at a time,
-    // each load had its own 64-bit address: ~130 more instructions an item.
+    // k_smooth starts 16-byte aligned, prefill.cu): one float at a time,
+    // ptxas gave each of the 32 loads an address of its own (two
+    // instructions each).
     const float* smooth = kv.k_smooth + static_cast<int64_t>(w.kv_head) * kv.head_dim;
 #pragma unroll
     for (int m = 0; m < kMine; ++m) {
